@@ -1,0 +1,77 @@
+"""python -m export --out DIR [--checkpoint PATH | --seed N] [--config JSON]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from export.parity import DEFAULT_TOLERANCE, ParityError
+from model.config import ConfigError, ModelConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m export",
+        description="Export the encoder to an ONNX model directory, checked against PyTorch.",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="model directory to write")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, help="safetensors checkpoint to export")
+    source.add_argument(
+        "--seed", type=int, default=0, help="random weights from this seed (default 0)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="JSON file of ModelConfig fields for a seeded model (others keep their defaults)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"max abs diff allowed, PyTorch vs ONNX Runtime (default {DEFAULT_TOLERANCE:g})",
+    )
+    args = parser.parse_args(argv)
+    if args.checkpoint and args.config:
+        parser.error("--config applies to seeded models; a checkpoint carries its own config")
+    return args
+
+
+def build_model(args: argparse.Namespace):
+    # torch is imported here, not at module level, so `--help` stays instant.
+    from model.checkpoint import load_checkpoint
+    from model.encoder import build_encoder
+
+    if args.checkpoint:
+        return load_checkpoint(args.checkpoint)
+    config = ModelConfig()
+    if args.config:
+        try:
+            overrides = json.loads(args.config.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
+        config = ModelConfig.from_dict({**config.to_dict(), **overrides})
+    return build_encoder(config, seed=args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from export.model_dir import write_model_dir
+    from model.checkpoint import CheckpointError
+
+    try:
+        model = build_model(args)
+        write_model_dir(model, args.out, tolerance=args.tolerance)
+    except (ConfigError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ParityError as exc:
+        print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Writes the model directory the service serves, only after the export passed parity."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
+from export.parity import DEFAULT_TOLERANCE, ParityCase, check_parity
+from model.artifacts import EMBEDDINGS_ONNX_FILENAME, ONNX_FILENAME, REPORT_FILENAME
+from model.encoder import Encoder
+
+GRAPHS = {ONNX_FILENAME: True, EMBEDDINGS_ONNX_FILENAME: False}  # file -> with attentions
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    model_dir: str
+    onnx_bytes: dict[str, int]  # per file
+    parameters: int
+    tolerance: float
+    parity: list[ParityCase]
+    export_seconds: float
+    parity_seconds: float
+    versions: dict[str, str] = field(default_factory=exporter_versions)
+
+
+def write_model_dir(
+    model: Encoder,
+    out: str | Path,
+    tolerance: float = DEFAULT_TOLERANCE,
+    shapes: list[tuple[int, int]] | None = None,
+    log: Callable[[str], None] = print,
+) -> ExportReport:
+    """Export both graphs, check their parity, then move the files into `out`.
+
+    Everything is written to a scratch directory beside `out` first, so a model
+    that fails its parity check (ParityError) never reaches `out`.
+    """
+    out = Path(out)
+    scratch = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    sizes: dict[str, int] = {}
+    cases: list[ParityCase] = []
+    export_seconds = parity_seconds = 0.0
+    try:
+        for filename, with_attentions in GRAPHS.items():
+            start = time.perf_counter()
+            log(f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
+            onnx_path = export_onnx(model, scratch / filename, with_attentions)
+            export_seconds += time.perf_counter() - start
+            sizes[filename] = onnx_path.stat().st_size
+            log(f"  checked: {sizes[filename] / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
+
+            start = time.perf_counter()
+            log(f"parity of {filename}: PyTorch vs ONNX Runtime CPU, tolerance {tolerance:g}...")
+            graph_cases = check_parity(model, onnx_path, shapes=shapes, tolerance=tolerance)
+            parity_seconds += time.perf_counter() - start
+            for case in graph_cases:
+                diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
+                log(f"  batch={case.batch:<2} seq_len={case.seq_len:<5} max abs diff {diffs}")
+            cases += graph_cases
+
+        report = ExportReport(
+            model_dir=str(out),
+            onnx_bytes=sizes,
+            parameters=sum(p.numel() for p in model.parameters()),
+            tolerance=tolerance,
+            parity=cases,
+            export_seconds=round(export_seconds, 3),
+            parity_seconds=round(parity_seconds, 3),
+        )
+        (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        for item in scratch.iterdir():
+            os.replace(item, out / item.name)
+        log(f"wrote {out}: {', '.join(sizes)} ({report.parameters:,} parameters)")
+        return report
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,11 @@
+"""The causal self-attention encoder.
+
+Only the torch-free parts are imported here (config, tokenizer), so the serving
+path can `import model` without torch. The PyTorch modules live in
+`model.attention`, `model.layers`, `model.encoder` and `model.checkpoint`.
+"""
+
+from model.config import ConfigError, ModelConfig
+from model.tokenizer import ByteTokenizer, get_tokenizer
+
+__all__ = ["ByteTokenizer", "ConfigError", "ModelConfig", "get_tokenizer"]

@@ -1,0 +1,92 @@
+"""`python -m export` as a user runs it: real subprocesses, real files."""
+
+import json
+
+import numpy as np
+import onnx
+import torch
+
+from model.artifacts import (
+    CONFIG_METADATA_KEY,
+    EMBEDDINGS_ONNX_FILENAME,
+    ONNX_FILENAME,
+    REPORT_FILENAME,
+    VERSIONS_METADATA_KEY,
+)
+from model.checkpoint import save_checkpoint
+from model.config import ModelConfig
+from service.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import SMALL_CONFIG, run_module
+
+
+def test_default_export_writes_a_checked_model_directory(default_export):
+    out, result = default_export
+    for filename in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME):
+        assert f"parity of {filename}: PyTorch vs ONNX Runtime CPU" in result.stdout
+        proto = onnx.load(str(out / filename))
+        onnx.checker.check_model(proto, full_check=True)
+        metadata = {p.key: p.value for p in proto.metadata_props}
+        assert ModelConfig.from_json(metadata[CONFIG_METADATA_KEY]) == ModelConfig()
+        assert set(json.loads(metadata[VERSIONS_METADATA_KEY])) >= {"torch", "onnx", "attnserve"}
+        # Batch and sequence axes are symbolic, not baked to the traced example's shape.
+        (input_ids,) = proto.graph.input
+        assert [d.dim_param for d in input_ids.type.tensor_type.shape.dim] == ["batch", "seq"]
+    assert f"seq_len={ModelConfig().max_seq_len}" in result.stdout  # parity reached max length
+
+    fused = onnx.load(str(out / EMBEDDINGS_ONNX_FILENAME))
+    assert [o.name for o in fused.graph.output] == ["embeddings"]
+    assert sum(n.op_type == "Attention" for n in fused.graph.node) == ModelConfig().n_layers
+
+    report = json.loads((out / REPORT_FILENAME).read_text())
+    assert set(report["onnx_bytes"]) == {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME}
+    assert {case["graph"] for case in report["parity"]} == set(report["onnx_bytes"])
+    assert all(d <= 1e-4 for case in report["parity"] for d in case["max_abs_diff"].values())
+
+
+def test_parity_failure_writes_nothing_and_exits_non_zero(tmp_path):
+    config_file = tmp_path / "config.json"
+    config_file.write_text(SMALL_CONFIG.to_json())
+    out = tmp_path / "refused"
+    # A zero tolerance cannot be met by two different fp32 kernels: a genuine parity failure.
+    result = run_module(
+        "export", "--out", str(out), "--config", str(config_file), "--tolerance", "0"
+    )
+    assert result.returncode == 1
+    assert "ONNX Runtime (model.onnx) disagrees with PyTorch at batch=1, seq_len=1" in result.stderr
+    assert "nothing was written" in result.stderr
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [config_file]  # no scratch directory left behind
+
+
+def test_bad_config_file_is_a_usage_error(tmp_path):
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({"d_model": 250}))
+    result = run_module("export", "--out", str(tmp_path / "m"), "--config", str(config_file))
+    assert result.returncode == 2
+    assert "d_model (250) must be divisible by n_heads (8)" in result.stderr
+
+
+def test_bad_checkpoint_is_a_usage_error(tmp_path):
+    (tmp_path / "x.safetensors").write_bytes(b"\x00" * 64)
+    result = run_module(
+        "export", "--out", str(tmp_path / "m"), "--checkpoint", str(tmp_path / "x.safetensors")
+    )
+    assert result.returncode == 2
+    assert "not a readable safetensors file" in result.stderr
+
+
+def test_checkpoint_export_round_trip(small_model, tmp_path):
+    """checkpoint -> export CLI -> model directory -> runtime equals the PyTorch model."""
+    checkpoint = save_checkpoint(small_model, tmp_path / "small.safetensors")
+    out = tmp_path / "exported"
+    result = run_module("export", "--out", str(out), "--checkpoint", str(checkpoint))
+    assert result.returncode == 0, result.stderr
+    runtime = OrtRuntime(out, RuntimeOptions(provider="cpu"))
+    assert runtime.config == SMALL_CONFIG
+    ids = np.random.default_rng(3).integers(0, 259, size=(2, 23), dtype=np.int64)
+    embeddings, attentions = runtime.run(ids)
+    with torch.inference_mode():
+        want_emb, want_att = small_model(torch.from_numpy(ids))
+    np.testing.assert_allclose(embeddings, want_emb.numpy(), atol=1e-4)
+    np.testing.assert_allclose(attentions, want_att.numpy(), atol=1e-4)
+    np.testing.assert_allclose(runtime.embed(ids), want_emb.numpy(), atol=1e-4)

@@ -1,0 +1,151 @@
+import json
+import logging
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from model.artifacts import CONFIG_METADATA_KEY, EMBEDDINGS_ONNX_FILENAME, ONNX_FILENAME
+from service.errors import InvalidInputError, ModelLoadError, ProviderUnavailableError
+from service.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import SMALL_CONFIG
+
+
+def test_config_comes_from_the_onnx_metadata(small_runtime):
+    assert small_runtime.config == SMALL_CONFIG
+    assert small_runtime.provider == "cpu"
+    assert small_runtime.session.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_warmup_and_run_shapes(small_runtime):
+    small_runtime.warmup()
+    emb, att = small_runtime.run(np.zeros((2, 7), dtype=np.int64))
+    assert emb.shape == (2, 7, 64) and emb.dtype == np.float32
+    assert att.shape == (2, 2, 4, 7, 7) and att.dtype == np.float32
+    assert small_runtime.embed(np.zeros((2, 7), dtype=np.int64)).shape == (2, 7, 64)
+
+
+def test_both_graphs_are_loaded(small_runtime):
+    assert small_runtime.embeddings_session is not small_runtime.session
+    assert [o.name for o in small_runtime.embeddings_session.get_outputs()] == ["embeddings"]
+
+
+def test_without_the_embeddings_graph_embed_uses_the_full_one(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    (model_dir / EMBEDDINGS_ONNX_FILENAME).unlink()
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert runtime.embeddings_session is runtime.session
+    ids = np.arange(9, dtype=np.int64)[None]
+    np.testing.assert_array_equal(runtime.embed(ids), runtime.run(ids)[0])
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (np.zeros((1, 4), dtype=np.int32), "input_ids must be an int64 numpy array"),
+        (np.zeros(4, dtype=np.int64), "input_ids must be 2-D [batch, seq]"),
+        (np.zeros((1, 0), dtype=np.int64), "input_ids must not be empty"),
+        (np.zeros((1, 301), dtype=np.int64), "301 tokens, more than max_seq_len=300"),
+        (np.array([[1, 259]]), "token id 259, outside the vocabulary [0, 259)"),
+        (np.array([[-1, 3]]), "token id -1, outside the vocabulary [0, 259)"),
+    ],
+)
+def test_bad_input_names_field_and_limit(small_runtime, ids, message):
+    for run in (small_runtime.run, small_runtime.embed):
+        with pytest.raises(InvalidInputError) as excinfo:
+            run(ids)
+        assert message in str(excinfo.value)
+
+
+def copy_model(small_model_dir, tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(small_model_dir, target)
+    return target
+
+
+def test_missing_model_directory(tmp_path):
+    with pytest.raises(ModelLoadError, match=f"no {ONNX_FILENAME} in .*python -m export"):
+        OrtRuntime(tmp_path / "nowhere")
+
+
+def test_truncated_onnx_file(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    path = model_dir / ONNX_FILENAME
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="is not a loadable ONNX model"):
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+
+
+def rewrite_metadata(model_dir, filename=ONNX_FILENAME, **changes):
+    path = model_dir / filename
+    proto = onnx.load(str(path))
+    props = {p.key: p.value for p in proto.metadata_props}
+    props.update(changes)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {k: v for k, v in props.items() if v is not None})
+    onnx.save(proto, str(path))
+
+
+def test_onnx_without_config_metadata(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    rewrite_metadata(model_dir, **{CONFIG_METADATA_KEY: None})
+    with pytest.raises(ModelLoadError, match=r"has no 'attnserve\.config' metadata"):
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"embeddings_name": "hidden_states"}, "has no 'hidden_states' output"),
+        ({"n_layers": 3}, "output 'attentions' has shape"),
+        ({"n_heads": 5}, "invalid model config: d_model (64) must be divisible"),
+    ],
+)
+def test_config_that_does_not_match_the_graph(small_model_dir, tmp_path, change, message):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    config = json.dumps({**SMALL_CONFIG.to_dict(), **change})
+    rewrite_metadata(model_dir, **{CONFIG_METADATA_KEY: config})
+    with pytest.raises(ModelLoadError) as excinfo:
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert message in str(excinfo.value)
+
+
+def test_graphs_with_different_configs_are_refused(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    other = json.dumps({**SMALL_CONFIG.to_dict(), "name": "another-model"})
+    rewrite_metadata(model_dir, EMBEDDINGS_ONNX_FILENAME, **{CONFIG_METADATA_KEY: other})
+    with pytest.raises(ModelLoadError, match="carry different configs"):
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+
+
+def test_cuda_either_really_runs_or_fails_clearly(small_model_dir):
+    try:
+        runtime = OrtRuntime(small_model_dir, RuntimeOptions(provider="cuda"))
+    except ProviderUnavailableError as exc:
+        assert "provider=cuda was requested" in str(exc)
+        assert "use provider=cpu" in str(exc)
+    else:  # on a GPU machine: no silent CPU fallback
+        assert runtime.provider == "cuda"
+        assert runtime.session.get_providers()[0] == "CUDAExecutionProvider"
+
+
+def test_auto_falls_back_to_cpu_with_a_warning(small_model_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        runtime = OrtRuntime(small_model_dir, RuntimeOptions(provider="auto"))
+    if runtime.provider == "cpu":
+        assert "CUDA execution provider unavailable" in caplog.text
+        assert runtime.session.get_providers() == ["CPUExecutionProvider"]
+    else:
+        assert runtime.session.get_providers()[0] == "CUDAExecutionProvider"
+    emb, _ = runtime.run(np.ones((1, 3), dtype=np.int64))
+    assert np.isfinite(emb).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"provider": "tpu"}, "provider must be one of"), ({"intra_op_threads": -1}, ">= 0")],
+)
+def test_invalid_runtime_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RuntimeOptions(**kwargs)
