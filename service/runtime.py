@@ -6,6 +6,7 @@ It owns the session and nothing else (no queueing, no transport). Torch-free.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 from dataclasses import dataclass, replace
@@ -66,6 +67,8 @@ class OrtRuntime:
             )
         self.session, self.provider = _create_session(self.model_path, options)
         self.config = _read_config(self.session, self.model_path)
+        # Identifies the served weights: two exports of different models never share it.
+        self.version = hashlib.sha256(self.model_path.read_bytes()).hexdigest()[:12]
         _check_io(self.session, self.config, self.model_path, with_attentions=True)
 
         self.embeddings_session = self.session

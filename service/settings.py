@@ -1,43 +1,22 @@
 """Service settings: CLI flag > ATTNSERVE_* environment variable > default.
 
 Parsed once into a frozen Settings, logged at start and passed down
-explicitly; nothing else reads the environment.
+explicitly; nothing else reads the environment. Each field declares its flag,
+type and help once, in its metadata.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from service.batcher import BatcherOptions
 from service.runtime import PROVIDERS, RuntimeOptions
 
 ENV_PREFIX = "ATTNSERVE_"
-
-
-@dataclass(frozen=True)
-class Settings:
-    model_dir: Path  # exported model directory (python -m export --out DIR)
-    provider: str = "auto"  # execution provider: auto, cuda or cpu
-    intra_op_threads: int = 0  # ORT threads per inference; 0 = one per core
-    intra_op_spinning: bool = False  # ORT workers busy-wait: faster short requests, busy idle cores
-    log_level: str = "INFO"  # Python logging level
-
-    def __post_init__(self) -> None:
-        self.runtime_options  # noqa: B018  (validates provider and threads)
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ValueError(
-                f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
-            )
-
-    @property
-    def runtime_options(self) -> RuntimeOptions:
-        return RuntimeOptions(
-            provider=self.provider,
-            intra_op_threads=self.intra_op_threads,
-            intra_op_spinning=self.intra_op_spinning,
-        )
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def parse_bool(text: str) -> bool:
@@ -53,6 +32,98 @@ def parse_bool(text: str) -> bool:
 parse_bool.__name__ = "bool"  # argparse and our errors name the type by it
 
 
+def _opt(flag: str, kind: type | object, help: str, **kwargs) -> dict:
+    return {"flag": flag, "type": kind, "help": help, **kwargs}
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_dir: Path = field(metadata=_opt("--model", Path, "model directory (python -m export)"))
+    host: str = field(default="0.0.0.0", metadata=_opt("--host", str, "address to listen on"))
+    port: int = field(default=50051, metadata=_opt("--port", int, "gRPC port; 0 picks a free one"))
+    metrics_port: int = field(
+        default=9464,
+        metadata=_opt("--metrics-port", int, "Prometheus /metrics port; 0 picks one, -1 is off"),
+    )
+    provider: str = field(
+        default="auto",
+        metadata=_opt("--provider", str, "ONNX Runtime execution provider", choices=PROVIDERS),
+    )
+    intra_op_threads: int = field(
+        default=0, metadata=_opt("--threads", int, "ORT threads per batch; 0 = one per core")
+    )
+    intra_op_spinning: bool = field(
+        default=False,
+        metadata=_opt("--intra-op-spinning", parse_bool, "ORT workers busy-wait between ops"),
+    )
+    max_batch_tokens: int = field(
+        default=4096,
+        metadata=_opt("--max-batch-tokens", int, "batch size x longest sequence per ORT call"),
+    )
+    max_batch_delay_ms: float = field(
+        default=2.0,
+        metadata=_opt("--max-batch-delay-ms", float, "longest wait for a batch to fill"),
+    )
+    max_queue: int = field(
+        default=256, metadata=_opt("--max-queue", int, "sequences queued before refusing")
+    )
+    max_message_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata=_opt("--max-message-bytes", int, "largest gRPC request or response"),
+    )
+    grace_seconds: float = field(
+        default=10.0,
+        metadata=_opt("--grace-seconds", float, "on SIGTERM, time for in-flight requests"),
+    )
+    tls_cert: Path | None = field(
+        default=None, metadata=_opt("--tls-cert", Path, "PEM certificate chain: serve TLS")
+    )
+    tls_key: Path | None = field(
+        default=None, metadata=_opt("--tls-key", Path, "PEM private key of --tls-cert")
+    )
+    auth_token: str | None = field(
+        default=None,
+        repr=False,  # never logged
+        metadata=_opt("--auth-token", str, "require 'authorization: Bearer TOKEN' metadata"),
+    )
+    log_level: str = field(
+        default="INFO", metadata=_opt("--log-level", str, "logging level", choices=LOG_LEVELS)
+    )
+
+    def __post_init__(self) -> None:
+        self.runtime_options  # noqa: B018  (validates provider and threads)
+        self.batcher_options  # noqa: B018
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        for name in ("port", "metrics_port"):
+            if not -1 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in [-1, 65535], got {getattr(self, name)}")
+        if self.port < 0:
+            raise ValueError("port must be >= 0")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if self.grace_seconds < 0:
+            raise ValueError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both or neither")
+
+    @property
+    def runtime_options(self) -> RuntimeOptions:
+        return RuntimeOptions(
+            provider=self.provider,
+            intra_op_threads=self.intra_op_threads,
+            intra_op_spinning=self.intra_op_spinning,
+        )
+
+    @property
+    def batcher_options(self) -> BatcherOptions:
+        return BatcherOptions(
+            max_batch_tokens=self.max_batch_tokens,
+            max_delay_s=self.max_batch_delay_ms / 1e3,
+            max_queue=self.max_queue,
+        )
+
+
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
@@ -61,33 +132,30 @@ def add_settings_arguments(
     parser: argparse.ArgumentParser, environ: Mapping[str, str]
 ) -> argparse.ArgumentParser:
     """Add one flag per Settings field; its default comes from ATTNSERVE_<FIELD> if set."""
-    specs = {
-        "model_dir": dict(flags=("--model",), type=Path),
-        "provider": dict(flags=("--provider",), type=str, choices=PROVIDERS),
-        "intra_op_threads": dict(flags=("--threads",), type=int),
-        "intra_op_spinning": dict(flags=("--intra-op-spinning",), type=parse_bool),
-        "log_level": dict(flags=("--log-level",), type=str),
-    }
     group = parser.add_argument_group("settings (flag > environment variable > default)")
     for f in fields(Settings):
-        spec = dict(specs[f.name])
-        flags, kind = spec.pop("flags"), spec["type"]
+        spec = dict(f.metadata)
+        flag, kind, text = spec.pop("flag"), spec.pop("type"), spec.pop("help")
         env = env_name(f.name)
+        required = False
         if env in environ:
             try:
-                default, source = kind(environ[env]), f"from {env}"
+                default = kind(environ[env])
             except ValueError:
                 parser.error(f"{env}={environ[env]!r} is not a valid {kind.__name__}")
+            source = f"from {env}"
         elif f.default is not MISSING:
             default, source = f.default, "default"
         else:
-            default, source = None, f"required unless {env} is set"
+            default, source, required = None, "required", True
+        shown = "(hidden)" if not f.repr and default is not None else default
         group.add_argument(
-            *flags,
+            flag,
             dest=f.name,
+            type=kind,
             default=default,
-            required=default is None,
-            help=f"env {env}; {source}: {default}" if default is not None else source,
+            required=required,
+            help=f"{text} [env {env}; {source}: {shown}]",
             **spec,
         )
     return parser

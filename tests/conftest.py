@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +71,92 @@ def default_model():
     from model.encoder import build_encoder
 
     return build_encoder(ModelConfig(), seed=0)
+
+
+# --- servers -----------------------------------------------------------------
+
+
+class ServerThread:
+    """A real grpc.aio server on port 0, its event loop on a background thread."""
+
+    def __init__(self, model_dir: Path, runtime=None, warm_up: bool = True, **overrides):
+        from service.server import start_server
+        from service.settings import Settings
+
+        self.settings = Settings(
+            model_dir=model_dir,
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            provider="cpu",
+            **overrides,
+        )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.running = self.call(start_server(self.settings, runtime, warm_up=warm_up))
+        self.address = f"127.0.0.1:{self.running.port}"
+
+    def call(self, coroutine, timeout: float = 120):
+        """Run a coroutine on the server's loop and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.running.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.call(self.running.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def server(small_model_dir, small_runtime):
+    """The shared in-process server on the small model (default settings)."""
+    running = ServerThread(small_model_dir, small_runtime)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server):
+    from client import ClientOptions, EncoderClient
+
+    with EncoderClient(server.address, ClientOptions(timeout_s=60)) as c:
+        yield c
+
+
+def start_cli_server(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`python -m service` as a subprocess on a free port; returns it and its address."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--provider",
+            "cpu",
+            *extra,
+        ],
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        if match := re.search(r"listening: .* on 127\.0\.0\.1:(\d+)", line):
+            # Keep draining the log so the server never blocks on a full pipe.
+            threading.Thread(target=process.stderr.read, daemon=True).start()
+            return process, f"127.0.0.1:{match.group(1)}"
+        if time.monotonic() > deadline:
+            break
+    process.kill()
+    raise RuntimeError(f"server did not start: {process.stderr.read()}")

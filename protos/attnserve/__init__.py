@@ -1,0 +1,1 @@
+"""attnserve's protobuf API (generated code in attnserve.v1)."""

@@ -1,0 +1,141 @@
+"""Builds and runs the grpc.aio server: encoder service, health, reflection, metrics.
+
+Lifecycle: load the model -> listen (health NOT_SERVING) -> warm up -> SERVING
+-> on SIGTERM/SIGINT: NOT_SERVING, refuse new RPCs, let in-flight ones finish
+within the grace period, drain the batcher, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+from service.auth import BearerTokenInterceptor
+from service.batcher import Batcher
+from service.metrics import Metrics
+from service.runtime import OrtRuntime
+from service.servicer import EncoderServicer
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+
+
+@dataclass
+class RunningServer:
+    """A started server; `port` and `metrics_port` are the bound ones (useful with port 0)."""
+
+    server: grpc.aio.Server
+    servicer: EncoderServicer
+    health: health.aio.HealthServicer
+    batcher: Batcher
+    metrics: Metrics
+    runtime: OrtRuntime
+    port: int
+    metrics_port: int | None
+    _metrics_http: object | None
+
+    async def warm_up(self) -> None:
+        """Run the model once per graph and length bucket, then report SERVING."""
+        await asyncio.get_running_loop().run_in_executor(None, self.runtime.warmup)
+        self.servicer.ready = True
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("warm: SERVING")
+
+    async def stop(self, grace: float) -> None:
+        """Graceful: NOT_SERVING, no new RPCs, in-flight ones get `grace` seconds."""
+        log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.batcher.stop()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        log.info("stopped")
+
+
+async def start_server(
+    settings: Settings, runtime: OrtRuntime | None = None, warm_up: bool = True
+) -> RunningServer:
+    """Load the model (unless given), listen (NOT_SERVING), then warm up and report SERVING."""
+    runtime = runtime or OrtRuntime(settings.model_dir, settings.runtime_options)
+    metrics = Metrics()
+    batcher = Batcher(runtime, settings.batcher_options, metrics)
+    limits = [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+    interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+    server = grpc.aio.server(options=limits, interceptors=interceptors)
+    servicer = EncoderServicer(runtime, batcher, metrics, settings.max_message_bytes)
+    pb_grpc.add_EncoderServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    for name in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls_cert:
+        credentials = grpc.ssl_server_credentials(
+            [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
+        )
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    metrics_http = metrics.serve(settings.metrics_port) if settings.metrics_port >= 0 else None
+    await server.start()
+    batcher.start()
+
+    metrics_port = metrics_http.server_port if metrics_http else None
+    log.info(
+        "listening: %s (%s, %s) on %s:%d%s; metrics on %s",
+        SERVICE_NAME,
+        runtime.config.name,
+        runtime.provider,
+        settings.host,
+        port,
+        " with TLS" if settings.tls_cert else "",
+        f"port {metrics_port}" if metrics_port else "(off)",
+    )
+    running = RunningServer(
+        server,
+        servicer,
+        health_servicer,
+        batcher,
+        metrics,
+        runtime,
+        port,
+        metrics_port,
+        metrics_http,
+    )
+    if warm_up:
+        await running.warm_up()
+    return running
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    running = await start_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop(settings.grace_seconds)

@@ -1,0 +1,126 @@
+"""DESIGN.md's error table through the real server; after each error it keeps serving."""
+
+import grpc
+import numpy as np
+import pytest
+
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+from client import ClientOptions, EncoderClient, build_request
+from service.errors import InferenceError
+from service.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import ServerThread
+
+
+def raw_request(**fields) -> pb.EncodeRequest:
+    return pb.EncodeRequest(**fields)
+
+
+def with_attention(**attention) -> pb.EncodeRequest:
+    request = build_request("abc")
+    request.options.attention.CopyFrom(pb.AttentionRequest(**attention))
+    return request
+
+
+INVALID = {
+    "no inputs": (raw_request(), "inputs: at least one input is required"),
+    "empty input": (raw_request(inputs=[pb.Input()]), "inputs[0]: set either text or token_ids"),
+    "empty ids": (
+        raw_request(inputs=[pb.Input(token_ids=pb.TokenIds(ids=[]))]),
+        "inputs[0].token_ids: the sequence is empty",
+    ),
+    "id outside vocabulary": (
+        build_request(["ok", [1, 2, 259]]),
+        "inputs[1].token_ids: token id 259 is outside the vocabulary [0, 259)",
+    ),
+    "negative id": (build_request([[-4]]), "token id -4 is outside the vocabulary"),
+    "too long": (
+        build_request([[1] * 301]),
+        "inputs[0].token_ids has 301 tokens, more than max_seq_len=300; send fewer or set "
+        "options.truncation=TRUNCATION_RIGHT",
+    ),
+    "unknown layer": (with_attention(layers=[2]), "options.attention.layers: 2 is outside [0, 2)"),
+    "unknown head": (with_attention(heads=[0, 4]), "options.attention.heads: 4 is outside [0, 4)"),
+    "repeated head": (with_attention(heads=[1, 1]), "options.attention.heads: [1, 1] repeats"),
+    "bad dtype": (
+        with_attention(dtype=7),
+        "options.attention.dtype: 7 is not DTYPE_FLOAT32 or DTYPE_FLOAT16",
+    ),
+    "bad layout": (with_attention(layout=9), "options.attention.layout: 9 is not one of"),
+    "bad pooling": (
+        raw_request(inputs=[pb.Input(text="x")], options=pb.EncodeOptions(pooling=5)),
+        "options.pooling: 5 is not one of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_argument_names_field_and_limit(server, client, case):
+    request, message = INVALID[case]
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as excinfo:
+        pb_grpc.EncoderServiceStub(channel).Encode(request, timeout=30)
+    assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in excinfo.value.details()
+    assert client.encode("still serving")[0].embeddings.shape == (14, 64)  # <bos> + 13 bytes
+
+
+def test_truncation_is_opt_in(client):
+    out = client.encode([[1] * 301], truncate=True)
+    assert out[0].truncated and len(out[0].token_ids) == 300
+
+
+def test_an_answer_over_the_message_limit_says_what_to_ask_for(small_model_dir, small_runtime):
+    # Full float32 attention at 300 tokens: 2 layers x 4 heads x 300^2 x 4 B = 2.9 MB.
+    small = ServerThread(small_model_dir, small_runtime, max_message_bytes=1_000_000)
+    try:
+        with EncoderClient(small.address, ClientOptions(max_message_bytes=1_000_000)) as c:
+            with pytest.raises(grpc.RpcError) as excinfo:
+                c.encode([[1] * 300], attention=True)
+            assert excinfo.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            details = excinfo.value.details()
+            assert "more than the 1,000,000-byte message limit" in details
+            assert "DTYPE_FLOAT16" in details and "ATTENTION_LAYOUT_CAUSAL_PACKED" in details
+            assert small.metric("attnserve_sequences_total") == 0  # refused before any work
+            # What it suggests works: float16 causal-packed is 4x smaller (0.72 MB).
+            out = c.encode(
+                [[1] * 300],
+                attention=True,
+                attention_dtype="float16",
+                attention_layout="causal-packed",
+            )
+            assert out[0].attention.shape == (2, 4, 300, 300)
+    finally:
+        small.stop()
+
+
+class FailingRuntime(OrtRuntime):
+    """The real runtime, except that a batch holding token id 13 makes ORT itself fail:
+    its session is fed a float32 input, which ONNX Runtime rejects."""
+
+    def embed(self, input_ids):
+        if (input_ids == 13).any():
+            return self._run(self.embeddings_session, ["embeddings"], input_ids.astype("f4"))
+        return super().embed(input_ids)
+
+    def _run(self, session, outputs, input_ids):
+        if input_ids.dtype != np.int64:  # skip validation to reach ORT with the bad input
+            try:
+                return session.run(outputs, {self.config.input_name: input_ids})
+            except Exception as exc:
+                raise InferenceError(f"ONNX Runtime failed: {exc}") from exc
+        return super()._run(session, outputs, input_ids)
+
+
+def test_a_failed_batch_is_internal_and_the_server_keeps_serving(small_model_dir, caplog):
+    runtime = FailingRuntime(small_model_dir, RuntimeOptions(provider="cpu"))
+    failing = ServerThread(small_model_dir, runtime)
+    try:
+        with EncoderClient(failing.address, ClientOptions(retries=0)) as c:
+            with pytest.raises(grpc.RpcError) as excinfo:
+                c.encode([[13, 14]])
+            assert excinfo.value.code() == grpc.StatusCode.INTERNAL
+            assert "ONNX Runtime failed" in excinfo.value.details()
+            assert "batch of 1 sequences" in caplog.text  # logged with its cause
+            assert len(c.encode([[1, 2]]).encodings) == 1
+    finally:
+        failing.stop()
