@@ -4,8 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/default
 PORT ?= 50051
+BUF_VERSION ?= 1.75.0
+BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test lint export bench clean
+.PHONY: install serve test lint proto export bench clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -16,25 +18,35 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# buf (protobuf lint) ships as a binary inside an npm package.
+$(BUF):
+	npm install --silent --no-save --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
 $(MODEL_DIR)/model.onnx: | $(VENV)/.installed
 	$(PY) -m export --out $(MODEL_DIR) --seed 0
 
 export: $(MODEL_DIR)/model.onnx
 
-# Sets up, exports the default model if it is missing, and runs it.
+# Sets up, exports the default model if it is missing, and serves it (Ctrl-C drains and stops).
 serve: $(VENV)/.installed $(MODEL_DIR)/model.onnx
-	$(PY) -m service --model $(MODEL_DIR)
+	$(PY) -m service --model $(MODEL_DIR) --port $(PORT)
 
-lint: $(VENV)/.installed
+# Regenerates the committed Python code of protos/attnserve/v1/*.proto.
+proto: $(VENV)/.installed
+	$(PY) protos/generate.py
+
+lint: $(VENV)/.installed $(BUF)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	cd protos && ../$(BUF) lint
 
-# Sets up and runs every test (and the linter, which CI enforces too).
+# Sets up and runs every test (after the linters, which CI enforces too).
 test: lint
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed
 	$(PY) -m bench latency --out bench-results
+	$(PY) -m bench grpc --out bench-results
 
 clean:
-	rm -rf $(VENV) models bench-results .pytest_cache .ruff_cache
+	rm -rf $(VENV) .tools models bench-results .pytest_cache .ruff_cache

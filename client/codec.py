@@ -40,7 +40,12 @@ class EncodeOutput:
     total_ns: int
     model_version: str
     request_id: str
-    wire_bytes: int  # size of the serialised response
+    response: pb.EncodeResponse  # as received
+
+    @property
+    def wire_bytes(self) -> int:
+        """Size of the serialised response (computed on demand: it walks the message)."""
+        return self.response.ByteSize()
 
     def __len__(self) -> int:
         return len(self.encodings)
@@ -108,7 +113,7 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
             if weights.ndim == 3:  # causal-packed: (L, H, T (T + 1) / 2)
                 attention = unpack_causal(weights, len(ids))
             else:
-                attention = weights.astype(np.float32)
+                attention = weights.astype(np.float32, copy=False)
         encodings.append(
             Encoding(
                 token_ids=ids,
@@ -130,5 +135,5 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
         t.total_ns,
         response.model_version,
         response.request_id,
-        response.ByteSize(),
+        response,
     )

@@ -39,7 +39,9 @@ class ByteTokenizer:
         for i in ids:
             if i in self._special:
                 labels.append(self._special[i])
-            elif 32 <= i < 127:
+            elif i == 32:
+                labels.append("\u2423")  # a visible space: "␣"
+            elif 32 < i < 127:
                 labels.append(chr(i))
             else:
                 labels.append(f"<0x{i:02X}>")

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BatcherOptions:
     max_batch_tokens: int = 4096  # batch size x longest sequence, per ORT call
-    max_delay_s: float = 0.002  # how long the oldest sequence may wait for company
+    max_delay_s: float = 0.0  # how long the oldest sequence may wait for company
     max_queue: int = 256  # sequences waiting; more are refused at once
 
 

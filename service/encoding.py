@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
-from client.tensors import NUMPY_DTYPES, pack_causal, packed_length, to_tensor
+from client.tensors import NUMPY_DTYPES, fill_tensor, pack_causal, packed_length
 from model.config import ModelConfig
 from model.tokenizer import ByteTokenizer
 from service.batcher import SequenceResult
@@ -141,22 +141,33 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
         )
 
 
-def build_result(
-    ids: np.ndarray, truncated: bool, result: SequenceResult, plan: EncodePlan
-) -> pb.EncodeResult:
-    out = pb.EncodeResult(token_ids=ids.tolist(), truncated=truncated)
+def fill_result(
+    out: pb.EncodeResult,
+    ids: np.ndarray,
+    truncated: bool,
+    result: SequenceResult,
+    plan: EncodePlan,
+) -> None:
+    """Write one input's result into `out` (built in place: no copies of large bytes)."""
+    out.token_ids[:] = ids.tolist()
+    out.truncated = truncated
     if plan.token_embeddings:
-        out.embeddings.CopyFrom(to_tensor(result.embeddings))
+        fill_tensor(out.embeddings, result.embeddings)
     if plan.pooling == pb.POOLING_MEAN:
-        out.pooled.CopyFrom(to_tensor(result.embeddings.mean(axis=0)))
+        fill_tensor(out.pooled, result.embeddings.mean(axis=0))
     elif plan.pooling == pb.POOLING_LAST:
-        out.pooled.CopyFrom(to_tensor(result.embeddings[-1]))
+        fill_tensor(out.pooled, result.embeddings[-1])
     if plan.attention and result.attentions is not None:
         a = plan.attention
-        weights = result.attentions[np.ix_(a.layers, a.heads)]  # (L', H', T, T)
+        weights = result.attentions  # (L, H, T, T)
+        if a.layers != list(range(weights.shape[0])):
+            weights = weights.take(a.layers, axis=0)
+        if a.heads != list(range(weights.shape[1])):
+            weights = weights.take(a.heads, axis=1)  # (L', H', T, T)
+        # Narrow the dtype first: packing and copying then move half the bytes.
+        weights = weights.astype(NUMPY_DTYPES[a.dtype], copy=False)
         if a.packed:
             weights = pack_causal(weights)  # (L', H', T (T + 1) / 2)
-        out.attention.CopyFrom(to_tensor(weights, a.dtype))
-        out.attention_layers.extend(a.layers)
-        out.attention_heads.extend(a.heads)
-    return out
+        fill_tensor(out.attention, weights, a.dtype)
+        out.attention_layers[:] = a.layers
+        out.attention_heads[:] = a.heads

@@ -47,7 +47,7 @@ class RunningServer:
     async def warm_up(self) -> None:
         """Run the model once per graph and length bucket, then report SERVING."""
         await asyncio.get_running_loop().run_in_executor(None, self.runtime.warmup)
-        self.servicer.ready = True
+        self.servicer.refusal = None
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("warm: SERVING")
@@ -55,6 +55,7 @@ class RunningServer:
     async def stop(self, grace: float) -> None:
         """Graceful: NOT_SERVING, no new RPCs, in-flight ones get `grace` seconds."""
         log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
+        self.servicer.refusal = "the server is shutting down; retry on another replica"
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.batcher.stop()

@@ -13,7 +13,7 @@ from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 from model.tokenizer import get_tokenizer
 from service.batcher import Batcher
-from service.encoding import build_result, check_response_size, plan_request
+from service.encoding import check_response_size, fill_result, plan_request
 from service.errors import AttnserveError, NotReadyError
 from service.metrics import Metrics
 from service.runtime import OrtRuntime
@@ -36,7 +36,8 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.batcher = batcher
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
-        self.ready = False  # set once the model is warm; until then Encode is UNAVAILABLE
+        # Why new work is refused (UNAVAILABLE), or None while serving.
+        self.refusal: str | None = "the model is warming up; retry shortly"
 
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -97,8 +98,8 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     async def _encode(
         self, request: pb.EncodeRequest, deadline: float | None, start: int
     ) -> pb.EncodeResponse:
-        if not self.ready:
-            raise NotReadyError("the model is warming up; retry shortly")
+        if self.refusal:
+            raise NotReadyError(self.refusal)
         plan = plan_request(request, self.config, self.tokenizer)
         check_response_size(plan, self.config, self.max_message_bytes)
         futures = self.batcher.submit(plan.sequences, plan.attention is not None, deadline)
@@ -109,13 +110,10 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
                 future.cancel()
             raise
         response = pb.EncodeResponse(
-            results=[
-                build_result(ids, cut, result, plan)
-                for ids, cut, result in zip(plan.sequences, plan.truncated, results, strict=True)
-            ],
-            model_version=self.runtime.version,
-            request_id=request.request_id,
+            model_version=self.runtime.version, request_id=request.request_id
         )
+        for ids, cut, result in zip(plan.sequences, plan.truncated, results, strict=True):
+            fill_result(response.results.add(), ids, cut, result, plan)
         t = response.timings
         t.queue_ns = max(r.queue_ns for r in results)
         t.inference_ns = max(r.inference_ns for r in results)

@@ -61,8 +61,8 @@ class Settings:
         metadata=_opt("--max-batch-tokens", int, "batch size x longest sequence per ORT call"),
     )
     max_batch_delay_ms: float = field(
-        default=2.0,
-        metadata=_opt("--max-batch-delay-ms", float, "longest wait for a batch to fill"),
+        default=0.0,  # 0: run as soon as the model is free; batches form while it is busy
+        metadata=_opt("--max-batch-delay-ms", float, "how long a lone request waits for company"),
     )
     max_queue: int = field(
         default=256, metadata=_opt("--max-queue", int, "sequences queued before refusing")

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -129,34 +127,6 @@ def client(server):
 
 def start_cli_server(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     """`python -m service` as a subprocess on a free port; returns it and its address."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "--model",
-            str(model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--provider",
-            "cpu",
-            *extra,
-        ],
-        cwd=REPO_ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    for line in process.stderr:
-        if match := re.search(r"listening: .* on 127\.0\.0\.1:(\d+)", line):
-            # Keep draining the log so the server never blocks on a full pipe.
-            threading.Thread(target=process.stderr.read, daemon=True).start()
-            return process, f"127.0.0.1:{match.group(1)}"
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    raise RuntimeError(f"server did not start: {process.stderr.read()}")
+    from bench.server_process import spawn_server
+
+    return spawn_server(model_dir, "--provider", "cpu", *extra, cwd=REPO_ROOT)

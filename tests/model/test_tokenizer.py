@@ -24,5 +24,5 @@ def test_round_trip_and_vocabulary_bounds(tokenizer, text):
 
 
 def test_token_strings_label_specials_and_bytes(tokenizer):
-    ids = tokenizer.encode("a\n", add_eos=True)
-    assert tokenizer.token_strings(ids) == ["<bos>", "a", "<0x0A>", "<eos>"]
+    ids = tokenizer.encode("a \n", add_eos=True)
+    assert tokenizer.token_strings(ids) == ["<bos>", "a", "\u2423", "<0x0A>", "<eos>"]

@@ -1,4 +1,4 @@
-"""The serving path must import on a machine without torch (the service image has none)."""
+"""The serving path and the client must import on a machine without torch (the image has none)."""
 
 import subprocess
 import sys
@@ -10,7 +10,19 @@ SERVING_MODULES = [
     "service.runtime",
     "service.settings",
     "service.errors",
+    "service.status",
+    "service.batcher",
+    "service.encoding",
+    "service.servicer",
+    "service.server",
+    "service.metrics",
+    "service.auth",
     "service.__main__",
+    "client",
+    "client.client",
+    "client.codec",
+    "client.tensors",
+    "client.__main__",
     "model",
     "model.config",
     "model.tokenizer",

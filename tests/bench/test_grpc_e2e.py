@@ -1,0 +1,30 @@
+import json
+
+from tests.conftest import run_module
+
+
+def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
+    result = run_module(
+        "bench",
+        "grpc",
+        "--out",
+        str(tmp_path),
+        "--model",
+        str(small_model_dir),
+        "--max-seq-len",
+        "16",
+        "--quick",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "grpc.json").read_text())
+    assert report["empty_rpc_p50_ms"] > 0
+    rows = report["embeddings_overhead"]
+    assert [r["seq_len"] for r in rows] == [8, 16]
+    for r in rows:
+        assert r["grpc_p50_ms"] > 0 and r["runtime_p50_ms"] > 0
+        assert abs(r["overhead_p50_ms"] - (r["grpc_p50_ms"] - r["runtime_p50_ms"])) < 1e-3
+    full, packed = report["attention"]
+    assert (full["variant"], packed["variant"]) == ("float32 full", "float16 causal-packed")
+    # Same embeddings; attention 2 layers x 4 heads x (16 x 16 x 4 B) vs (136 x 2 B).
+    assert full["response_bytes"] - packed["response_bytes"] == 2 * 4 * (16 * 16 * 4 - 136 * 2)
+    assert "| float16 causal-packed | 16 |" in (tmp_path / "grpc.md").read_text()

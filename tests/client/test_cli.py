@@ -1,0 +1,99 @@
+"""`python -m service` and `python -m client` as a user runs them: two real processes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from client import ClientOptions, EncoderClient, build_request
+from tests.conftest import run_module, start_cli_server
+
+
+@pytest.fixture(scope="module")
+def cli_server(small_model_dir):
+    process, address = start_cli_server(small_model_dir)
+    with EncoderClient(address) as c:
+        c.wait_until_serving(60)
+    yield address
+    process.terminate()
+    assert process.wait(30) == 0
+
+
+def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
+    with EncoderClient(cli_server, ClientOptions(timeout_s=60)) as c:
+        assert c.model_info()["version"] == small_runtime.version
+        out = c.encode([[5, 6, 7, 8]], attention=True)
+        embeddings, attentions = small_runtime.run(np.array([[5, 6, 7, 8]]))
+        np.testing.assert_allclose(out[0].embeddings, embeddings[0], atol=1e-5)
+        np.testing.assert_allclose(out[0].attention, attentions[0], atol=1e-5)
+        streamed = list(c.encode_stream([build_request([[5, 6, 7, 8]], request_id="s")]))
+        assert streamed[0].request_id == "s"
+        assert list(streamed[0].response.results[0].token_ids) == [5, 6, 7, 8]
+
+
+def test_info(cli_server):
+    result = run_module("client", "--target", cli_server, "info")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["n_layers"] == 2 and info["tokenizer"] == "byte"
+
+
+def test_encode_summary_and_json(cli_server):
+    result = run_module(
+        "client",
+        "--target",
+        cli_server,
+        "encode",
+        "--text",
+        "hi there",
+        "--pooling",
+        "mean",
+        "--attention",
+        "--layers",
+        "1",
+        "--heads",
+        "0",
+        "2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[0] 9 tokens" in result.stdout
+    assert "embeddings (9, 64)" in result.stdout
+    assert "pooled (64,)" in result.stdout
+    assert "attention (1, 2, 9, 9) for layers [1] heads [0, 2]" in result.stdout
+
+    result = run_module(
+        "client", "--target", cli_server, "encode", "--ids", "1,2,3", "--ids", "4,5", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [r["token_ids"] for r in data["results"]] == [[1, 2, 3], [4, 5]]
+    assert np.array(data["results"][0]["embeddings"]).shape == (3, 64)
+
+
+def test_errors_are_reported_with_their_status(cli_server):
+    result = run_module("client", "--target", cli_server, "encode", "--ids", "1,999")
+    assert result.returncode == 1
+    assert "INVALID_ARGUMENT" in result.stderr and "token id 999" in result.stderr
+
+
+def test_heatmap_writes_a_png(cli_server, tmp_path):
+    out = tmp_path / "attention.png"
+    result = run_module(
+        "client",
+        "--target",
+        cli_server,
+        "heatmap",
+        "--text",
+        "The cat sat on the mat.",
+        "--layer",
+        "1",
+        "--head",
+        "3",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "24 tokens, layer 1, head 3" in result.stdout
+    header = out.read_bytes()[:8]
+    assert header == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000

@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+
+from attnserve.v1 import encoder_service_pb2 as pb
+from client.codec import build_request
+
+
+def test_single_text_single_ids_and_lists():
+    assert [i.text for i in build_request("one").inputs] == ["one"]
+    assert [list(i.token_ids.ids) for i in build_request([1, 2]).inputs] == [[1, 2]]
+    assert [list(i.token_ids.ids) for i in build_request(np.array([3, 4])).inputs] == [[3, 4]]
+    mixed = build_request(["a", [5, 6]]).inputs
+    assert mixed[0].text == "a" and list(mixed[1].token_ids.ids) == [5, 6]
+
+
+def test_options_map_to_the_proto():
+    request = build_request(
+        "x",
+        layers=[1],
+        heads=[0],
+        attention_dtype="float16",
+        attention_layout="causal-packed",
+        pooling="last",
+        token_embeddings=False,
+        truncate=True,
+        request_id="r",
+    )
+    o = request.options
+    assert request.request_id == "r"
+    assert (o.pooling, o.skip_token_embeddings, o.truncation) == (
+        pb.POOLING_LAST,
+        True,
+        pb.TRUNCATION_RIGHT,
+    )
+    assert list(o.attention.layers) == [1] and list(o.attention.heads) == [0]
+    assert o.attention.dtype == pb.DTYPE_FLOAT16
+    assert o.attention.layout == pb.ATTENTION_LAYOUT_CAUSAL_PACKED
+    assert not build_request("x").options.HasField("attention")
+
+
+def test_bad_choices_are_refused_before_sending():
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        build_request("x", pooling="max")
+    with pytest.raises(ValueError, match="attention_dtype must be one of"):
+        build_request("x", attention=True, attention_dtype="bfloat16")
