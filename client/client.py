@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -38,6 +39,15 @@ class ClientOptions:
     tls_root_cert: Path | None = None  # PEM roots to trust; set to use TLS
     token: str | None = None  # sent as 'authorization: Bearer TOKEN'
     round_robin: bool = False  # spread calls over every address DNS returns
+
+    def open_channel(self, target: str, flavour: ModuleType) -> grpc.Channel | grpc.aio.Channel:
+        """A channel from `flavour` (the grpc module, or grpc.aio) with these options."""
+        if self.round_robin and "://" not in target and not target.startswith("dns:"):
+            target = f"dns:///{target}"  # the dns resolver returns every address of the name
+        credentials = self.credentials()
+        if credentials:
+            return flavour.secure_channel(target, credentials, options=self.channel_args())
+        return flavour.insecure_channel(target, options=self.channel_args())
 
     def channel_args(self) -> list[tuple[str, object]]:
         args = [
@@ -61,15 +71,14 @@ class ClientOptions:
             yield self.backoff_s * 2**attempt * random.uniform(0.5, 1.5)
 
 
-def _target(target: str, options: ClientOptions) -> str:
-    # round_robin needs every address of the name: the dns resolver returns them all.
-    if options.round_robin and "://" not in target and not target.startswith("dns:"):
-        return f"dns:///{target}"
-    return target
-
-
-def _retryable(exc: grpc.RpcError) -> bool:
-    return exc.code() == grpc.StatusCode.UNAVAILABLE
+def _retry_delay(exc: grpc.RpcError, delays: Iterator[float], end: float) -> float | None:
+    """Seconds to wait before another attempt, or None: not UNAVAILABLE, out of tries or time."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    delay = next(delays, None)
+    if delay is None or time.monotonic() + delay >= end:
+        return None
+    return delay
 
 
 class EncoderClient:
@@ -77,14 +86,7 @@ class EncoderClient:
 
     def __init__(self, target: str = "localhost:50051", options: ClientOptions | None = None):
         self.options = options or ClientOptions()
-        credentials = self.options.credentials()
-        args = self.options.channel_args()
-        address = _target(target, self.options)
-        self.channel = (
-            grpc.secure_channel(address, credentials, options=args)
-            if credentials
-            else grpc.insecure_channel(address, options=args)
-        )
+        self.channel = self.options.open_channel(target, grpc)
         self._stub = pb_grpc.EncoderServiceStub(self.channel)
 
     def encode(
@@ -138,8 +140,8 @@ class EncoderClient:
                     metadata=self.options.metadata(),
                 )
             except grpc.RpcError as exc:
-                delay = next(delays, None) if _retryable(exc) else None
-                if delay is None or time.monotonic() + delay >= end:
+                delay = _retry_delay(exc, delays, end)
+                if delay is None:
                     raise
                 time.sleep(delay)
 
@@ -158,14 +160,7 @@ class AsyncEncoderClient:
 
     def __init__(self, target: str = "localhost:50051", options: ClientOptions | None = None):
         self.options = options or ClientOptions()
-        credentials = self.options.credentials()
-        args = self.options.channel_args()
-        address = _target(target, self.options)
-        self.channel = (
-            grpc.aio.secure_channel(address, credentials, options=args)
-            if credentials
-            else grpc.aio.insecure_channel(address, options=args)
-        )
+        self.channel = self.options.open_channel(target, grpc.aio)
         self._stub = pb_grpc.EncoderServiceStub(self.channel)
 
     async def encode(
@@ -200,8 +195,8 @@ class AsyncEncoderClient:
                     metadata=self.options.metadata(),
                 )
             except grpc.RpcError as exc:
-                delay = next(delays, None) if _retryable(exc) else None
-                if delay is None or time.monotonic() + delay >= end:
+                delay = _retry_delay(exc, delays, end)
+                if delay is None:
                     raise
                 await asyncio.sleep(delay)
 

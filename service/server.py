@@ -100,7 +100,9 @@ async def start_server(
         port = server.add_secure_port(address, credentials)
     else:
         port = server.add_insecure_port(address)
-    metrics_http = metrics.serve(settings.metrics_port) if settings.metrics_port >= 0 else None
+    metrics_http = (
+        metrics.serve(settings.metrics_port, settings.host) if settings.metrics_port >= 0 else None
+    )
     await server.start()
     batcher.start()
 

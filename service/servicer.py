@@ -45,7 +45,9 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         start = time.perf_counter_ns()
         try:
             response = await self._encode(request, _deadline(context), start)
-        except AttnserveError as exc:
+        except Exception as exc:
+            if not isinstance(exc, AttnserveError):  # a bug: say so in the log, answer INTERNAL
+                log.exception("Encode failed unexpectedly")
             self._count("Encode", status_for(exc), start)
             await context.abort(status_for(exc), str(exc))
         self._count("Encode", grpc.StatusCode.OK, start)

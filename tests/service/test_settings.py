@@ -51,3 +51,37 @@ def test_settings_validate_their_values():
         parse(["--model", "m"], {"ATTNSERVE_PROVIDER": "tpu"})
     with pytest.raises(ValueError, match="log_level"):
         Settings(model_dir=Path("m"), log_level="LOUD")
+
+
+def test_server_settings_reach_the_components():
+    settings = parse(
+        [
+            "--model",
+            "m",
+            "--max-batch-tokens",
+            "2048",
+            "--max-batch-delay-ms",
+            "1.5",
+            "--max-queue",
+            "9",
+        ],
+        {"ATTNSERVE_AUTH_TOKEN": "hunter2"},
+    )
+    options = settings.batcher_options
+    assert (options.max_batch_tokens, options.max_delay_s, options.max_queue) == (2048, 0.0015, 9)
+    assert settings.auth_token == "hunter2"
+    assert "hunter2" not in repr(settings)  # settings are logged; secrets are not
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"port": 70000}, "port must be in"),
+        ({"max_message_bytes": 10}, "max_message_bytes must be >= 1024"),
+        ({"grace_seconds": -1.0}, "grace_seconds must be >= 0"),
+        ({"tls_key": Path("k.pem")}, "tls_cert and tls_key go together"),
+    ],
+)
+def test_invalid_server_settings(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(model_dir=Path("m"), **overrides)
