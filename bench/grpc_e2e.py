@@ -44,10 +44,10 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     limit = min(max_seq_len, runtime.config.max_seq_len)
     seq_lens = [t for t in (8, 16, 32, 64, 128, 256, 512) if t <= limit]
-    process, address = spawn_server(model_dir, "--provider", "cpu")
+    server = spawn_server(model_dir, "--provider", "cpu")
     rng = np.random.default_rng(0)
     try:
-        client = EncoderClient(address, ClientOptions(timeout_s=120))
+        client = EncoderClient(server.address, ClientOptions(timeout_s=120))
         client.wait_until_serving(120)
         # The floor under any RPC here: a health check does no work at all.
         floor = _alternate({"health": client.health}, repeats=10 if quick else 100)
@@ -114,8 +114,8 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             )
         client.close()
     finally:
-        process.terminate()
-        process.wait(30)
+        server.process.terminate()
+        server.process.wait(30)
     return {
         "empty_rpc_p50_ms": empty_rpc_ms,
         "embeddings_overhead": overhead,

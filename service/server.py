@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -53,11 +54,18 @@ class RunningServer:
         log.info("warm: SERVING")
 
     async def stop(self, grace: float) -> None:
-        """Graceful: NOT_SERVING, no new RPCs, in-flight ones get `grace` seconds."""
+        """Graceful: NOT_SERVING, new requests refused, in-flight ones get `grace` seconds.
+
+        We drain before closing the transport so that new requests meet our own
+        UNAVAILABLE ("shutting down", retry elsewhere) rather than a torn connection.
+        """
         log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
         self.servicer.refusal = "the server is shutting down; retry on another replica"
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        start = time.monotonic()
+        if not await self.servicer.wait_idle(grace):
+            log.warning("grace period over with requests still in flight; cancelling them")
+        await self.server.stop(max(0.0, grace - (time.monotonic() - start)))
         await self.batcher.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()

@@ -38,6 +38,17 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.max_message_bytes = max_message_bytes
         # Why new work is refused (UNAVAILABLE), or None while serving.
         self.refusal: str | None = "the model is warming up; retry shortly"
+        self._in_flight = 0  # requests between admission and answer
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight (draining); False if `timeout` ran out first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -102,6 +113,18 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     ) -> pb.EncodeResponse:
         if self.refusal:
             raise NotReadyError(self.refusal)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._admitted(request, deadline, start)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _admitted(
+        self, request: pb.EncodeRequest, deadline: float | None, start: int
+    ) -> pb.EncodeResponse:
         plan = plan_request(request, self.config, self.tokenizer)
         check_response_size(plan, self.config, self.max_message_bytes)
         futures = self.batcher.submit(plan.sequences, plan.attention is not None, deadline)

@@ -125,8 +125,8 @@ def client(server):
         yield c
 
 
-def start_cli_server(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`python -m service` as a subprocess on a free port; returns it and its address."""
+def start_cli_server(model_dir: Path, *extra: str):
+    """`python -m service` as a subprocess on a free port (a bench.server_process.ServerProcess)."""
     from bench.server_process import spawn_server
 
     return spawn_server(model_dir, "--provider", "cpu", *extra, cwd=REPO_ROOT)

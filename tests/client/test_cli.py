@@ -11,12 +11,12 @@ from tests.conftest import run_module, start_cli_server
 
 @pytest.fixture(scope="module")
 def cli_server(small_model_dir):
-    process, address = start_cli_server(small_model_dir)
-    with EncoderClient(address) as c:
+    server = start_cli_server(small_model_dir)
+    with EncoderClient(server.address) as c:
         c.wait_until_serving(60)
-    yield address
-    process.terminate()
-    assert process.wait(30) == 0
+    yield server.address
+    server.process.terminate()
+    assert server.process.wait(30) == 0
 
 
 def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):

@@ -10,34 +10,46 @@ from client import ClientOptions, EncoderClient
 from tests.conftest import start_cli_server
 
 GRACE_SECONDS = 30
+REQUESTS, SEQUENCES, LENGTH = 6, 4, 1024  # ~2 s of model work for the default model
 
 
-def test_sigterm_drains_in_flight_requests(small_model_dir):
-    process, address = start_cli_server(small_model_dir, "--grace-seconds", str(GRACE_SECONDS))
+def test_sigterm_drains_in_flight_requests(default_export):
+    model_dir, _ = default_export
+    server = start_cli_server(
+        model_dir, "--grace-seconds", str(GRACE_SECONDS), "--metrics-port", "0"
+    )
+    process = server.process
     try:
-        client = EncoderClient(address, ClientOptions(retries=0, timeout_s=60))
+        client = EncoderClient(server.address, ClientOptions(retries=0, timeout_s=120))
         client.wait_until_serving(60)
         results, errors = [], []
 
         def call():
             try:
-                results.append(client.encode([[1] * 300] * 13, attention=True))
+                results.append(client.encode([[1] * LENGTH] * SEQUENCES))
             except grpc.RpcError as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=call) for _ in range(8)]
+        threads = [threading.Thread(target=call) for _ in range(REQUESTS)]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # they are on the wire and queued
+        # Every request is inside the server (queued or running) before the signal.
+        admitted = 0.0
+        while admitted < REQUESTS * SEQUENCES:
+            admitted = server.metric("attnserve_queue_depth") + server.metric(
+                "attnserve_sequences_total"
+            )
+            time.sleep(0.01)
+        assert server.metric("attnserve_sequences_total") < REQUESTS * SEQUENCES  # not done
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         time.sleep(0.2)
-        late = EncoderClient(address, ClientOptions(retries=0, timeout_s=5))
+        late = EncoderClient(server.address, ClientOptions(retries=0, timeout_s=5))
         try:
             late.encode("after SIGTERM")
             refused = None
         except grpc.RpcError as exc:
-            refused = exc.code()
+            refused = exc
         for t in threads:
             t.join(60)
         returncode = process.wait(GRACE_SECONDS + 10)
@@ -46,7 +58,8 @@ def test_sigterm_drains_in_flight_requests(small_model_dir):
         if process.poll() is None:
             process.kill()
     assert errors == []
-    assert len(results) == 8 and all(len(r) == 13 for r in results)
-    assert refused == grpc.StatusCode.UNAVAILABLE
+    assert len(results) == REQUESTS and all(len(r) == SEQUENCES for r in results)
+    assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in refused.details()
     assert returncode == 0
     assert elapsed < GRACE_SECONDS
