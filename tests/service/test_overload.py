@@ -12,21 +12,24 @@ from tests.conftest import ServerThread
 
 
 @pytest.fixture
-def small_queue_server(small_model_dir, small_runtime):
-    running = ServerThread(small_model_dir, small_runtime, max_queue=16)
+def small_queue_server(default_export):
+    # The default model: a 1024-token sequence takes ~90 ms here, so a burst
+    # arrives far faster than the model drains it, on any machine we run on.
+    running = ServerThread(default_export[0], max_queue=8)
     yield running
     running.stop()
 
 
-def test_a_burst_larger_than_the_queue(small_queue_server, small_runtime):
+def test_a_burst_larger_than_the_queue(small_queue_server):
     server = small_queue_server
+    runtime = server.running.runtime
     rng = np.random.default_rng(3)
-    sequences = [rng.integers(0, 259, size=300).tolist() for _ in range(60)]
+    sequences = [rng.integers(0, 259, size=1024).tolist() for _ in range(40)]
 
     async def one(client, ids):
         start = time.perf_counter()
         try:
-            out = await client.encode([ids], attention=True)
+            out = await client.encode([ids])
         except grpc.aio.AioRpcError as exc:
             return exc.code(), exc.details(), time.perf_counter() - start
         return out, None, time.perf_counter() - start
@@ -40,17 +43,16 @@ def test_a_burst_larger_than_the_queue(small_queue_server, small_runtime):
     refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
     answered = [(ids, r) for ids, r in zip(sequences, results, strict=True) if r[1] is None]
     assert refused, "the burst never filled the queue"
-    assert len(answered) >= 16
+    assert len(answered) >= 8
     assert len(refused) + len(answered) == len(sequences)  # no other outcome
-    assert "queue full" in refused[0][1] and "the limit is 16" in refused[0][1]
+    assert "queue full" in refused[0][1] and "the limit is 8" in refused[0][1]
     # Refusals are fast: they never waited for the model, answers did.
     assert np.median([r[2] for r in refused]) < np.median([r[2] for _, r in answered])
     # Nothing of a refused request was queued: the model ran exactly the answered ones.
     assert server.metric("attnserve_sequences_total") == len(answered)
     for ids, (out, _, _) in answered:
-        embeddings, attentions = small_runtime.run(np.array([ids]))
+        embeddings = runtime.embed(np.array([ids]))
         np.testing.assert_allclose(out[0].embeddings, embeddings[0], atol=1e-5)
-        np.testing.assert_allclose(out[0].attention, attentions[0], atol=1e-5)
 
 
 def test_a_deadline_that_expires_in_the_queue_costs_no_model_work(small_model_dir, small_runtime):
