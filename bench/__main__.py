@@ -28,8 +28,59 @@ def main(argv: list[str] | None = None) -> int:
     grpc.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
     grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
     grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
+    load = commands.add_parser("load", help="load-test a running server (open or closed loop)")
+    load.add_argument("--target", required=True, help="HOST:PORT of the server")
+    load.add_argument(
+        "--mode",
+        choices=["open", "closed"],
+        default="open",
+        help="open: Poisson arrivals at --rate; closed: --concurrency in flight",
+    )
+    load.add_argument("--rate", type=float, default=20.0, help="requests/s (open loop)")
+    load.add_argument("--concurrency", type=int, default=8, help="requests in flight (closed)")
+    load.add_argument("--duration", type=float, default=10.0, help="seconds per run or step")
+    load.add_argument(
+        "--lengths",
+        default="16,128",
+        help="comma-separated sequence lengths, mixed uniformly (default 16,128)",
+    )
+    load.add_argument(
+        "--attention",
+        choices=["none", "float32-full", "float16-packed"],
+        default="none",
+        help="attention asked of every request",
+    )
+    load.add_argument(
+        "--spec",
+        type=Path,
+        help='JSON mix instead: [{"seq_len": 16, "attention": "none", "weight": 3}]',
+    )
+    steps = load.add_mutually_exclusive_group()
+    steps.add_argument("--rates", help="step schedule: comma-separated rates to try in order")
+    steps.add_argument("--ramp", help="ramp schedule START:STOP:STEP in requests/s")
+    load.add_argument(
+        "--p99-target-ms",
+        type=float,
+        default=100.0,
+        help="with --rates/--ramp: the p99 a rate must stay under",
+    )
+    load.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=0,
+        help="open loop: cap on outstanding requests (0: none)",
+    )
+    load.add_argument("--timeout", type=float, default=30.0, help="deadline per request (s)")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
+    load.add_argument("--token", help="bearer token, if the server asks for one")
+    load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
     args = parser.parse_args(argv)
 
+    if args.command == "load":
+        from bench.load_cli import run_load  # grpc client only: no torch needed
+
+        return run_load(args)
     if args.command == "latency":
         from bench.latency import run_latency  # torch import deferred past --help
 

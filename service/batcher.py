@@ -36,6 +36,7 @@ class BatcherOptions:
     max_batch_tokens: int = 4096  # batch size x longest sequence, per ORT call
     max_delay_s: float = 0.0  # how long the oldest sequence may wait for company
     max_queue: int = 256  # sequences waiting; more are refused at once
+    max_batch_size: int = 0  # sequences per batch; 0: only the token budget limits; 1: no batching
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ class Batcher:
         )
         batch, longest = [oldest], oldest.length
         for item in similar:
+            if len(batch) == self.options.max_batch_size:
+                break
             new_longest = max(longest, item.length)
             if new_longest * (len(batch) + 1) > self.options.max_batch_tokens:
                 continue

@@ -64,6 +64,10 @@ class Settings:
         default=0.0,  # 0: run as soon as the model is free; batches form while it is busy
         metadata=_opt("--max-batch-delay-ms", float, "how long a lone request waits for company"),
     )
+    max_batch_size: int = field(
+        default=0,
+        metadata=_opt("--max-batch-size", int, "sequences per batch; 0: no limit, 1: no batching"),
+    )
     max_queue: int = field(
         default=256, metadata=_opt("--max-queue", int, "sequences queued before refusing")
     )
@@ -102,6 +106,8 @@ class Settings:
             raise ValueError("port must be >= 0")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if self.max_batch_size < 0:
+            raise ValueError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
         if self.grace_seconds < 0:
             raise ValueError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -121,6 +127,7 @@ class Settings:
             max_batch_tokens=self.max_batch_tokens,
             max_delay_s=self.max_batch_delay_ms / 1e3,
             max_queue=self.max_queue,
+            max_batch_size=self.max_batch_size,
         )
 
 

@@ -1,0 +1,133 @@
+"""The load generator's arithmetic, against a real server process."""
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bench.load import LoadGenerator, RequestKind, summarize
+from tests.conftest import run_module, start_cli_server
+
+
+@pytest.fixture(scope="module")
+def server_process(small_model_dir):
+    server = start_cli_server(small_model_dir)
+    from client import EncoderClient
+
+    with EncoderClient(server.address) as c:
+        c.wait_until_serving(60)
+    yield server
+    server.process.terminate()
+    server.process.wait(30)
+
+
+def test_a_stalled_server_cannot_hide_its_queueing(server_process):
+    """Open loop, at most 2 requests in flight, the server frozen for 0.5 s.
+
+    Requests scheduled during the freeze are sent late (held back by the cap);
+    their latency counts from the intended send time, so it includes the
+    freeze, while their service time (what a closed-loop tool reports) does not.
+    """
+    generator = LoadGenerator(server_process.address, [RequestKind(16)], seed=1)
+    process = server_process.process
+    marks = {}
+
+    def freeze():
+        marks["stop"] = time.perf_counter()
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)
+        marks["cont"] = time.perf_counter()
+        process.send_signal(signal.SIGCONT)
+
+    timer = threading.Timer(0.6, freeze)
+    timer.start()
+    records, elapsed = asyncio.run(generator.open_loop(40, 2.0, max_in_flight=2, progress=False))
+    timer.join()
+    stop, cont = (marks[k] - generator.started_at for k in ("stop", "cont"))
+    assert all(r.status == "OK" for r in records)
+    frozen = [r for r in records if stop + 0.02 < r.intended < cont - 0.02]
+    assert len(frozen) >= 8
+    for r in frozen:  # nothing scheduled during the freeze finished before it ended
+        assert r.done >= cont - 0.01
+        assert r.latency >= cont - r.intended - 0.01
+    held_back = [r for r in frozen if r.sent - r.intended > 0.1]
+    assert len(held_back) >= 5
+    assert all(r.latency - r.service_time > 0.1 for r in held_back)
+    summary = summarize(records, elapsed, 40, 2.0)
+    worst_hidden = max(r.service_time for r in held_back)
+    assert summary["latency_ms"]["max"] / 1e3 > worst_hidden  # the freeze shows in latency...
+    assert summary["latency_ms"]["max"] >= 0.3e3  # ...as the long wait users really had
+
+
+def test_rate_and_percentile_accounting(server_process):
+    generator = LoadGenerator(server_process.address, [RequestKind(8), RequestKind(64)], seed=2)
+    schedule = LoadGenerator(server_process.address, [RequestKind(8)], seed=2).schedule(30, 2.0)
+    records, elapsed = asyncio.run(generator.open_loop(30, 2.0, progress=False))
+    summary = summarize(records, elapsed, 30, 2.0)
+    # The run sent exactly what its seeded Poisson schedule held, no more, no less.
+    assert summary["requests"] == len(schedule) == len(records)
+    np.testing.assert_allclose(sorted(r.intended for r in records), schedule)
+    assert summary["ok"] + sum(summary["errors"].values()) == summary["requests"]
+    assert summary["scheduled_rate"] == round(len(schedule) / 2.0, 3)
+    assert summary["achieved_rate"] == round(summary["ok"] / elapsed, 3)
+    assert elapsed >= schedule[-1]
+    latencies = np.array([r.latency for r in records]) * 1e3
+    for name, q in (("p50", 50), ("p99", 99), ("p99.9", 99.9)):
+        assert summary["latency_ms"][name] == round(float(np.percentile(latencies, q)), 3)
+    assert (
+        summary["latency_ms"]["p50"] <= summary["latency_ms"]["p99"] <= summary["latency_ms"]["max"]
+    )
+    server_total = [r.server_total_ms for r in records]
+    assert summary["server_ms"]["total"]["p50"] == round(float(np.percentile(server_total, 50)), 3)
+    assert all(r.server_total_ms <= r.service_time * 1e3 + 1e-6 for r in records)
+
+
+def test_closed_loop_never_exceeds_its_concurrency(server_process):
+    generator = LoadGenerator(server_process.address, [RequestKind(32)], seed=3)
+    records, _ = asyncio.run(generator.closed_loop(4, 1.0, progress=False))
+    assert len(records) > 8
+    events = sorted([(r.sent, 1) for r in records] + [(r.done, -1) for r in records])
+    in_flight = np.cumsum([delta for _, delta in events])
+    assert in_flight.max() <= 4
+    assert all(r.intended == r.sent for r in records)  # closed loop: no schedule to miss
+
+
+def test_errors_are_counted_by_status(server_process):
+    mix = [RequestKind(16), RequestKind(400)]  # 400 > the model's max_seq_len of 300
+    generator = LoadGenerator(server_process.address, mix, seed=4)
+    records, elapsed = asyncio.run(generator.open_loop(40, 1.0, progress=False))
+    summary = summarize(records, elapsed, 40, 1.0)
+    too_long = sum(r.kind == 1 for r in records)
+    assert too_long > 0
+    assert summary["errors"] == {"INVALID_ARGUMENT": too_long}
+    assert summary["ok"] == len(records) - too_long
+
+
+def test_cli_step_search_writes_a_report(server_process, tmp_path):
+    out = tmp_path / "load.json"
+    result = run_module(
+        "bench",
+        "load",
+        "--target",
+        server_process.address,
+        "--rates",
+        "10,20",
+        "--duration",
+        "1",
+        "--lengths",
+        "8",
+        "--p99-target-ms",
+        "1000",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "highest rate with p99 <= 1000 ms: 20 req/s" in result.stdout
+    report = json.loads(out.read_text())
+    steps = report["search"]["steps"]
+    assert [s["offered_rate"] for s in steps] == [10.0, 20.0]
+    assert all(s["within_target"] for s in steps)
