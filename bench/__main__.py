@@ -1,4 +1,4 @@
-"""python -m bench {latency,grpc} --out DIR [...]: attnserve's benchmarks."""
+"""python -m bench {latency,grpc,load} ...: attnserve's benchmarks and load generator."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description="attnserve benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     latency = commands.add_parser(
-        "latency", help="PyTorch eager vs ONNX Runtime CPU latency across sequence lengths"
+        "latency", help="every engine's latency across sequence lengths and batch sizes"
     )
-    latency.add_argument("--out", type=Path, required=True, help="directory for JSON and markdown")
+    latency.add_argument(
+        "--out", type=Path, required=True, help="directory for latency.json/.csv/.md/.png"
+    )
     latency.add_argument(
         "--max-seq-len", type=int, help="longest length to sweep (default: model's)"
     )
+    latency.add_argument("--batch-sizes", default="1,8", help="comma-separated (default 1,8)")
+    latency.add_argument("--engines", help="comma-separated subset (default: all that work here)")
     latency.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
 
     grpc = commands.add_parser(
@@ -84,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "latency":
         from bench.latency import run_latency  # torch import deferred past --help
 
-        run_latency(args.out, ModelConfig(), args.max_seq_len, args.quick)
+        run_latency(
+            args.out,
+            ModelConfig(),
+            args.max_seq_len,
+            [int(b) for b in args.batch_sizes.split(",")],
+            args.quick,
+            args.engines.split(",") if args.engines else None,
+        )
     else:
         from bench.grpc_e2e import run_grpc
 

@@ -1,13 +1,16 @@
-"""Latency across sequence lengths: PyTorch eager vs ONNX Runtime CPU, side by side.
+"""Latency across sequence lengths and batch sizes, every engine side by side in one run.
 
-Both engines run the same weights on the same inputs in one process. Calls are
-interleaved (engine A, engine B, A, B, ...) so that noise on a shared machine
-hits both alike, and the ratio of medians is what we report.
+Engines share the same weights and inputs. Each cell (engine x batch x length)
+is timed in ROUNDS blocks that alternate between engines, so slow drifts of a
+shared machine hit every engine alike; ratios against the PyTorch engine with
+the same outputs are what to read.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import platform
 import sys
 import tempfile
 import time
@@ -17,11 +20,49 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
+from bench.server_process import spawn_server
+from client import ClientOptions, EncoderClient
+from client.tensors import packed_length
 from export.model_dir import write_model_dir
 from model.config import ModelConfig
 from model.encoder import Encoder, build_encoder
+from service.errors import ProviderUnavailableError
 from service.runtime import OrtRuntime, RuntimeOptions
+
+Engine = Callable[[np.ndarray], object]
+ROUNDS = 3
+SEQ_LENS = (8, 16, 32, 64, 128, 256, 512, 1024)
+GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024  # the benchmark server's --max-message-bytes
+
+# engine -> the engine its ratio is taken against (PyTorch eager with the same outputs)
+BASELINES = {
+    "torch-eager": "torch-eager",
+    "torch-compile": "torch-eager",
+    "ort-cpu": "torch-eager",
+    "ort-cpu-spin": "torch-eager",
+    "ort-cuda": "torch-eager",
+    "torch-eager-emb": "torch-eager-emb",
+    "ort-cpu-emb": "torch-eager-emb",
+    "grpc-emb": "torch-eager-emb",
+    "grpc-attn-f32-full": "torch-eager",
+    "grpc-attn-f16-packed": "torch-eager",
+    "matmul-only": "matmul-only",
+}
+DESCRIPTIONS = {
+    "torch-eager": "PyTorch eager, embeddings + all attention weights",
+    "torch-compile": "torch.compile(dynamic=True) of the same model",
+    "ort-cpu": "ONNX Runtime CPU, model.onnx, the server's session settings",
+    "ort-cpu-spin": "the same with intra-op spinning on",
+    "ort-cuda": "ONNX Runtime CUDA, model.onnx (only where a GPU works)",
+    "torch-eager-emb": "PyTorch eager, embeddings only (fused SDPA)",
+    "ort-cpu-emb": "ONNX Runtime CPU, model_embeddings.onnx (fused Attention op)",
+    "grpc-emb": "gRPC Encode against a server process, embeddings only",
+    "grpc-attn-f32-full": "gRPC Encode, all attention float32 full, decoded by the client",
+    "grpc-attn-f16-packed": "gRPC Encode, all attention float16 causal-packed, decoded",
+    "matmul-only": "only the model's matrix products at its shapes (torch): a floor",
+}
 
 
 @dataclass(frozen=True)
@@ -29,11 +70,13 @@ class Row:
     engine: str
     batch: int
     seq_len: int
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    gflops: float  # model FLOPs of one call / p50
-    repeats: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    samples: int
+    gflops: float | None  # model FLOPs of one call / p50
+    pct_of_peak: float | None  # gflops / the matmul peak measured in the same run
+    skipped: str | None = None  # why the cell was not measured
 
 
 def model_flops(config: ModelConfig, batch: int, seq_len: int) -> int:
@@ -62,19 +105,6 @@ def _timed(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - start
 
 
-Engine = Callable[[np.ndarray], object]
-
-# engine -> the engine its ratio is taken against (same outputs, PyTorch eager)
-BASELINES = {
-    "torch-eager": "torch-eager",
-    "ort-cpu": "torch-eager",
-    "ort-cpu-spin": "torch-eager",
-    "torch-eager-emb": "torch-eager-emb",
-    "ort-cpu-emb": "torch-eager-emb",
-    "matmul-only": "matmul-only",
-}
-
-
 def matmul_only(config: ModelConfig) -> Engine:
     """Only the model's matrix products, at its shapes, in torch: the floor under any
     engine built on the same kind of GEMM kernels (everything else is overhead)."""
@@ -101,67 +131,153 @@ def matmul_only(config: ModelConfig) -> Engine:
     return run
 
 
-def engines_for(model: Encoder, model_dir: Path) -> dict[str, Engine]:
-    """The engines compared, each a function of input_ids.
-
-    "-emb" engines return embeddings only: PyTorch through its fused
-    scaled_dot_product_attention, ORT through the embeddings-only graph.
-    """
-
-    def torch_eager(ids: np.ndarray, need_weights: bool = True) -> object:
-        with torch.inference_mode():
-            return model(torch.from_numpy(ids), need_weights=need_weights)
-
-    ort_default = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
-    ort_spinning = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", intra_op_spinning=True))
-    return {
-        "torch-eager": torch_eager,
-        "ort-cpu": ort_default.run,
-        "ort-cpu-spin": ort_spinning.run,
-        "torch-eager-emb": lambda ids: torch_eager(ids, need_weights=False),
-        "ort-cpu-emb": ort_default.embed,
-        "matmul-only": matmul_only(model.config),
-    }
+class TooLarge(Exception):
+    """The cell's answer would not fit the benchmark server's message limit."""
 
 
-def repeats_for(seq_len: int, quick: bool) -> int:
-    """Fewer repeats where one call is long, so a sweep stays around a minute."""
-    if quick:
-        return 3
-    return 30 if seq_len <= 128 else 15 if seq_len <= 512 else 6
+def _grpc_engine(client: EncoderClient, config: ModelConfig, **options) -> Engine:
+    attention = options.get("attention", False)
+    packed = options.get("attention_layout") == "causal-packed"
+    itemsize = 2 if options.get("attention_dtype") == "float16" else 4
+
+    def run(ids: np.ndarray) -> object:
+        batch, t = ids.shape
+        if attention:
+            per_head = packed_length(t) if packed else t * t
+            size = batch * config.n_layers * config.n_heads * per_head * itemsize
+            if size > GRPC_MESSAGE_LIMIT:
+                raise TooLarge(f"answer of {size / 2**20:.0f} MiB > the message limit")
+        return client.encode(list(ids), **options)
+
+    return run
 
 
-ROUNDS = 3
+def build_engines(
+    model: Encoder, model_dir: Path, names: list[str], grpc_address: str | None, log
+) -> tuple[dict[str, Engine], dict[str, str]]:
+    """The engines asked for that work here, and why the others do not."""
+    engines: dict[str, Engine] = {}
+    unavailable: dict[str, str] = {}
+
+    def torch_run(module, need_weights: bool = True) -> Engine:
+        def run(ids: np.ndarray) -> object:
+            with torch.inference_mode():
+                return module(torch.from_numpy(ids), need_weights=need_weights)
+
+        return run
+
+    for name in names:
+        if name == "torch-eager":
+            engines[name] = torch_run(model)
+        elif name == "torch-eager-emb":
+            engines[name] = torch_run(model, need_weights=False)
+        elif name == "torch-compile":
+            try:
+                start = time.perf_counter()
+                compiled = torch.compile(model, dynamic=True)
+                torch_run(compiled)(np.zeros((1, 8), dtype=np.int64))
+                log(f"torch.compile: compiled in {time.perf_counter() - start:.1f}s")
+                engines[name] = torch_run(compiled)
+            except Exception as exc:  # no compiler, unsupported op...: report, go on
+                unavailable[name] = f"torch.compile failed: {type(exc).__name__}: {exc}"[:200]
+        elif name in ("ort-cpu", "ort-cpu-emb", "ort-cpu-spin"):
+            options = RuntimeOptions(provider="cpu", intra_op_spinning=name == "ort-cpu-spin")
+            runtime = OrtRuntime(model_dir, options)
+            engines[name] = runtime.embed if name == "ort-cpu-emb" else runtime.run
+        elif name == "ort-cuda":
+            try:
+                engines[name] = OrtRuntime(model_dir, RuntimeOptions(provider="cuda")).run
+            except ProviderUnavailableError as exc:
+                unavailable[name] = f"no working CUDA here ({str(exc)[:120]})"
+        elif name.startswith("grpc-"):
+            if grpc_address is None:
+                unavailable[name] = "no server"
+                continue
+            client = EncoderClient(
+                grpc_address, ClientOptions(timeout_s=600, max_message_bytes=GRPC_MESSAGE_LIMIT)
+            )
+            variant = {
+                "grpc-emb": {},
+                "grpc-attn-f32-full": {"attention": True},
+                "grpc-attn-f16-packed": {
+                    "attention": True,
+                    "attention_dtype": "float16",
+                    "attention_layout": "causal-packed",
+                },
+            }[name]
+            engines[name] = _grpc_engine(client, model.config, **variant)
+        elif name == "matmul-only":
+            engines[name] = matmul_only(model.config)
+        else:
+            raise ValueError(f"unknown engine {name!r}; choose from {list(BASELINES)}")
+    return engines, unavailable
+
+
+def _budget(quick: bool) -> tuple[int, int, float]:
+    """(min samples, max samples, seconds) per engine and cell, over all rounds."""
+    return (3, 6, 0.3) if quick else (6, 60, 2.0)
+
+
+def measure_cell(engines: dict[str, Engine], ids: np.ndarray, quick: bool) -> dict:
+    """Samples (s) per engine, or the reason an engine could not run this cell."""
+    least, most, seconds = _budget(quick)
+    samples: dict[str, list[float]] = {name: [] for name in engines}
+    skipped: dict[str, str] = {}
+    for _ in range(ROUNDS):
+        for name, run in engines.items():
+            if name in skipped:
+                continue
+            try:
+                run(ids)  # untimed: absorbs the previous engine's threads still spinning down
+            except TooLarge as exc:
+                skipped[name] = str(exc)
+                continue
+            spent, taken = 0.0, 0
+            while taken < -(-least // ROUNDS) or (
+                spent < seconds / ROUNDS and taken < most // ROUNDS
+            ):
+                elapsed = _timed(run, ids)
+                samples[name].append(elapsed)
+                spent += elapsed
+                taken += 1
+    return {"samples": samples, "skipped": skipped}
 
 
 def sweep(
     model: Encoder,
     engines: dict[str, Engine],
     seq_lens: list[int],
-    batch: int = 1,
+    batch_sizes: list[int],
+    peak: float,
     quick: bool = False,
-    log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """Time every engine at every length, in alternating blocks.
-
-    Each engine runs a block of calls, then the next engine does, for ROUNDS
-    rounds: slow drifts of a shared machine hit every engine alike, and the
-    first call of each block (untimed) absorbs the previous engine's threads
-    still spinning down.
-    """
     rng = np.random.default_rng(0)
     rows = []
-    for seq_len in seq_lens:
+    cells = [(b, t) for b in batch_sizes for t in seq_lens]
+    for batch, seq_len in tqdm(cells, desc="latency sweep", unit="cell", file=sys.stderr):
         ids = rng.integers(0, model.config.vocab_size, size=(batch, seq_len), dtype=np.int64)
-        repeats = repeats_for(seq_len, quick)
-        times: dict[str, list[float]] = {name: [] for name in engines}
-        for _ in range(ROUNDS):
-            for name, run in engines.items():
-                run(ids)  # untimed: warm-up
-                times[name].extend(_timed(run, ids) * 1e3 for _ in range(repeats))
+        result = measure_cell(engines, ids, quick)
         flops = model_flops(model.config, batch, seq_len)
-        for name, samples in times.items():
-            p50, p90, p99 = np.percentile(samples, [50, 90, 99])
+        for name in engines:
+            if name in result["skipped"]:
+                rows.append(
+                    Row(
+                        name,
+                        batch,
+                        seq_len,
+                        None,
+                        None,
+                        None,
+                        0,
+                        None,
+                        None,
+                        result["skipped"][name],
+                    )
+                )
+                continue
+            ms = np.asarray(result["samples"][name]) * 1e3
+            p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+            gflops = flops / (p50 / 1e3) / 1e9
             rows.append(
                 Row(
                     name,
@@ -170,64 +286,164 @@ def sweep(
                     round(p50, 4),
                     round(p90, 4),
                     round(p99, 4),
-                    round(flops / (p50 / 1e3) / 1e9, 2),
-                    len(samples),
+                    len(ms),
+                    round(gflops, 2),
+                    round(100 * gflops / peak, 1),
                 )
             )
-        log(
-            f"  seq_len {seq_len:>5}: "
-            + "  ".join(f"{r.engine} {r.p50_ms:.2f} ms" for r in rows[-len(engines) :])
+        tqdm.write(
+            f"batch {batch} seq_len {seq_len:>4}: "
+            + "  ".join(f"{r.engine} {r.p50_ms:.2f}" for r in rows[-len(engines) :] if r.p50_ms),
+            file=sys.stderr,
         )
     return rows
 
 
-def markdown_table(rows: list[Row], peak: float) -> str:
-    """One line per (batch, seq_len): each engine's p50, and its ratio to its baseline."""
-    by_cell: dict[tuple[int, int], dict[str, Row]] = {}
+def markdown_table(rows: list[Row], batch: int) -> str:
+    """p50 per engine for one batch size; each ratio against the engine's PyTorch baseline."""
+    cells: dict[int, dict[str, Row]] = {}
     for r in rows:
-        by_cell.setdefault((r.batch, r.seq_len), {})[r.engine] = r
+        if r.batch == batch:
+            cells.setdefault(r.seq_len, {})[r.engine] = r
     engines = list(dict.fromkeys(r.engine for r in rows))
     lines = [
-        "| batch | seq len | " + " | ".join(engines) + " | ort-cpu GFLOP/s (% of peak) |",
-        "|---|---|" + "---|" * (len(engines) + 1),
+        "| seq len | " + " | ".join(engines) + " |",
+        "|---|" + "---|" * len(engines),
     ]
-    for (batch, seq_len), cell in sorted(by_cell.items()):
-        cells = []
+    for seq_len, cell in sorted(cells.items()):
+        out = []
         for name in engines:
-            row, base = cell[name], cell[BASELINES[name]]
-            ratio = "" if base is row else f" ({base.p50_ms / row.p50_ms:.1f}x)"
-            cells.append(f"{row.p50_ms:.2f} ms{ratio}")
-        ort = cell["ort-cpu"]
-        lines.append(
-            f"| {batch} | {seq_len} | "
-            + " | ".join(cells)
-            + f" | {ort.gflops:.0f} ({100 * ort.gflops / peak:.0f}%) |"
-        )
+            row, base = cell[name], cell.get(BASELINES[name])
+            if row.p50_ms is None:
+                out.append("skipped")
+            elif base is None or base is row or base.p50_ms is None:
+                out.append(f"{row.p50_ms:.2f} ms")
+            else:
+                out.append(f"{row.p50_ms:.2f} ms ({base.p50_ms / row.p50_ms:.1f}x)")
+        lines.append(f"| {seq_len} | " + " | ".join(out) + " |")
     return "\n".join(lines)
 
 
+def plot(rows: list[Row], batch_sizes: list[int], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(batch_sizes), figsize=(7 * len(batch_sizes), 5.5), squeeze=False
+    )
+    for ax, batch in zip(axes[0], batch_sizes, strict=True):
+        for engine in dict.fromkeys(r.engine for r in rows):
+            points = sorted(
+                (r.seq_len, r.p50_ms)
+                for r in rows
+                if r.engine == engine and r.batch == batch and r.p50_ms
+            )
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("p50 latency (ms)")
+        ax.set_title(f"batch {batch}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def environment(peak: float) -> dict:
+    import onnxruntime
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "matmul_peak_gflops": round(peak, 1),
+    }
+
+
+def write_outputs(
+    out: Path, rows: list[Row], batch_sizes: list[int], env: dict, unavailable: dict[str, str]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latency.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    (out / "environment.json").write_text(
+        json.dumps({**env, "unavailable_engines": unavailable}, indent=1) + "\n"
+    )
+    with (out / "latency.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+    plot(rows, batch_sizes, out / "latency.png")
+    tables = [f"### batch {b}\n\n{markdown_table(rows, b)}" for b in batch_sizes]
+    (out / "latency.md").write_text("\n\n".join(tables) + "\n")
+
+
+DEFAULT_ENGINES = [
+    "torch-eager",
+    "torch-compile",
+    "ort-cpu",
+    "ort-cpu-spin",
+    "ort-cuda",
+    "torch-eager-emb",
+    "ort-cpu-emb",
+    "grpc-emb",
+    "grpc-attn-f32-full",
+    "grpc-attn-f16-packed",
+    "matmul-only",
+]
+
+
 def run_latency(
-    out: Path, config: ModelConfig, max_seq_len: int | None, quick: bool, seed: int = 0
+    out: Path,
+    config: ModelConfig,
+    max_seq_len: int | None = None,
+    batch_sizes: list[int] | None = None,
+    quick: bool = False,
+    engine_names: list[str] | None = None,
 ) -> list[Row]:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    batch_sizes = batch_sizes or [1, 8]
     limit = min(max_seq_len or config.max_seq_len, config.max_seq_len)
-    seq_lens = [t for t in (8, 16, 32, 64, 128, 256, 512, 1024) if t <= limit]
-    model = build_encoder(config, seed=seed)
+    seq_lens = [t for t in SEQ_LENS if t <= limit]
+    names = engine_names or DEFAULT_ENGINES
+    model = build_encoder(config, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        write_model_dir(model, tmp, shapes=[(1, 1), (1, limit)], log=log)
-        engines = engines_for(model, Path(tmp))
-        peak = matmul_peak_gflops()
-        log(f"matmul peak (fp32 2048^2): {peak:.0f} GFLOP/s, {torch.get_num_threads()} threads")
-        rows = sweep(model, engines, seq_lens, quick=quick, log=log)
-        peak = max(peak, matmul_peak_gflops())  # measured again after the sweep: the better one
-    table = markdown_table(rows, peak)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latency.json").write_text(
-        json.dumps(
-            {"matmul_peak_gflops": round(peak, 1), "rows": [asdict(r) for r in rows]}, indent=2
-        )
-        + "\n"
-    )
-    (out / "latency.md").write_text(table + "\n")
-    print(table)
+        model_dir = Path(tmp)
+        write_model_dir(model, model_dir, shapes=[(1, 1), (1, limit)], log=log)
+        server = None
+        if any(n.startswith("grpc-") for n in names):
+            server = spawn_server(
+                model_dir, "--provider", "cpu", "--max-message-bytes", str(GRPC_MESSAGE_LIMIT)
+            )
+            EncoderClient(server.address).wait_until_serving(120)
+        try:
+            engines, unavailable = build_engines(
+                model, model_dir, names, server.address if server else None, log
+            )
+            for name, reason in unavailable.items():
+                log(f"skipping {name}: {reason}")
+            peak = matmul_peak_gflops()
+            log(f"matmul peak (fp32 2048^2): {peak:.0f} GFLOP/s, {torch.get_num_threads()} threads")
+            rows = sweep(model, engines, seq_lens, batch_sizes, peak, quick)
+        finally:
+            if server:
+                server.process.terminate()
+                server.process.wait(30)
+    write_outputs(out, rows, batch_sizes, environment(peak), unavailable)
+    print((out / "latency.md").read_text())
     return rows
