@@ -7,7 +7,7 @@ PORT ?= 50051
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test lint proto export bench clean
+.PHONY: install serve test lint proto export benchmarks clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -44,9 +44,9 @@ lint: $(VENV)/.installed $(BUF)
 test: lint
 	$(PY) -m pytest
 
-bench: $(VENV)/.installed
-	$(PY) -m bench latency --out bench-results
-	$(PY) -m bench grpc --out bench-results
+# Reruns every benchmark (~15 min) and regenerates docs/BENCHMARKS.md from the results.
+benchmarks: $(VENV)/.installed
+	$(PY) -m bench report --out bench-results --doc docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .tools models bench-results .pytest_cache .ruff_cache

@@ -79,8 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
     load.add_argument("--token", help="bearer token, if the server asks for one")
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
+    report = commands.add_parser(
+        "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
+    )
+    report.add_argument("--out", type=Path, default=Path("bench-results"), help="raw results")
+    report.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
+    report.add_argument("--quick", action="store_true", help="short lengths and runs (smoke)")
+    report.add_argument(
+        "--render-only", action="store_true", help="rewrite the page from --out's existing results"
+    )
     args = parser.parse_args(argv)
 
+    if args.command == "report":
+        from bench.report import run_report
+
+        run_report(args.out, args.doc, args.quick, args.render_only)
+        return 0
     if args.command == "load":
         from bench.load_cli import run_load  # grpc client only: no torch needed
 

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from bench.server_process import spawn_server
 from client import ClientOptions, EncoderClient
-from client.tensors import packed_length
 from export.model_dir import write_model_dir
 from model.config import ModelConfig
 from model.encoder import Encoder, build_encoder
@@ -135,19 +135,14 @@ class TooLarge(Exception):
     """The cell's answer would not fit the benchmark server's message limit."""
 
 
-def _grpc_engine(client: EncoderClient, config: ModelConfig, **options) -> Engine:
-    attention = options.get("attention", False)
-    packed = options.get("attention_layout") == "causal-packed"
-    itemsize = 2 if options.get("attention_dtype") == "float16" else 4
-
+def _grpc_engine(client: EncoderClient, **options) -> Engine:
     def run(ids: np.ndarray) -> object:
-        batch, t = ids.shape
-        if attention:
-            per_head = packed_length(t) if packed else t * t
-            size = batch * config.n_layers * config.n_heads * per_head * itemsize
-            if size > GRPC_MESSAGE_LIMIT:
-                raise TooLarge(f"answer of {size / 2**20:.0f} MiB > the message limit")
-        return client.encode(list(ids), **options)
+        try:
+            return client.encode(list(ids), **options)
+        except grpc.RpcError as exc:  # the server refuses answers over its message limit
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise TooLarge(exc.details().split(";")[0]) from exc
+            raise
 
     return run
 
@@ -205,7 +200,7 @@ def build_engines(
                     "attention_layout": "causal-packed",
                 },
             }[name]
-            engines[name] = _grpc_engine(client, model.config, **variant)
+            engines[name] = _grpc_engine(client, **variant)
         elif name == "matmul-only":
             engines[name] = matmul_only(model.config)
         else:
