@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
     load.add_argument("--token", help="bearer token, if the server asks for one")
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
+    hf = commands.add_parser(
+        "hf", help="a distilgpt2-sized GPT-2: ONNX Runtime vs transformers, side by side"
+    )
+    hf.add_argument("--out", type=Path, required=True, help="directory for hf.json and hf.md")
+    hf.add_argument("--max-seq-len", type=int, default=1024, help="longest length (1024)")
+    hf.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
+
     report = commands.add_parser(
         "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
     )
@@ -94,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench.report import run_report
 
         run_report(args.out, args.doc, args.quick, args.render_only)
+        return 0
+    if args.command == "hf":
+        from bench.hf_compare import run_hf_compare
+
+        run_hf_compare(args.out, args.max_seq_len, args.quick)
         return 0
     if args.command == "load":
         from bench.load_cli import run_load  # grpc client only: no torch needed

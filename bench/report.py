@@ -19,6 +19,8 @@ import numpy as np
 from bench.batching import run_batching
 from bench.grpc_e2e import markdown as grpc_markdown
 from bench.grpc_e2e import run_grpc
+from bench.hf_compare import markdown as hf_markdown
+from bench.hf_compare import run_hf_compare
 from bench.latency import DESCRIPTIONS, Row, markdown_table, run_latency
 from export.model_dir import write_model_dir
 from model.config import ModelConfig
@@ -30,8 +32,10 @@ COMMAND = (
 
 
 class Results:
-    def __init__(self, rows: list[Row], env: dict, grpc: dict, batching: dict) -> None:
-        self.rows, self.env, self.grpc, self.batching = rows, env, grpc, batching
+    def __init__(
+        self, rows: list[Row], env: dict, grpc: dict, batching: dict, hf: dict | None = None
+    ) -> None:
+        self.rows, self.env, self.grpc, self.batching, self.hf = rows, env, grpc, batching, hf
         self._index = {(r.engine, r.batch, r.seq_len): r for r in rows}
 
     def p50(self, engine: str, seq_len: int, batch: int = 1) -> float | None:
@@ -251,9 +255,30 @@ server with default settings, then with `--max-batch-size 1`).
 | batching on | {on["achieved_rate"]:.0f} | {on["latency_ms"]["p50"]:.1f} ms | {on["latency_ms"]["p99"]:.1f} ms | {on["server_ms"]["queue"]["p50"]:.1f} ms |
 | batching off | {off["achieved_rate"]:.0f} | {off["latency_ms"]["p50"]:.1f} ms | {off["latency_ms"]["p99"]:.1f} ms | {off["server_ms"]["queue"]["p50"]:.1f} ms |
 
-## What it means
+{_hf_section(res)}## What it means
 
 {_meaning(res)}"""  # noqa: E501
+
+
+def _hf_section(res: Results) -> str:
+    if not res.hf:
+        return ""
+    m = res.hf["model"]
+    ratios = [r["transformers-eager_p50_ms"] / r["ort-cpu_p50_ms"] for r in res.hf["rows"]]
+    return f"""\
+## A GPT-2 checkpoint: ONNX Runtime vs transformers
+
+A distilgpt2-sized `GPT2Model` ({m["n_layer"]} layers, {m["n_head"]} heads, d_model
+{m["n_embd"]}, vocabulary {m["vocab_size"]}, random weights) saved with
+`save_pretrained`, imported and exported exactly as `python -m export --from-hf`
+does, batch 1. transformers with `attn_implementation="eager"` and
+`output_attentions=True` against our graph with attentions; transformers'
+default SDPA attention against our embeddings-only graph. ORT is
+{min(ratios):.1f}x-{max(ratios):.1f}x faster with attentions.
+
+{hf_markdown(res.hf)}
+
+"""
 
 
 def run_report(out: Path, doc: Path, quick: bool = False, render_only: bool = False) -> None:
@@ -266,6 +291,8 @@ def run_report(out: Path, doc: Path, quick: bool = False, render_only: bool = Fa
             write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
             run_grpc(out, model_dir, 64 if quick else 512, quick)
             run_batching(out, model_dir, 2.0 if quick else 10.0, log)
+        if not quick:  # exports an 82M-parameter model: too heavy for a smoke run
+            run_hf_compare(out)
     rows = [Row(**r) for r in json.loads((out / "latency.json").read_text())]
     env, grpc, batching = (
         json.loads((out / f"{name}.json").read_text())
@@ -274,5 +301,7 @@ def run_report(out: Path, doc: Path, quick: bool = False, render_only: bool = Fa
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot_name = "latency.png"
     shutil.copyfile(out / "latency.png", doc.parent / plot_name)
-    doc.write_text(render(Results(rows, env, grpc, batching), out, plot_name))
+    hf_file = out / "hf.json"
+    hf = json.loads(hf_file.read_text()) if hf_file.exists() else None
+    doc.write_text(render(Results(rows, env, grpc, batching, hf), out, plot_name))
     log(f"wrote {doc}")

@@ -12,8 +12,6 @@ import numpy as np
 
 from client.client import ClientOptions, EncoderClient
 from client.heatmap import render_heatmap
-from model.config import ModelConfig
-from model.tokenizer import get_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     encode.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     encode.add_argument("--layout", choices=["full", "causal-packed"], default="full")
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
+    encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
 
     heatmap = commands.add_parser("heatmap", help="attention of one layer/head as a PNG")
@@ -58,6 +57,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         attention_dtype=args.dtype,
         attention_layout=args.layout,
         truncate=args.truncate,
+        return_tokens=args.tokens,
     )
     if args.json:
         print(
@@ -80,6 +80,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
                             "attention_layers": e.layers,
                             "attention_heads": e.heads,
                             "truncated": e.truncated,
+                            "tokens": e.tokens,
                         }
                         for e in out
                     ],
@@ -94,6 +95,8 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
     )
     for i, e in enumerate(out):
         print(f"[{i}] {len(e.token_ids)} tokens{' (truncated)' if e.truncated else ''}")
+        if e.tokens:
+            print(f"    tokens {' '.join(e.tokens)}")
         if e.embeddings is not None:
             print(
                 f"    embeddings {e.embeddings.shape}, norm of last token "
@@ -108,10 +111,9 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
 
 def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
     info = client.model_info()
-    config = ModelConfig.from_json(info["config_json"])
-    out = client.encode(args.text, layers=[args.layer], heads=[args.head])
+    out = client.encode(args.text, layers=[args.layer], heads=[args.head], return_tokens=True)
     encoding = out[0]
-    tokens = get_tokenizer(config).token_strings(encoding.token_ids.tolist())
+    tokens = encoding.tokens  # the server's tokenizer says what each token is
     path = render_heatmap(
         encoding.attention[0, 0],
         tokens,

@@ -28,6 +28,7 @@ class Encoding:
     layers: list[int] = field(default_factory=list)  # attention's axis 0
     heads: list[int] = field(default_factory=list)  # attention's axis 1
     truncated: bool = False
+    tokens: list[str] = field(default_factory=list)  # display strings, if asked for
 
 
 @dataclass
@@ -74,6 +75,7 @@ def build_request(
     pooling: str = "none",
     token_embeddings: bool = True,
     truncate: bool = False,
+    return_tokens: bool = False,
     request_id: str = "",
 ) -> pb.EncodeRequest:
     """inputs: one text, one id sequence, or a list of those."""
@@ -91,6 +93,7 @@ def build_request(
     options.pooling = _choice("pooling", pooling, POOLINGS)
     options.skip_token_embeddings = not token_embeddings
     options.truncation = pb.TRUNCATION_RIGHT if truncate else pb.TRUNCATION_NONE
+    options.return_tokens = return_tokens
     if attention or layers or heads:
         options.attention.layers.extend(layers)
         options.attention.heads.extend(heads)
@@ -125,6 +128,7 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
                 layers=list(result.attention_layers),
                 heads=list(result.attention_heads),
                 truncated=result.truncated,
+                tokens=list(result.tokens),
             )
         )
     t = response.timings

@@ -1,4 +1,4 @@
-"""python -m export --out DIR [--checkpoint PATH | --seed N] [--config JSON]"""
+"""python -m export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]"""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, help="safetensors checkpoint to export")
     source.add_argument(
+        "--from-hf",
+        type=Path,
+        metavar="DIR",
+        help="local Hugging Face GPT-2-family directory (config.json, model.safetensors or "
+        "pytorch_model.bin, tokenizer.json)",
+    )
+    source.add_argument(
         "--seed", type=int, default=0, help="random weights from this seed (default 0)"
     )
     parser.add_argument(
@@ -34,18 +41,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"max abs diff allowed, PyTorch vs ONNX Runtime (default {DEFAULT_TOLERANCE:g})",
     )
     args = parser.parse_args(argv)
-    if args.checkpoint and args.config:
-        parser.error("--config applies to seeded models; a checkpoint carries its own config")
+    if args.config and (args.checkpoint or args.from_hf):
+        parser.error("--config applies to seeded models; checkpoints carry their own config")
     return args
 
 
 def build_model(args: argparse.Namespace):
+    """The model to export and the files to ship beside it."""
     # torch is imported here, not at module level, so `--help` stays instant.
+    from model.artifacts import TOKENIZER_FILENAME
     from model.checkpoint import load_checkpoint
     from model.encoder import build_encoder
 
     if args.checkpoint:
-        return load_checkpoint(args.checkpoint)
+        return load_checkpoint(args.checkpoint), {}
+    if args.from_hf:
+        from export.hf_import import HFImportError, load_hf_gpt2
+
+        tokenizer = args.from_hf / TOKENIZER_FILENAME
+        if not tokenizer.is_file():
+            raise HFImportError(f"{args.from_hf} has no {TOKENIZER_FILENAME}")
+        return load_hf_gpt2(args.from_hf), {TOKENIZER_FILENAME: tokenizer}
     config = ModelConfig()
     if args.config:
         try:
@@ -53,18 +69,19 @@ def build_model(args: argparse.Namespace):
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
         config = ModelConfig.from_dict({**config.to_dict(), **overrides})
-    return build_encoder(config, seed=args.seed)
+    return build_encoder(config, seed=args.seed), {}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from export.hf_import import HFImportError
     from export.model_dir import write_model_dir
     from model.checkpoint import CheckpointError
 
     try:
-        model = build_model(args)
-        write_model_dir(model, args.out, tolerance=args.tolerance)
-    except (ConfigError, CheckpointError) as exc:
+        model, extra_files = build_model(args)
+        write_model_dir(model, args.out, tolerance=args.tolerance, extra_files=extra_files)
+    except (ConfigError, CheckpointError, HFImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ParityError as exc:

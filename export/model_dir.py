@@ -36,8 +36,11 @@ def write_model_dir(
     tolerance: float = DEFAULT_TOLERANCE,
     shapes: list[tuple[int, int]] | None = None,
     log: Callable[[str], None] = print,
+    extra_files: dict[str, Path] | None = None,
 ) -> ExportReport:
     """Export both graphs, check their parity, then move the files into `out`.
+
+    extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
 
     Everything is written to a scratch directory beside `out` first, so a model
     that fails its parity check (ParityError) never reaches `out`.
@@ -76,6 +79,8 @@ def write_model_dir(
             parity_seconds=round(parity_seconds, 3),
         )
         (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        for name, source in (extra_files or {}).items():
+            shutil.copyfile(source, scratch / name)
         out.mkdir(parents=True, exist_ok=True)
         for item in scratch.iterdir():
             os.replace(item, out / item.name)

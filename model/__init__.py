@@ -6,6 +6,6 @@ path can `import model` without torch. The PyTorch modules live in
 """
 
 from model.config import ConfigError, ModelConfig
-from model.tokenizer import ByteTokenizer, get_tokenizer
+from model.tokenizer import ByteTokenizer, HFTokenizer, get_tokenizer
 
-__all__ = ["ByteTokenizer", "ConfigError", "ModelConfig", "get_tokenizer"]
+__all__ = ["ByteTokenizer", "ConfigError", "HFTokenizer", "ModelConfig", "get_tokenizer"]

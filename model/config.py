@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-TOKENIZER_KINDS = ("byte",)
+TOKENIZER_KINDS = ("byte", "hf")  # hf: the model directory's tokenizer.json
 ACTIVATIONS = ("gelu", "gelu_tanh")
 
 
@@ -28,7 +28,7 @@ class ModelConfig:
     d_ff: int = 1024  # hidden width of each block's MLP (4 * d_model in GPT-2)
     max_seq_len: int = 1024  # longest sequence: size of the learned positional table
     vocab_size: int = 259  # token table rows: 256 bytes + <pad>, <bos>, <eos> for "byte"
-    tokenizer: str = "byte"  # how text becomes ids; one of TOKENIZER_KINDS
+    tokenizer: str = "byte"  # how text becomes ids: "byte", or "hf" (tokenizer.json beside)
     pad_id: int = 256  # right-padding id; causality makes its value irrelevant to real tokens
     bos_id: int = 257  # prepended to text so the first real token has a context to attend from
     eos_id: int = 258  # appended to text on request (useful for "last" pooling)

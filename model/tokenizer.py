@@ -1,12 +1,18 @@
-"""Torch-free byte-level tokenizer: UTF-8 bytes are the tokens.
+"""Torch-free tokenizers: how text becomes token ids, and ids become display strings.
 
-Ids 0..255 are the bytes themselves; the special ids (pad, bos, eos) come from
-the model config. Any text encodes losslessly and no vocabulary file is needed.
+"byte": UTF-8 bytes are the tokens (ids 0..255), a <bos> is prepended; no
+vocabulary file. "hf": the model directory's tokenizer.json, run by the
+Hugging Face `tokenizers` library exactly as transformers' fast tokenizers do.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from model.artifacts import TOKENIZER_FILENAME
 from model.config import ModelConfig
+
+VISIBLE_SPACE = "\u2423"  # "␣": spaces shown in token labels
 
 
 class ByteTokenizer:
@@ -40,7 +46,7 @@ class ByteTokenizer:
             if i in self._special:
                 labels.append(self._special[i])
             elif i == 32:
-                labels.append("\u2423")  # a visible space: "␣"
+                labels.append(VISIBLE_SPACE)
             elif 32 < i < 127:
                 labels.append(chr(i))
             else:
@@ -48,8 +54,43 @@ class ByteTokenizer:
         return labels
 
 
-def get_tokenizer(config: ModelConfig) -> ByteTokenizer:
-    """The tokenizer the config names."""
+class HFTokenizer:
+    """A tokenizer.json (e.g. GPT-2's byte-level BPE) through the `tokenizers` library."""
+
+    kind = "hf"
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer  # only needed for "hf" models
+
+        self.path = path
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        # As GPT2TokenizerFast: the file's own post-processor decides on special tokens.
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each token's own text (byte-level pieces decoded), spaces made visible."""
+        return [
+            self._tokenizer.decode([i], skip_special_tokens=False).replace(" ", VISIBLE_SPACE)
+            or (self._tokenizer.id_to_token(i) or f"<{i}>")
+            for i in ids
+        ]
+
+
+Tokenizer = ByteTokenizer | HFTokenizer
+
+
+def get_tokenizer(config: ModelConfig, model_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer the config names; "hf" reads tokenizer.json from `model_dir`."""
     if config.tokenizer == "byte":
         return ByteTokenizer(config)
-    raise ValueError(f"no tokenizer for kind {config.tokenizer!r}")
+    if model_dir is None:
+        raise ValueError(f"tokenizer {config.tokenizer!r} needs the model directory")
+    path = Path(model_dir) / TOKENIZER_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"the model config names tokenizer 'hf' but {path} is missing")
+    return HFTokenizer(path)

@@ -13,7 +13,7 @@ import numpy as np
 from attnserve.v1 import encoder_service_pb2 as pb
 from client.tensors import NUMPY_DTYPES, fill_tensor, pack_causal, packed_length
 from model.config import ModelConfig
-from model.tokenizer import ByteTokenizer
+from model.tokenizer import Tokenizer
 from service.batcher import SequenceResult
 from service.errors import InvalidInputError, ResponseTooLargeError
 
@@ -37,10 +37,11 @@ class EncodePlan:
     pooling: int  # pb.Pooling value
     token_embeddings: bool
     attention: AttentionPlan | None
+    return_tokens: bool
 
 
 def plan_request(
-    request: pb.EncodeRequest, config: ModelConfig, tokenizer: ByteTokenizer
+    request: pb.EncodeRequest, config: ModelConfig, tokenizer: Tokenizer
 ) -> EncodePlan:
     """Validate and tokenize; InvalidInputError names the field and the limit."""
     if not request.inputs:
@@ -79,7 +80,14 @@ def plan_request(
         sequences.append(array)
         truncated.append(cut)
     attention = _plan_attention(options, config) if options.HasField("attention") else None
-    return EncodePlan(sequences, truncated, pooling, not options.skip_token_embeddings, attention)
+    return EncodePlan(
+        sequences,
+        truncated,
+        pooling,
+        not options.skip_token_embeddings,
+        attention,
+        options.return_tokens,
+    )
 
 
 def _enum_field(name: str, value: int, enum, default: int) -> int:

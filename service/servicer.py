@@ -32,7 +32,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     ) -> None:
         self.runtime = runtime
         self.config = runtime.config
-        self.tokenizer = get_tokenizer(runtime.config)
+        self.tokenizer = get_tokenizer(runtime.config, runtime.model_path.parent)
         self.batcher = batcher
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
@@ -138,7 +138,10 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             model_version=self.runtime.version, request_id=request.request_id
         )
         for ids, cut, result in zip(plan.sequences, plan.truncated, results, strict=True):
-            fill_result(response.results.add(), ids, cut, result, plan)
+            out = response.results.add()
+            fill_result(out, ids, cut, result, plan)
+            if plan.return_tokens:
+                out.tokens[:] = self.tokenizer.token_strings(out.token_ids)
         t = response.timings
         t.queue_ns = max(r.queue_ns for r in results)
         t.inference_ns = max(r.inference_ns for r in results)

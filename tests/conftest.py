@@ -130,3 +130,51 @@ def start_cli_server(model_dir: Path, *extra: str):
     from bench.server_process import spawn_server
 
     return spawn_server(model_dir, "--provider", "cpu", *extra, cwd=REPO_ROOT)
+
+
+# --- Hugging Face GPT-2 (no downloads: built and trained here) ---------------
+
+HF_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention is all you need!",
+    "café crème brûlée, naïve façade",
+    "emoji 🤖🚀 and more",
+    "  whitespace   runs\n\tand tabs  ",
+]
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory) -> Path:
+    """A tiny random GPT2Model saved with save_pretrained, and a byte-level BPE
+    tokenizer trained here with `tokenizers`, as a local Hugging Face directory."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2Model
+
+    directory = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator(
+        HF_TEXTS * 20, vocab_size=400, min_frequency=1, special_tokens=["<|endoftext|>"]
+    )
+    config = GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=160,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    GPT2Model(config).eval().save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(hf_dir, tmp_path_factory) -> Path:
+    """The tiny GPT-2 exported by the real CLI."""
+    out = tmp_path_factory.mktemp("hf_export") / "model"
+    result = run_module("export", "--from-hf", str(hf_dir), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
