@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.batching import run_batching
+from bench.engines import DESCRIPTIONS
 from bench.grpc_e2e import markdown as grpc_markdown
 from bench.grpc_e2e import run_grpc
 from bench.hf_compare import markdown as hf_markdown
 from bench.hf_compare import run_hf_compare
-from bench.latency import DESCRIPTIONS, Row, markdown_table, run_latency
+from bench.latency import Row, markdown_table, run_latency
 from export.model_dir import write_model_dir
 from model.config import ModelConfig
 from model.encoder import build_encoder

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from model.checkpoint import first_shape_mismatch
 from model.config import ConfigError, ModelConfig
 from model.encoder import Encoder
 
@@ -129,13 +130,7 @@ def load_hf_gpt2(directory: str | Path) -> Encoder:
     config = config_from_hf(json.loads(config_file.read_text()), name=directory.name)
     model = Encoder(config)
     tensors = _mapped(_read_tensors(directory), config.n_layers)
-    expected = model.state_dict()
-    for name, want in expected.items():
-        got = tensors[name]
-        if got.shape != want.shape:
-            raise HFImportError(
-                f"tensor for {name} has shape {tuple(got.shape)}, config.json needs "
-                f"{tuple(want.shape)}"
-            )
+    if mismatch := first_shape_mismatch(model.state_dict(), tensors):
+        raise HFImportError(f"{mismatch} (from config.json)")
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     return model.eval()

@@ -56,17 +56,26 @@ def load_checkpoint(path: str | Path) -> Encoder:
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         raise CheckpointError(f"{path}: unexpected tensor(s) {', '.join(unexpected)}")
+    if mismatch := first_shape_mismatch(expected, tensors):
+        raise CheckpointError(f"{path}: {mismatch}")
+    for name, want in expected.items():
+        if tensors[name].dtype != want.dtype:
+            raise CheckpointError(
+                f"{path}: tensor {name} has dtype {tensors[name].dtype}, need {want.dtype}"
+            )
+    model.load_state_dict(tensors, strict=True)
+    return model.eval()
+
+
+def first_shape_mismatch(expected: dict, tensors: dict) -> str | None:
+    """Says which tensor does not have the shape the config needs, if any does not."""
     for name, want in expected.items():
         got = tensors[name]
         if got.shape != want.shape:
-            raise CheckpointError(
-                f"{path}: tensor {name} has shape {tuple(got.shape)}, "
-                f"the config needs {tuple(want.shape)}"
+            return (
+                f"tensor {name} has shape {tuple(got.shape)}, the config needs {tuple(want.shape)}"
             )
-        if got.dtype != want.dtype:
-            raise CheckpointError(f"{path}: tensor {name} has dtype {got.dtype}, need {want.dtype}")
-    model.load_state_dict(tensors, strict=True)
-    return model.eval()
+    return None
 
 
 def _read_config(path: Path, metadata: dict[str, str]) -> ModelConfig:
