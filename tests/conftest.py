@@ -125,6 +125,19 @@ def client(server):
         yield c
 
 
+@pytest.fixture(scope="session")
+def cli_server(small_model_dir):
+    """`python -m service` on the small model, as a subprocess; it must exit 0 on SIGTERM."""
+    from client import EncoderClient
+
+    server = start_cli_server(small_model_dir)
+    with EncoderClient(server.address) as c:
+        c.wait_until_serving(60)
+    yield server
+    server.process.terminate()
+    assert server.process.wait(30) == 0
+
+
 def start_cli_server(model_dir: Path, *extra: str):
     """`python -m service` as a subprocess on a free port (a bench.server_process.ServerProcess)."""
     from bench.server_process import spawn_server

@@ -7,33 +7,20 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from bench.load import LoadGenerator, RequestKind, summarize
-from tests.conftest import run_module, start_cli_server
+from tests.conftest import run_module
 
 
-@pytest.fixture(scope="module")
-def server_process(small_model_dir):
-    server = start_cli_server(small_model_dir)
-    from client import EncoderClient
-
-    with EncoderClient(server.address) as c:
-        c.wait_until_serving(60)
-    yield server
-    server.process.terminate()
-    server.process.wait(30)
-
-
-def test_a_stalled_server_cannot_hide_its_queueing(server_process):
+def test_a_stalled_server_cannot_hide_its_queueing(cli_server):
     """Open loop, at most 2 requests in flight, the server frozen for 0.5 s.
 
     Requests scheduled during the freeze are sent late (held back by the cap);
     their latency counts from the intended send time, so it includes the
     freeze, while their service time (what a closed-loop tool reports) does not.
     """
-    generator = LoadGenerator(server_process.address, [RequestKind(16)], seed=1)
-    process = server_process.process
+    generator = LoadGenerator(cli_server.address, [RequestKind(16)], seed=1)
+    process = cli_server.process
     marks = {}
 
     def freeze():
@@ -63,9 +50,9 @@ def test_a_stalled_server_cannot_hide_its_queueing(server_process):
     assert summary["latency_ms"]["max"] >= 0.3e3  # ...as the long wait users really had
 
 
-def test_rate_and_percentile_accounting(server_process):
-    generator = LoadGenerator(server_process.address, [RequestKind(8), RequestKind(64)], seed=2)
-    schedule = LoadGenerator(server_process.address, [RequestKind(8)], seed=2).schedule(30, 2.0)
+def test_rate_and_percentile_accounting(cli_server):
+    generator = LoadGenerator(cli_server.address, [RequestKind(8), RequestKind(64)], seed=2)
+    schedule = LoadGenerator(cli_server.address, [RequestKind(8)], seed=2).schedule(30, 2.0)
     records, elapsed = asyncio.run(generator.open_loop(30, 2.0, progress=False))
     summary = summarize(records, elapsed, 30, 2.0)
     # The run sent exactly what its seeded Poisson schedule held, no more, no less.
@@ -86,8 +73,8 @@ def test_rate_and_percentile_accounting(server_process):
     assert all(r.server_total_ms <= r.service_time * 1e3 + 1e-6 for r in records)
 
 
-def test_closed_loop_never_exceeds_its_concurrency(server_process):
-    generator = LoadGenerator(server_process.address, [RequestKind(32)], seed=3)
+def test_closed_loop_never_exceeds_its_concurrency(cli_server):
+    generator = LoadGenerator(cli_server.address, [RequestKind(32)], seed=3)
     records, _ = asyncio.run(generator.closed_loop(4, 1.0, progress=False))
     assert len(records) > 8
     events = sorted([(r.sent, 1) for r in records] + [(r.done, -1) for r in records])
@@ -96,9 +83,9 @@ def test_closed_loop_never_exceeds_its_concurrency(server_process):
     assert all(r.intended == r.sent for r in records)  # closed loop: no schedule to miss
 
 
-def test_errors_are_counted_by_status(server_process):
+def test_errors_are_counted_by_status(cli_server):
     mix = [RequestKind(16), RequestKind(400)]  # 400 > the model's max_seq_len of 300
-    generator = LoadGenerator(server_process.address, mix, seed=4)
+    generator = LoadGenerator(cli_server.address, mix, seed=4)
     records, elapsed = asyncio.run(generator.open_loop(40, 1.0, progress=False))
     summary = summarize(records, elapsed, 40, 1.0)
     too_long = sum(r.kind == 1 for r in records)
@@ -107,13 +94,13 @@ def test_errors_are_counted_by_status(server_process):
     assert summary["ok"] == len(records) - too_long
 
 
-def test_cli_step_search_writes_a_report(server_process, tmp_path):
+def test_cli_step_search_writes_a_report(cli_server, tmp_path):
     out = tmp_path / "load.json"
     result = run_module(
         "bench",
         "load",
         "--target",
-        server_process.address,
+        cli_server.address,
         "--rates",
         "10,20",
         "--duration",

@@ -3,24 +3,13 @@
 import json
 
 import numpy as np
-import pytest
 
 from client import ClientOptions, EncoderClient, build_request
-from tests.conftest import run_module, start_cli_server
-
-
-@pytest.fixture(scope="module")
-def cli_server(small_model_dir):
-    server = start_cli_server(small_model_dir)
-    with EncoderClient(server.address) as c:
-        c.wait_until_serving(60)
-    yield server.address
-    server.process.terminate()
-    assert server.process.wait(30) == 0
+from tests.conftest import run_module
 
 
 def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
-    with EncoderClient(cli_server, ClientOptions(timeout_s=60)) as c:
+    with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
         assert c.model_info()["version"] == small_runtime.version
         out = c.encode([[5, 6, 7, 8]], attention=True)
         embeddings, attentions = small_runtime.run(np.array([[5, 6, 7, 8]]))
@@ -32,7 +21,7 @@ def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
 
 
 def test_info(cli_server):
-    result = run_module("client", "--target", cli_server, "info")
+    result = run_module("client", "--target", cli_server.address, "info")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["n_layers"] == 2 and info["tokenizer"] == "byte"
@@ -42,7 +31,7 @@ def test_encode_summary_and_json(cli_server):
     result = run_module(
         "client",
         "--target",
-        cli_server,
+        cli_server.address,
         "encode",
         "--text",
         "hi there",
@@ -62,7 +51,15 @@ def test_encode_summary_and_json(cli_server):
     assert "attention (1, 2, 9, 9) for layers [1] heads [0, 2]" in result.stdout
 
     result = run_module(
-        "client", "--target", cli_server, "encode", "--ids", "1,2,3", "--ids", "4,5", "--json"
+        "client",
+        "--target",
+        cli_server.address,
+        "encode",
+        "--ids",
+        "1,2,3",
+        "--ids",
+        "4,5",
+        "--json",
     )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -71,7 +68,7 @@ def test_encode_summary_and_json(cli_server):
 
 
 def test_errors_are_reported_with_their_status(cli_server):
-    result = run_module("client", "--target", cli_server, "encode", "--ids", "1,999")
+    result = run_module("client", "--target", cli_server.address, "encode", "--ids", "1,999")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "token id 999" in result.stderr
 
@@ -81,7 +78,7 @@ def test_heatmap_writes_a_png(cli_server, tmp_path):
     result = run_module(
         "client",
         "--target",
-        cli_server,
+        cli_server.address,
         "heatmap",
         "--text",
         "The cat sat on the mat.",
