@@ -54,6 +54,9 @@ class Metrics:
             "Sequences dropped unrun: deadline passed in the queue",
             registry=r,
         )
+        self.in_flight = Gauge(
+            "attnserve_requests_in_flight", "Requests admitted and not yet answered", registry=r
+        )
         self.queue_depth = Gauge(
             "attnserve_queue_depth", "Sequences waiting for a batch", registry=r
         )

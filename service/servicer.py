@@ -114,11 +114,13 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1
+        self.metrics.in_flight.set(self._in_flight)
         self._idle.clear()
         try:
             return await self._admitted(request, deadline, start)
         finally:
             self._in_flight -= 1
+            self.metrics.in_flight.set(self._in_flight)
             if not self._in_flight:
                 self._idle.set()
 
