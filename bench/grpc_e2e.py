@@ -10,17 +10,15 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from bench.server_process import spawn_server
+from bench.timing import ROUNDS, alternate
 from client import ClientOptions, EncoderClient
 from service.runtime import OrtRuntime, RuntimeOptions
-
-ROUNDS = 3
 
 
 def _p50_ms(samples: list[float]) -> float:
@@ -28,16 +26,8 @@ def _p50_ms(samples: list[float]) -> float:
 
 
 def _alternate(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Each call `repeats` times per round, in blocks, after one untimed warm-up."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(ROUNDS):
-        for name, call in calls.items():
-            call()
-            for _ in range(repeats):
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
-    return times
+    """Each call `repeats` times per round, alternating in blocks."""
+    return alternate(calls, least=repeats * ROUNDS, most=repeats * ROUNDS)[0]
 
 
 def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:

@@ -9,12 +9,11 @@ the same outputs are what to read.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import platform
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,12 +30,12 @@ from bench.engines import (
     build_engines,
 )
 from bench.server_process import spawn_server
+from bench.timing import alternate, timed
 from client import EncoderClient
 from export.model_dir import write_model_dir
 from model.config import ModelConfig
 from model.encoder import Encoder, build_encoder
 
-ROUNDS = 3
 SEQ_LENS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -70,14 +69,8 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """Best-of-n fp32 matmul rate on this machine, the yardstick for efficiency."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    best = min(_timed(torch.matmul, a, b) for _ in range(repeats))
+    best = min(timed(torch.matmul, a, b) for _ in range(repeats))
     return 2 * n**3 / best / 1e9
-
-
-def _timed(fn: Callable[..., object], *args: object) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
 
 
 def _budget(quick: bool) -> tuple[int, int, float]:
@@ -88,25 +81,8 @@ def _budget(quick: bool) -> tuple[int, int, float]:
 def measure_cell(engines: dict[str, Engine], ids: np.ndarray, quick: bool) -> dict:
     """Samples (s) per engine, or the reason an engine could not run this cell."""
     least, most, seconds = _budget(quick)
-    samples: dict[str, list[float]] = {name: [] for name in engines}
-    skipped: dict[str, str] = {}
-    for _ in range(ROUNDS):
-        for name, run in engines.items():
-            if name in skipped:
-                continue
-            try:
-                run(ids)  # untimed: absorbs the previous engine's threads still spinning down
-            except TooLarge as exc:
-                skipped[name] = str(exc)
-                continue
-            spent, taken = 0.0, 0
-            while taken < -(-least // ROUNDS) or (
-                spent < seconds / ROUNDS and taken < most // ROUNDS
-            ):
-                elapsed = _timed(run, ids)
-                samples[name].append(elapsed)
-                spent += elapsed
-                taken += 1
+    calls = {name: functools.partial(run, ids) for name, run in engines.items()}
+    samples, skipped = alternate(calls, least, most, seconds, skip_on=TooLarge)
     return {"samples": samples, "skipped": skipped}
 
 
