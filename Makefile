@@ -7,13 +7,13 @@ PORT ?= 50051
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test lint proto export benchmarks clean
+.PHONY: install serve test lint containers proto export benchmarks clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[export,dev]'
+	$(PY) -m pip install --quiet -e '.[gpu,export,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,8 +40,12 @@ lint: $(VENV)/.installed $(BUF)
 	$(PY) -m ruff format --check .
 	cd protos && ../$(BUF) lint
 
+# A container engine for tests/deploy: podman where no Docker engine exists (skips without root).
+containers:
+	deploy/podman-setup.sh
+
 # Sets up and runs every test (after the linters, which CI enforces too).
-test: lint
+test: lint containers
 	$(PY) -m pytest
 
 # Reruns every benchmark (~12 min) and regenerates docs/BENCHMARKS.md from the results.

@@ -78,6 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
     load.add_argument("--token", help="bearer token, if the server asks for one")
+    load.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="spread requests over every address the target's DNS name resolves to",
+    )
+    load.add_argument(
+        "--wait-ready",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for the target to report SERVING (0: don't)",
+    )
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
     hf = commands.add_parser(
         "hf", help="a distilgpt2-sized GPT-2: ONNX Runtime vs transformers, side by side"

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from bench.load import LoadGenerator, RequestKind, find_max_rate, load_spec, records_json, summarize
-from client import ClientOptions
+from client import ClientOptions, EncoderClient
 
 
 def _rates(args: argparse.Namespace) -> list[float] | None:
@@ -46,7 +46,16 @@ def run_load(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    options = ClientOptions(tls_root_cert=args.tls_root_cert, token=args.token)
+    options = ClientOptions(
+        tls_root_cert=args.tls_root_cert, token=args.token, round_robin=args.round_robin
+    )
+    if args.wait_ready > 0:
+        try:
+            with EncoderClient(args.target, options) as client:
+                client.wait_until_serving(timeout=args.wait_ready)
+        except TimeoutError as exc:
+            print(f"error: {args.target}: {exc}", file=sys.stderr)
+            return 1
     generator = LoadGenerator(args.target, mix, options, seed=args.seed, timeout_s=args.timeout)
     report: dict = {"target": args.target, "mode": args.mode, "mix": [vars(k) for k in mix]}
     if rates:

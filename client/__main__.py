@@ -1,4 +1,4 @@
-"""python -m client {info,encode,heatmap}: call an attnserve server from the shell."""
+"""python -m client {health,info,encode,heatmap}: call an attnserve server from the shell."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="bearer token, if the server asks for one")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    health = commands.add_parser(
+        "health", help="exit 0 if the standard health service says SERVING (container probes)"
+    )
+    health.add_argument("--service", default="", help="health service name (default: server)")
     commands.add_parser("info", help="describe the served model")
 
     encode = commands.add_parser("encode", help="encode texts or token ids")
@@ -131,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         with EncoderClient(args.target, options) as client:
+            if args.command == "health":
+                status = client.health(args.service)
+                print(status)
+                return 0 if status == "SERVING" else 1
             if args.command == "info":
                 print(json.dumps(client.model_info(), indent=2))
                 return 0

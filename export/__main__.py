@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from export.parity import DEFAULT_TOLERANCE, ParityError
+from model.artifacts import ONNX_FILENAME
 from model.config import ConfigError, ModelConfig
 
 
@@ -39,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=DEFAULT_TOLERANCE,
         help=f"max abs diff allowed, PyTorch vs ONNX Runtime (default {DEFAULT_TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing if OUT already holds a model (one-shot export containers)",
     )
     args = parser.parse_args(argv)
     if args.config and (args.checkpoint or args.from_hf):
@@ -74,6 +80,9 @@ def build_model(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.if_missing and (args.out / ONNX_FILENAME).is_file():
+        print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
+        return 0
     from export.hf_import import HFImportError
     from export.model_dir import write_model_dir
     from model.checkpoint import CheckpointError

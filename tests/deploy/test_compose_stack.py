@@ -1,0 +1,148 @@
+"""The compose stack for real: images built, the one-shot export, the encoder healthy and
+answering through its published port, the loadtest profile, --scale encoder=2 behind
+round_robin, and a graceful SIGTERM. The tests run in order on one stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from client import ClientOptions, EncoderClient
+from service.runtime import OrtRuntime, RuntimeOptions
+from tests.deploy.compose import ComposeProject, find_engine, local_torch_wheels, metric_total
+
+READY_TIMEOUT_S = 300
+
+
+def _wait_serving(address: str) -> None:
+    with EncoderClient(address, ClientOptions(retries=0)) as client:
+        client.wait_until_serving(READY_TIMEOUT_S)
+
+
+def _run_loadtest(stack: ComposeProject) -> dict:
+    """The loadtest profile's container, to completion; its report from the reports volume."""
+    stack.compose("--profile", "loadtest", "run", "--rm", "loadtest", timeout=300)
+    return json.loads((stack.volume_path("reports") / "load.json").read_text())["summary"]
+
+
+def _encode_requests(address: str) -> float:
+    return metric_total(
+        f"http://{address}/metrics", "attnserve_requests_total", method="Encode", code="OK"
+    )
+
+
+@pytest.fixture(scope="module")
+def stack():
+    engine, why_not = find_engine()
+    if engine is None:
+        if os.environ.get("CI"):  # .ci/run sets the engine up: skipping there hides a failure
+            pytest.fail(f"no usable container engine in CI: {why_not}")
+        pytest.skip(why_not)
+    env = {
+        "ATTNSERVE_TAG": "test",
+        "ATTNSERVE_GRPC_PUBLISH": "127.0.0.1:",  # a free host port per replica
+        "ATTNSERVE_METRICS_PUBLISH": "127.0.0.1:",
+        "ATTNSERVE_LOAD_DURATION": "5",
+        "BUILDAH_FORMAT": "docker",  # podman: keep the Dockerfile's HEALTHCHECK
+    }
+    wheels = local_torch_wheels()
+    if wheels is not None:  # no multi-GB download: the export image takes this machine's torch
+        env.update(ATTNSERVE_WHEELS_DIR=str(wheels), ATTNSERVE_TORCH_INDEX_URL="")
+    project = ComposeProject(engine, f"attnserve-test-{os.getpid()}", env)
+    try:
+        project.compose("build", timeout=1800)
+        project.compose("up", "-d", "encoder", timeout=900)
+        yield project
+    finally:
+        project.down()
+
+
+@pytest.fixture(scope="module")
+def encoder(stack) -> str:
+    """The first encoder replica's container name, once it is SERVING."""
+    (name,) = stack.containers("encoder")
+    _wait_serving(stack.published(name, 50051))
+    return name
+
+
+def test_export_then_encode_through_the_published_port(stack, encoder):
+    model_dir = stack.volume_path("models") / "default"
+    (export,) = stack.containers("export")
+    assert stack.inspect(export, "{{.State.ExitCode}}") == "0"
+    ids = list(range(3, 200))
+    with EncoderClient(stack.published(encoder, 50051)) as client:
+        (served,) = client.encode([ids])
+        info = client.model_info()
+    # The same model file, run here on the host, gives the same numbers.
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    expected, _ = runtime.run(np.array([ids]))
+    np.testing.assert_allclose(served.embeddings, expected[0], atol=1e-5)
+    assert (info["version"], info["provider"]) == (runtime.version, "cpu")
+
+
+def test_image_healthcheck_asks_the_grpc_health_service(stack, encoder):
+    if stack.engine == "podman":  # no systemd here to schedule it: run it once by hand
+        result = stack.engine_cli("healthcheck", "run", encoder)
+        assert result.returncode == 0, result.stdout + result.stderr
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while stack.inspect(encoder, "{{.State.Health.Status}}") != "healthy":
+        assert time.monotonic() < deadline, "never healthy"
+        time.sleep(1)
+    assert stack.inspect(encoder, "{{.Config.User}}") == "attnserve"
+
+
+def test_loadtest_profile_completes_without_errors(stack, encoder):
+    summary = _run_loadtest(stack)
+    assert summary["requests"] > 20
+    assert summary["ok"] == summary["requests"] and summary["errors"] == {}
+
+
+def test_scale_out_spreads_requests_over_both_replicas(stack, encoder):
+    stack.compose("up", "-d", "--scale", "encoder=2", "encoder", timeout=600)
+    replicas = stack.containers("encoder")
+    assert len(replicas) == 2
+    for name in replicas:
+        _wait_serving(stack.published(name, 50051))
+    metrics = [stack.published(name, 9464) for name in replicas]
+    before = [_encode_requests(address) for address in metrics]
+    summary = _run_loadtest(stack)
+    served = [_encode_requests(address) - b for address, b in zip(metrics, before, strict=True)]
+    assert summary["errors"] == {} and sum(served) == summary["ok"]
+    # round_robin over the service's DNS name: each replica takes about half.
+    assert min(served) >= 0.3 * summary["ok"], served
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(stack, encoder):
+    address = stack.published(encoder, 50051)
+    metrics = f"http://{stack.published(encoder, 9464)}/metrics"
+    client = EncoderClient(address, ClientOptions(retries=0, timeout_s=120))
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(client.encode([[1] * 1024] * 4))
+        except grpc.RpcError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while metric_total(metrics, "attnserve_requests_in_flight") < len(threads):
+        assert time.monotonic() < deadline and not results, "requests never all in flight"
+        time.sleep(0.01)
+    # `stop` sends the image's stop signal (SIGTERM) and waits 15 s before any SIGKILL.
+    stopped = stack.engine_cli("stop", "-t", "15", encoder)
+    for t in threads:
+        t.join(60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert errors == [] and len(results) == len(threads)
+    assert stack.inspect(encoder, "{{.State.ExitCode}}") == "0"  # drained, not killed (137)
+    logs = stack.engine_cli("logs", encoder)
+    assert "draining" in logs.stdout + logs.stderr
