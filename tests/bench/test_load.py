@@ -118,3 +118,26 @@ def test_cli_step_search_writes_a_report(cli_server, tmp_path):
     steps = report["search"]["steps"]
     assert [s["offered_rate"] for s in steps] == [10.0, 20.0]
     assert all(s["within_target"] for s in steps)
+
+
+def test_cli_waits_for_serving_then_spreads_over_dns_addresses(cli_server, tmp_path):
+    # "localhost" resolves to one address here; the point is that the round_robin channel
+    # and the readiness wait work through the CLI end to end.
+    port = cli_server.address.rsplit(":", 1)[1]
+    out = tmp_path / "load.json"
+    result = run_module(
+        "bench", "load", "--target", f"dns:///localhost:{port}", "--round-robin",
+        "--wait-ready", "30", "--mode", "closed", "--concurrency", "2", "--duration", "0.5",
+        "--lengths", "8", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["ok"] == summary["requests"] > 0
+
+
+def test_cli_wait_ready_gives_up_with_a_clear_error(tmp_path):
+    result = run_module(
+        "bench", "load", "--target", "127.0.0.1:9", "--wait-ready", "1", "--duration", "0.5"
+    )
+    assert result.returncode == 1
+    assert "127.0.0.1:9: server not SERVING after 1s" in result.stderr

@@ -1,6 +1,7 @@
 """`python -m service` and `python -m client` as a user runs them: two real processes."""
 
 import json
+import socket
 
 import numpy as np
 
@@ -18,6 +19,24 @@ def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
         streamed = list(c.encode_stream([build_request([[5, 6, 7, 8]], request_id="s")]))
         assert streamed[0].request_id == "s"
         assert list(streamed[0].response.results[0].token_ids) == [5, 6, 7, 8]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_exit_code_follows_the_health_service(cli_server):
+    serving = run_module("client", "--target", cli_server.address, "health")
+    assert (serving.returncode, serving.stdout.strip()) == (0, "SERVING")
+    unknown = run_module("client", "--target", cli_server.address, "health", "--service", "x")
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    nobody = run_module(
+        "client", "--target", f"127.0.0.1:{_free_port()}", "--timeout", "1", "health"
+    )
+    assert nobody.returncode == 1
+    assert "UNAVAILABLE" in nobody.stderr or "DEADLINE_EXCEEDED" in nobody.stderr
 
 
 def test_info(cli_server):

@@ -16,6 +16,7 @@ from tests.conftest import REPO_ROOT
 
 BASE_IMAGE = "docker.io/library/python:3.11-slim"
 TORCH_WHEEL = "torch-2.13.0+cpu-*.whl"
+PODMAN_COMPOSE = [sys.executable, "-m", "podman_compose"]
 
 
 def _run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -36,6 +37,14 @@ def find_engine() -> tuple[str | None, str]:
     if probe.returncode != 0:
         return None, f"podman cannot start containers: {probe.stderr.strip()[-300:]}"
     return "podman", ""
+
+
+def compose_tool() -> list[str] | None:
+    """The command that reads and runs compose files here: docker compose, else
+    podman-compose (which needs the podman binary even to print a config)."""
+    if shutil.which("docker") and _run(["docker", "compose", "version"]).returncode == 0:
+        return ["docker", "compose"]
+    return PODMAN_COMPOSE if shutil.which("podman") else None
 
 
 def local_torch_wheels() -> Path | None:
@@ -77,9 +86,7 @@ class ComposeProject:
     env: dict[str, str] = field(default_factory=dict)  # the compose file's ${VARIABLES}
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        tool = ["docker", "compose"]
-        if self.engine == "podman":
-            tool = [sys.executable, "-m", "podman_compose"]
+        tool = ["docker", "compose"] if self.engine == "docker" else PODMAN_COMPOSE
         result = _run(
             [*tool, "-p", self.name, *args],
             timeout=timeout,

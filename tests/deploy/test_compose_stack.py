@@ -94,7 +94,17 @@ def test_image_healthcheck_asks_the_grpc_health_service(stack, encoder):
     while stack.inspect(encoder, "{{.State.Health.Status}}") != "healthy":
         assert time.monotonic() < deadline, "never healthy"
         time.sleep(1)
-    assert stack.inspect(encoder, "{{.Config.User}}") == "attnserve"
+
+
+def test_runtime_image_is_light_and_not_root(stack, encoder):
+    image = stack.inspect(encoder, "{{.Config.Image}}")
+    probe = (
+        "import importlib.util as u, os, shutil; "
+        "print(u.find_spec('torch'), shutil.which('gcc'), shutil.which('cc'), os.getuid())"
+    )
+    result = stack.engine_cli("run", "--rm", "--entrypoint", "python", image, "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None", "None", "None", "10001"]
 
 
 def test_loadtest_profile_completes_without_errors(stack, encoder):

@@ -90,3 +90,11 @@ def test_checkpoint_export_round_trip(small_model, tmp_path):
     np.testing.assert_allclose(embeddings, want_emb.numpy(), atol=1e-4)
     np.testing.assert_allclose(attentions, want_att.numpy(), atol=1e-4)
     np.testing.assert_allclose(runtime.embed(ids), want_emb.numpy(), atol=1e-4)
+
+
+def test_if_missing_leaves_an_existing_model_untouched(small_model_dir):
+    before = {p.name: p.stat().st_mtime_ns for p in small_model_dir.iterdir()}
+    result = run_module("export", "--out", str(small_model_dir), "--if-missing")
+    assert result.returncode == 0, result.stderr
+    assert "nothing to export" in result.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in small_model_dir.iterdir()} == before
