@@ -48,7 +48,7 @@ containers:
 test: lint containers
 	$(PY) -m pytest
 
-# Reruns every benchmark (~12 min) and regenerates docs/BENCHMARKS.md from the results.
+# Reruns every benchmark (~15 min) and regenerates docs/BENCHMARKS.md from the results.
 benchmarks: $(VENV)/.installed
 	$(PY) -m bench report --out bench-results --doc docs/BENCHMARKS.md
 

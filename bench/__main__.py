@@ -98,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     hf.add_argument("--max-seq-len", type=int, default=1024, help="longest length (1024)")
     hf.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
 
+    containers = commands.add_parser(
+        "containers",
+        help="the compose stack under load: host process vs 1 container vs 2 replicas",
+    )
+    containers.add_argument("--out", type=Path, required=True, help="for containers.json/.md")
+    containers.add_argument("--duration", type=float, default=10.0, help="seconds per load")
+
     report = commands.add_parser(
         "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
     )
@@ -114,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
 
         run_report(args.out, args.doc, args.quick, args.render_only)
         return 0
+    if args.command == "containers":
+        from bench.containers import run_containers
+
+        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+        results = run_containers(args.out, args.duration, log)
+        return 1 if results.get("skipped") else 0
     if args.command == "hf":
         from bench.hf_compare import run_hf_compare
 

@@ -28,6 +28,8 @@ from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 from client.codec import EncodeOutput, Input, build_request, decode_response
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
+RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,11 @@ class ClientOptions:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # match the server's limit
     tls_root_cert: Path | None = None  # PEM roots to trust; set to use TLS
     token: str | None = None  # sent as 'authorization: Bearer TOKEN'
-    round_robin: bool = False  # spread calls over every address DNS returns
+    round_robin: bool = False  # spread calls over every address the target resolves to
 
     def open_channel(self, target: str, flavour: ModuleType) -> grpc.Channel | grpc.aio.Channel:
         """A channel from `flavour` (the grpc module, or grpc.aio) with these options."""
-        if self.round_robin and "://" not in target and not target.startswith("dns:"):
+        if self.round_robin and not target.startswith(RESOLVER_SCHEMES):
             target = f"dns:///{target}"  # the dns resolver returns every address of the name
         credentials = self.credentials()
         if credentials:

@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.compose import ComposeProject, find_engine, metric_total
 from client import ClientOptions, EncoderClient
 from service.runtime import OrtRuntime, RuntimeOptions
-from tests.deploy.compose import ComposeProject, find_engine, local_torch_wheels, metric_total
 
 READY_TIMEOUT_S = 300
 
@@ -44,17 +44,9 @@ def stack():
         if os.environ.get("CI"):  # .ci/run sets the engine up: skipping there hides a failure
             pytest.fail(f"no usable container engine in CI: {why_not}")
         pytest.skip(why_not)
-    env = {
-        "ATTNSERVE_TAG": "test",
-        "ATTNSERVE_GRPC_PUBLISH": "127.0.0.1:",  # a free host port per replica
-        "ATTNSERVE_METRICS_PUBLISH": "127.0.0.1:",
-        "ATTNSERVE_LOAD_DURATION": "5",
-        "BUILDAH_FORMAT": "docker",  # podman: keep the Dockerfile's HEALTHCHECK
-    }
-    wheels = local_torch_wheels()
-    if wheels is not None:  # no multi-GB download: the export image takes this machine's torch
-        env.update(ATTNSERVE_WHEELS_DIR=str(wheels), ATTNSERVE_TORCH_INDEX_URL="")
-    project = ComposeProject(engine, f"attnserve-test-{os.getpid()}", env)
+    project = ComposeProject.on_this_machine(
+        engine, f"attnserve-test-{os.getpid()}", ATTNSERVE_TAG="test", ATTNSERVE_LOAD_DURATION="5"
+    )
     try:
         project.compose("build", timeout=1800)
         project.compose("up", "-d", "encoder", timeout=900)

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
+from bench.compose import compose_tool
 from service.settings import Settings, env_name
 from tests.conftest import REPO_ROOT
-from tests.deploy.compose import compose_tool
 
 SETTINGS_ENV = {env_name(name) for name in Settings.__dataclass_fields__}
 ALL_PROFILES = ("gpu", "loadtest", "monitoring")

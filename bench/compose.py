@@ -1,5 +1,6 @@
 """docker-compose.yml driven for real: `docker compose` where a Docker engine answers,
-otherwise podman-compose on podman (deploy/podman-setup.sh prepares it)."""
+otherwise podman-compose on podman (deploy/podman-setup.sh prepares it). Used by the
+container benchmark and by tests/deploy."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO_ROOT
-
+REPO_ROOT = Path(__file__).resolve().parent.parent  # where docker-compose.yml is
 BASE_IMAGE = "docker.io/library/python:3.11-slim"
 TORCH_WHEEL = "torch-2.13.0+cpu-*.whl"
 PODMAN_COMPOSE = [sys.executable, "-m", "podman_compose"]
@@ -66,8 +67,6 @@ def local_torch_wheels() -> Path | None:
 
 def metric_total(url: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples at a /metrics URL whose labels include `labels`."""
-    import urllib.request
-
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return sum(
         sample.value
@@ -75,6 +74,16 @@ def metric_total(url: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     )
+
+
+class ComposeError(RuntimeError):
+    """A compose or engine command failed; the message carries its stderr."""
+
+
+def _checked(result: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise ComposeError(f"{what}: exit {result.returncode}: {result.stderr[-3000:]}")
+    return result
 
 
 @dataclass
@@ -85,6 +94,21 @@ class ComposeProject:
     name: str
     env: dict[str, str] = field(default_factory=dict)  # the compose file's ${VARIABLES}
 
+    @classmethod
+    def on_this_machine(cls, engine: str, name: str, **env: str) -> ComposeProject:
+        """A project that publishes on free loopback ports, builds with this machine's
+        torch wheel where it has one, and keeps HEALTHCHECK in podman's images."""
+        env = {
+            "ATTNSERVE_GRPC_PUBLISH": "127.0.0.1:",  # a free host port per replica
+            "ATTNSERVE_METRICS_PUBLISH": "127.0.0.1:",
+            "BUILDAH_FORMAT": "docker",  # podman's default OCI format drops HEALTHCHECK
+            **env,
+        }
+        wheels = local_torch_wheels()
+        if wheels is not None:  # no multi-GB download: the export image takes this torch
+            env.update(ATTNSERVE_WHEELS_DIR=str(wheels), ATTNSERVE_TORCH_INDEX_URL="")
+        return cls(engine, name, env)
+
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         tool = ["docker", "compose"] if self.engine == "docker" else PODMAN_COMPOSE
         result = _run(
@@ -93,8 +117,7 @@ class ComposeProject:
             cwd=REPO_ROOT,
             env={**os.environ, **self.env},
         )
-        assert result.returncode == 0, f"compose {' '.join(args)}: {result.stderr[-3000:]}"
-        return result
+        return _checked(result, f"compose {' '.join(args)}")
 
     def engine_cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return _run([self.engine, *args], timeout=timeout)
@@ -110,8 +133,7 @@ class ComposeProject:
 
     def published(self, container: str, port: int) -> str:
         """HOST:PORT on this machine where the container's port is published."""
-        result = self.engine_cli("port", container, str(port))
-        assert result.returncode == 0, result.stderr
+        result = _checked(self.engine_cli("port", container, str(port)), "port")
         return result.stdout.split()[0].replace("0.0.0.0", "127.0.0.1")
 
     def inspect(self, container: str, template: str) -> str:
@@ -120,8 +142,8 @@ class ComposeProject:
     def volume_path(self, volume: str) -> Path:
         """Where a named volume of this project lives on the host."""
         name = f"{self.name}_{volume}"
-        result = self.engine_cli("volume", "inspect", "--format", "{{.Mountpoint}}", name)
-        assert result.returncode == 0, result.stderr
+        template = "{{.Mountpoint}}"
+        result = _checked(self.engine_cli("volume", "inspect", "--format", template, name), name)
         return Path(result.stdout.strip())
 
     def down(self) -> None:
