@@ -14,6 +14,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from client import ClientOptions, EncoderClient
+
 REPO_ROOT = Path(__file__).resolve().parent.parent  # where docker-compose.yml is
 BASE_IMAGE = "docker.io/library/python:3.11-slim"
 TORCH_WHEEL = "torch-2.13.0+cpu-*.whl"
@@ -63,6 +65,12 @@ def local_torch_wheels() -> Path | None:
         if any(Path(candidate).glob(TORCH_WHEEL)):
             return Path(candidate)
     return None
+
+
+def wait_serving(address: str, timeout: float = 300) -> None:
+    """Block until the server at `address` reports SERVING (TimeoutError otherwise)."""
+    with EncoderClient(address, ClientOptions(retries=0)) as client:
+        client.wait_until_serving(timeout)
 
 
 def metric_total(url: str, name: str, **labels: str) -> float:

@@ -17,19 +17,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.compose import ComposeProject, find_engine
+from bench.compose import ComposeProject, find_engine, wait_serving
 from bench.load import LoadGenerator, RequestKind, summarize
 from bench.server_process import spawn_server
-from client import ClientOptions, EncoderClient
+from client import ClientOptions
 
 # (name, requests in flight, sequence lengths mixed uniformly)
 LOADS = [("latency", 1, [16]), ("throughput", 16, [16, 128])]
 THREADS = 1
-
-
-def _wait_serving(address: str) -> None:
-    with EncoderClient(address, ClientOptions(retries=0)) as client:
-        client.wait_until_serving(300)
 
 
 def _measure(target_name: str, target: str, duration: float, round_robin: bool) -> list[dict]:
@@ -73,12 +68,12 @@ def run_containers(out: Path, duration: float, log: Callable[[str], None]) -> di
             project.compose("up", "-d", "encoder", timeout=900)
             (first,) = project.containers("encoder")
             container = project.published(first, 50051)
-            _wait_serving(container)
+            wait_serving(container)
             host = spawn_server(
                 project.volume_path("models") / "default", "--threads", str(THREADS)
             )
             try:
-                _wait_serving(host.address)
+                wait_serving(host.address)
                 log("containers: host process...")
                 results["rows"] += _measure("host process", host.address, duration, False)
             finally:
@@ -89,7 +84,7 @@ def run_containers(out: Path, duration: float, log: Callable[[str], None]) -> di
             project.compose("up", "-d", "--scale", "encoder=2", "encoder", timeout=600)
             replicas = [project.published(n, 50051) for n in project.containers("encoder")]
             for address in replicas:
-                _wait_serving(address)
+                wait_serving(address)
             log("containers: 2 containers...")
             both = "ipv4:" + ",".join(replicas)
             results["rows"] += _measure("2 containers", both, duration, True)

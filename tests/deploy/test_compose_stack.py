@@ -13,16 +13,11 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.compose import ComposeProject, find_engine, metric_total
+from bench.compose import ComposeProject, find_engine, metric_total, wait_serving
 from client import ClientOptions, EncoderClient
 from service.runtime import OrtRuntime, RuntimeOptions
 
 READY_TIMEOUT_S = 300
-
-
-def _wait_serving(address: str) -> None:
-    with EncoderClient(address, ClientOptions(retries=0)) as client:
-        client.wait_until_serving(READY_TIMEOUT_S)
 
 
 def _run_loadtest(stack: ComposeProject) -> dict:
@@ -59,7 +54,7 @@ def stack():
 def encoder(stack) -> str:
     """The first encoder replica's container name, once it is SERVING."""
     (name,) = stack.containers("encoder")
-    _wait_serving(stack.published(name, 50051))
+    wait_serving(stack.published(name, 50051))
     return name
 
 
@@ -110,7 +105,7 @@ def test_scale_out_spreads_requests_over_both_replicas(stack, encoder):
     replicas = stack.containers("encoder")
     assert len(replicas) == 2
     for name in replicas:
-        _wait_serving(stack.published(name, 50051))
+        wait_serving(stack.published(name, 50051))
     metrics = [stack.published(name, 9464) for name in replicas]
     before = [_encode_requests(address) for address in metrics]
     summary = _run_loadtest(stack)
