@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from export.fp16 import FP16_TOLERANCE
 from export.parity import DEFAULT_TOLERANCE, ParityError
 from model.artifacts import ONNX_FILENAME
 from model.config import ConfigError, ModelConfig
@@ -40,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=DEFAULT_TOLERANCE,
         help=f"max abs diff allowed, PyTorch vs ONNX Runtime (default {DEFAULT_TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--fp16-tolerance",
+        type=float,
+        default=FP16_TOLERANCE,
+        help=f"the same for the float16 graphs (default {FP16_TOLERANCE:g})",
     )
     parser.add_argument(
         "--if-missing",
@@ -89,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model, extra_files = build_model(args)
-        write_model_dir(model, args.out, tolerance=args.tolerance, extra_files=extra_files)
+        write_model_dir(
+            model,
+            args.out,
+            tolerance=args.tolerance,
+            extra_files=extra_files,
+            fp16_tolerance=args.fp16_tolerance,
+        )
     except (ConfigError, CheckpointError, HFImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

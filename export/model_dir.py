@@ -10,12 +10,25 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from export.fp16 import FP16_TOLERANCE, convert_to_fp16
 from export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from export.parity import DEFAULT_TOLERANCE, ParityCase, check_parity
-from model.artifacts import EMBEDDINGS_ONNX_FILENAME, ONNX_FILENAME, REPORT_FILENAME
+from model.artifacts import (
+    EMBEDDINGS_FP16_ONNX_FILENAME,
+    EMBEDDINGS_ONNX_FILENAME,
+    FP16_ONNX_FILENAME,
+    ONNX_FILENAME,
+    REPORT_FILENAME,
+)
 from model.encoder import Encoder
 
-GRAPHS = {ONNX_FILENAME: True, EMBEDDINGS_ONNX_FILENAME: False}  # file -> with attentions
+# file -> (with attentions, the float32 file it is converted from; None: exported from PyTorch)
+GRAPHS = {
+    ONNX_FILENAME: (True, None),
+    EMBEDDINGS_ONNX_FILENAME: (False, None),
+    FP16_ONNX_FILENAME: (True, ONNX_FILENAME),
+    EMBEDDINGS_FP16_ONNX_FILENAME: (False, EMBEDDINGS_ONNX_FILENAME),
+}
 
 
 @dataclass(frozen=True)
@@ -23,7 +36,8 @@ class ExportReport:
     model_dir: str
     onnx_bytes: dict[str, int]  # per file
     parameters: int
-    tolerance: float
+    tolerance: float  # the parity gate of the float32 graphs
+    fp16_tolerance: float  # ... and of the float16 ones
     parity: list[ParityCase]
     export_seconds: float
     parity_seconds: float
@@ -37,8 +51,10 @@ def write_model_dir(
     shapes: list[tuple[int, int]] | None = None,
     log: Callable[[str], None] = print,
     extra_files: dict[str, Path] | None = None,
+    fp16_tolerance: float = FP16_TOLERANCE,
 ) -> ExportReport:
-    """Export both graphs, check their parity, then move the files into `out`.
+    """Export the graphs (GRAPHS), check each one's parity with PyTorch, then move the
+    files into `out`.
 
     extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
 
@@ -52,17 +68,24 @@ def write_model_dir(
     cases: list[ParityCase] = []
     export_seconds = parity_seconds = 0.0
     try:
-        for filename, with_attentions in GRAPHS.items():
+        for filename, (with_attentions, fp32_source) in GRAPHS.items():
             start = time.perf_counter()
-            log(f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
-            onnx_path = export_onnx(model, scratch / filename, with_attentions)
+            if fp32_source is None:
+                log(
+                    f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)..."
+                )
+                onnx_path = export_onnx(model, scratch / filename, with_attentions)
+            else:
+                log(f"converting {fp32_source} to {filename} (float16 inside, float32 I/O)...")
+                onnx_path = convert_to_fp16(scratch / fp32_source, scratch / filename)
             export_seconds += time.perf_counter() - start
             sizes[filename] = onnx_path.stat().st_size
             log(f"  checked: {sizes[filename] / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
 
             start = time.perf_counter()
-            log(f"parity of {filename}: PyTorch vs ONNX Runtime CPU, tolerance {tolerance:g}...")
-            graph_cases = check_parity(model, onnx_path, shapes=shapes, tolerance=tolerance)
+            gate = tolerance if fp32_source is None else fp16_tolerance
+            log(f"parity of {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}...")
+            graph_cases = check_parity(model, onnx_path, shapes=shapes, tolerance=gate)
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
@@ -74,6 +97,7 @@ def write_model_dir(
             onnx_bytes=sizes,
             parameters=sum(p.numel() for p in model.parameters()),
             tolerance=tolerance,
+            fp16_tolerance=fp16_tolerance,
             parity=cases,
             export_seconds=round(export_seconds, 3),
             parity_seconds=round(parity_seconds, 3),

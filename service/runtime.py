@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.artifacts import CONFIG_METADATA_KEY, EMBEDDINGS_ONNX_FILENAME, ONNX_FILENAME
+from model.artifacts import CONFIG_METADATA_KEY, PRECISIONS, graph_filenames
 from model.config import ConfigError, ModelConfig
 from service.errors import (
     InferenceError,
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 PROVIDERS = ("auto", "cuda", "cpu")
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
+# No TF32: float32 stays float32 on Ampere and later GPUs (parity within 1e-4, not ~1e-3).
+# The arena grows by what is asked, not to the next power of two, so that a mix of sequence
+# lengths does not ratchet GPU memory up.
+CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
 _ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
 _ORT_WARNING = 2  # ORT's default log severity
 
@@ -40,10 +44,15 @@ class RuntimeOptions:
     # Spinning keeps worker threads busy-waiting between operators: lower latency
     # for short sequences, but it burns the cores an idle server should leave free.
     intra_op_spinning: bool = False
+    # "fp16": the float16 graphs export writes beside the float32 ones (float32 in and out);
+    # meant for CUDA, where they are faster; on CPU they run, slower and less exact.
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
@@ -60,19 +69,24 @@ class OrtRuntime:
     def __init__(self, model_dir: str | Path, options: RuntimeOptions | None = None) -> None:
         options = options or RuntimeOptions()
         model_dir = Path(model_dir)
-        self.model_path = model_dir / ONNX_FILENAME
+        full_graph, embeddings_graph = graph_filenames(options.precision)
+        self.model_path = model_dir / full_graph
+        self.precision = options.precision
         if not self.model_path.is_file():
             raise ModelLoadError(
-                f"no {ONNX_FILENAME} in {model_dir}; create one with `python -m export --out DIR`"
+                f"no {full_graph} in {model_dir} (precision={options.precision}); create it "
+                "with `python -m export --out DIR`, which writes the fp32 and fp16 graphs"
             )
         self.session, self.provider = _create_session(self.model_path, options)
+        if self.precision == "fp16" and self.provider == "cpu":
+            log.warning("precision=fp16 on CPU: slower and less exact than fp32 (it is for CUDA)")
         self.config = _read_config(self.session, self.model_path)
         # Identifies the served weights: two exports of different models never share it.
         self.version = hashlib.sha256(self.model_path.read_bytes()).hexdigest()[:12]
         _check_io(self.session, self.config, self.model_path, with_attentions=True)
 
         self.embeddings_session = self.session
-        fast_path = model_dir / EMBEDDINGS_ONNX_FILENAME
+        fast_path = model_dir / embeddings_graph
         if fast_path.is_file():
             # The provider is settled by now: open the second graph on the same one.
             self.embeddings_session, _ = _create_session(
@@ -160,7 +174,7 @@ def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceS
     if quiet:
         ort.set_default_logger_severity(_ORT_SILENT)
     try:
-        session = _open(path, so, [CUDA_EP, CPU_EP])
+        session = _open(path, so, [(CUDA_EP, CUDA_OPTIONS), CPU_EP])
     finally:
         if quiet:
             ort.set_default_logger_severity(_ORT_WARNING)
@@ -178,7 +192,7 @@ def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceS
     return session, "cpu"
 
 
-def _open(path: Path, so: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+def _open(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # InvalidProtobuf, Fail, NoSuchFile...: all mean "not loadable"

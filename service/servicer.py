@@ -101,6 +101,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             vocab_size=c.vocab_size,
             tokenizer=self.tokenizer.kind,
             provider=self.runtime.provider,
+            precision=self.runtime.precision,
             config_json=c.to_json(),
             max_message_bytes=self.max_message_bytes,
             max_batch_tokens=self.batcher.options.max_batch_tokens,

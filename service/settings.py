@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from model.artifacts import PRECISIONS
 from service.batcher import BatcherOptions
 from service.runtime import PROVIDERS, RuntimeOptions
 
@@ -48,6 +49,15 @@ class Settings:
     provider: str = field(
         default="auto",
         metadata=_opt("--provider", str, "ONNX Runtime execution provider", choices=PROVIDERS),
+    )
+    precision: str = field(
+        default="fp32",
+        metadata=_opt(
+            "--precision",
+            str,
+            "fp16: the float16 graphs (for CUDA), fp32 in/out",
+            choices=PRECISIONS,
+        ),
     )
     intra_op_threads: int = field(
         default=0, metadata=_opt("--threads", int, "ORT threads per batch; 0 = one per core")
@@ -119,6 +129,7 @@ class Settings:
             provider=self.provider,
             intra_op_threads=self.intra_op_threads,
             intra_op_spinning=self.intra_op_spinning,
+            precision=self.precision,
         )
 
     @property

@@ -8,7 +8,9 @@ import torch
 
 from model.artifacts import (
     CONFIG_METADATA_KEY,
+    EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
+    FP16_ONNX_FILENAME,
     ONNX_FILENAME,
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
@@ -38,9 +40,38 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     assert sum(n.op_type == "Attention" for n in fused.graph.node) == ModelConfig().n_layers
 
     report = json.loads((out / REPORT_FILENAME).read_text())
-    assert set(report["onnx_bytes"]) == {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME}
+    fp16_graphs = {FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME}
+    assert set(report["onnx_bytes"]) == {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME} | fp16_graphs
     assert {case["graph"] for case in report["parity"]} == set(report["onnx_bytes"])
-    assert all(d <= 1e-4 for case in report["parity"] for d in case["max_abs_diff"].values())
+    for case in report["parity"]:
+        gate = report["fp16_tolerance"] if case["graph"] in fp16_graphs else 1e-4
+        assert all(d <= gate for d in case["max_abs_diff"].values())
+
+
+def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:
+    return [
+        (v.name, v.type.tensor_type.elem_type) for v in [*model.graph.input, *model.graph.output]
+    ]
+
+
+def test_fp16_graphs_are_float16_inside_and_float32_outside(default_export):
+    out, result = default_export
+    for fp32_name, fp16_name in [
+        (ONNX_FILENAME, FP16_ONNX_FILENAME),
+        (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
+    ]:
+        assert (
+            f"parity of {fp16_name}: PyTorch vs ONNX Runtime CPU, tolerance 0.01" in result.stdout
+        )
+        fp32, fp16 = onnx.load(str(out / fp32_name)), onnx.load(str(out / fp16_name))
+        assert _io(fp16) == _io(fp32)  # int64 ids in, float32 out: clients see no difference
+        weights = [t for t in fp16.graph.initializer if len(t.dims) == 2]  # the matrices
+        assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+        assert {p.key: p.value for p in fp16.metadata_props} == {
+            p.key: p.value for p in fp32.metadata_props
+        }
+        # Half the bytes, give or take the casts and the small float32 constants.
+        assert (out / fp16_name).stat().st_size < 0.6 * (out / fp32_name).stat().st_size
 
 
 def test_parity_failure_writes_nothing_and_exits_non_zero(tmp_path):

@@ -6,7 +6,13 @@ import numpy as np
 import onnx
 import pytest
 
-from model.artifacts import CONFIG_METADATA_KEY, EMBEDDINGS_ONNX_FILENAME, ONNX_FILENAME
+from model.artifacts import (
+    CONFIG_METADATA_KEY,
+    EMBEDDINGS_ONNX_FILENAME,
+    FP16_ONNX_FILENAME,
+    ONNX_FILENAME,
+    REPORT_FILENAME,
+)
 from service.errors import InvalidInputError, ModelLoadError, ProviderUnavailableError
 from service.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
@@ -149,3 +155,35 @@ def test_auto_falls_back_to_cpu_with_a_warning(small_model_dir, caplog):
 def test_invalid_runtime_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RuntimeOptions(**kwargs)
+
+
+def test_fp16_precision_serves_the_float16_graphs_in_float32(
+    small_model_dir, small_runtime, caplog
+):
+    report = json.loads((small_model_dir / REPORT_FILENAME).read_text())
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        fp16 = OrtRuntime(small_model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
+    assert fp16.model_path.name == FP16_ONNX_FILENAME and fp16.precision == "fp16"
+    assert "precision=fp16 on CPU" in caplog.text
+    ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, (2, 40))
+    (emb16, att16), (emb32, att32) = fp16.run(ids), small_runtime.run(ids)
+    assert emb16.dtype == att16.dtype == np.float32
+    # As close to fp32 as export measured against PyTorch, and not identical: really fp16.
+    measured = max(
+        d
+        for case in report["parity"]
+        if case["graph"] == FP16_ONNX_FILENAME
+        for d in case["max_abs_diff"].values()
+    )
+    assert 0 < np.abs(emb16 - emb32).max() <= 2 * measured
+    assert np.abs(att16 - att32).max() <= 2 * measured
+    assert np.abs(fp16.embed(ids) - small_runtime.embed(ids)).max() <= 2 * measured
+
+
+def test_fp16_precision_without_fp16_graphs_says_how_to_get_them(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    (model_dir / FP16_ONNX_FILENAME).unlink()
+    with pytest.raises(ModelLoadError, match=f"no {FP16_ONNX_FILENAME} in .*precision=fp16"):
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        RuntimeOptions(precision="fp8")
