@@ -154,6 +154,13 @@ class ComposeProject:
         result = _checked(self.engine_cli("volume", "inspect", "--format", template, name), name)
         return Path(result.stdout.strip())
 
+    @classmethod
+    def leftovers(cls, engine: str, prefix: str) -> list[ComposeProject]:
+        """Projects named `prefix`... that still have containers (e.g. of a killed run)."""
+        template = '{{index .Labels "com.docker.compose.project"}}'
+        names = _run([engine, "ps", "-a", "--format", template]).stdout.split()
+        return [cls(engine, name) for name in sorted(set(names)) if name.startswith(prefix)]
+
     def down(self) -> None:
         """Remove the project's containers, volumes and network: by label, with the engine
         itself, because podman-compose's `down` misses replicas added by --scale."""

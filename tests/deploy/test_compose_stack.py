@@ -18,6 +18,17 @@ from client import ClientOptions, EncoderClient
 from service.runtime import OrtRuntime, RuntimeOptions
 
 READY_TIMEOUT_S = 300
+PROJECT_PREFIX = "attnserve-test-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run_loadtest(stack: ComposeProject) -> dict:
@@ -39,8 +50,11 @@ def stack():
         if os.environ.get("CI"):  # .ci/run sets the engine up: skipping there hides a failure
             pytest.fail(f"no usable container engine in CI: {why_not}")
         pytest.skip(why_not)
+    for stale in ComposeProject.leftovers(engine, PROJECT_PREFIX):
+        if not _alive(int(stale.name.removeprefix(PROJECT_PREFIX))):  # a run killed mid-test
+            stale.down()
     project = ComposeProject.on_this_machine(
-        engine, f"attnserve-test-{os.getpid()}", ATTNSERVE_TAG="test", ATTNSERVE_LOAD_DURATION="5"
+        engine, f"{PROJECT_PREFIX}{os.getpid()}", ATTNSERVE_TAG="test", ATTNSERVE_LOAD_DURATION="5"
     )
     try:
         project.compose("build", timeout=1800)
