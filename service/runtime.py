@@ -45,7 +45,7 @@ class RuntimeOptions:
     # for short sequences, but it burns the cores an idle server should leave free.
     intra_op_spinning: bool = False
     # "fp16": the float16 graphs export writes beside the float32 ones (float32 in and out);
-    # meant for CUDA, where they are faster; on CPU they run, slower and less exact.
+    # meant for CUDA; on CPU they run, no faster than fp32 and less exact.
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -79,7 +79,9 @@ class OrtRuntime:
             )
         self.session, self.provider = _create_session(self.model_path, options)
         if self.precision == "fp16" and self.provider == "cpu":
-            log.warning("precision=fp16 on CPU: slower and less exact than fp32 (it is for CUDA)")
+            log.warning(
+                "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
+            )
         self.config = _read_config(self.session, self.model_path)
         # Identifies the served weights: two exports of different models never share it.
         self.version = hashlib.sha256(self.model_path.read_bytes()).hexdigest()[:12]
