@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.artifacts import CONFIG_METADATA_KEY, PRECISIONS, graph_filenames
+from model.artifacts import CONFIG_METADATA_KEY, graph_filenames
 from model.config import ConfigError, ModelConfig
 from service.errors import (
     InferenceError,
@@ -51,8 +51,7 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        graph_filenames(self.precision)  # raises ValueError naming the precisions
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 

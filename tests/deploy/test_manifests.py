@@ -16,6 +16,7 @@ from compose_spec import PyCompose
 from bench.compose import compose_tool
 from service.settings import Settings, env_name
 from tests.conftest import REPO_ROOT
+from tests.deploy.ci import skip_or_fail_in_ci
 
 SETTINGS_ENV = {env_name(name) for name in Settings.__dataclass_fields__}
 ALL_PROFILES = ("gpu", "loadtest", "monitoring")
@@ -26,7 +27,7 @@ def resolved_compose(*profiles: str, env: dict[str, str] | None = None) -> str:
     """`compose config`: variables substituted, merge keys and profiles applied."""
     tool = compose_tool()
     if tool is None:
-        pytest.skip("neither docker compose nor podman-compose can read compose files here")
+        skip_or_fail_in_ci("neither docker compose nor podman-compose can read compose files")
     args = [arg for profile in profiles for arg in ("--profile", profile)]
     result = subprocess.run(
         [*tool, *args, "config"],
