@@ -25,6 +25,9 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
         assert abs(r["overhead_p50_ms"] - (r["grpc_p50_ms"] - r["runtime_p50_ms"])) < 1e-3
     full, packed = report["attention"]
     assert (full["variant"], packed["variant"]) == ("float32 full", "float16 causal-packed")
-    # Same embeddings; attention 2 layers x 4 heads x (16 x 16 x 4 B) vs (136 x 2 B).
-    assert full["response_bytes"] - packed["response_bytes"] == 2 * 4 * (16 * 16 * 4 - 136 * 2)
+    # Same embeddings; attention 2 layers x 4 heads x (16 x 16 x 4 B) vs (136 x 2 B). The
+    # timings (queue, inference, total ns) are varints whose length varies per response by a
+    # few bytes, so the sizes agree to within those.
+    saved = full["response_bytes"] - packed["response_bytes"]
+    assert abs(saved - 2 * 4 * (16 * 16 * 4 - 136 * 2)) <= 12
     assert "| float16 causal-packed | 16 |" in (tmp_path / "grpc.md").read_text()
