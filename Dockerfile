@@ -33,6 +33,7 @@ COPY service service
 COPY client client
 COPY bench bench
 COPY protos protos
+COPY attnserve attnserve
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip wheel --no-deps --wheel-dir /dist .
 
@@ -47,7 +48,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --find-links /wheels ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
         "$(ls /dist/attnserve-*.whl)[cpu,export]"
 USER attnserve
-ENTRYPOINT ["python", "-m", "export"]
+ENTRYPOINT ["attnserve", "export"]
 CMD ["--out", "/models/default", "--seed", "0", "--if-missing"]
 
 # ---- runtime: the service (last stage, so the default target)
@@ -60,12 +61,12 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     case "$ORT" in cpu|cuda) ;; *) echo "ORT must be cpu or cuda, not '$ORT'" >&2; exit 1;; esac \
  && pip install "$(ls /dist/attnserve-*.whl)[$ORT,load]"
 USER attnserve
-ENV ATTNSERVE_MODEL_DIR=/models/default \
+ENV ATTNSERVE_MODEL=/models/default \
     ATTNSERVE_PORT=50051
 EXPOSE 50051 9464
 # Asks the standard grpc.health.v1 service: SERVING only once the model is warm, and no
 # longer while draining (README "Containers" for TLS setups).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD python -m client --target "127.0.0.1:${ATTNSERVE_PORT}" --timeout 4 health || exit 1
-# Exec form: python is PID 1 and gets SIGTERM itself, so `docker stop` drains gracefully.
-ENTRYPOINT ["python", "-m", "service"]
+    CMD attnserve health --target "127.0.0.1:${ATTNSERVE_PORT}" --timeout 4 || exit 1
+# Exec form: the server is PID 1 and gets SIGTERM itself, so `docker stop` drains gracefully.
+ENTRYPOINT ["attnserve", "serve"]

@@ -23,13 +23,13 @@ $(BUF):
 	npm install --silent --no-save --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
 $(MODEL_DIR)/model.onnx: | $(VENV)/.installed
-	$(PY) -m export --out $(MODEL_DIR) --seed 0
+	$(VENV)/bin/attnserve export --out $(MODEL_DIR) --seed 0
 
 export: $(MODEL_DIR)/model.onnx
 
 # Sets up, exports the default model if it is missing, and serves it (Ctrl-C drains and stops).
 serve: $(VENV)/.installed $(MODEL_DIR)/model.onnx
-	$(PY) -m service --model $(MODEL_DIR) --port $(PORT)
+	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT)
 
 # Regenerates the committed Python code of protos/attnserve/v1/*.proto.
 proto: $(VENV)/.installed
@@ -50,7 +50,7 @@ test: lint containers
 
 # Reruns every benchmark (~15 min) and regenerates docs/BENCHMARKS.md from the results.
 benchmarks: $(VENV)/.installed
-	$(PY) -m bench report --out bench-results --doc docs/BENCHMARKS.md
+	$(VENV)/bin/attnserve bench report --out bench-results --doc docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .tools models bench-results .pytest_cache .ruff_cache

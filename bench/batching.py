@@ -6,9 +6,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench.load import LoadGenerator, RequestKind, summarize
-from bench.server_process import spawn_server
-from client import EncoderClient
+from attnserve.bench.load import LoadGenerator, RequestKind, summarize
+from attnserve.client import EncoderClient
+from attnserve.service.process import spawn_server
 
 VARIANTS = {"batching on": (), "batching off": ("--max-batch-size", "1")}
 

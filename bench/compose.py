@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import ClientOptions, EncoderClient
+from attnserve.client import ClientOptions, EncoderClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # where docker-compose.yml is
 BASE_IMAGE = "docker.io/library/python:3.11-slim"

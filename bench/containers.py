@@ -1,9 +1,9 @@
-"""`python -m bench containers`: the compose stack's encoder under load, side by side with
+"""`attnserve bench containers`: the compose stack's encoder under load, side by side with
 the same server as a host process, then scaled out to two replicas.
 
 One run, one model file (the stack's own export), the same closed-loop loads for every
 target:
-  host process   python -m service on this machine
+  host process   attnserve serve on this machine
   1 container    the compose encoder through its published port
   2 containers   --scale encoder=2, gRPC round_robin over both published ports
 Every server runs ORT with one thread, so that two replicas do not oversubscribe a
@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.compose import ComposeProject, find_engine, wait_serving
-from bench.load import LoadGenerator, RequestKind, summarize
-from bench.server_process import spawn_server
-from client import ClientOptions
+from attnserve.bench.compose import ComposeProject, find_engine, wait_serving
+from attnserve.bench.load import LoadGenerator, RequestKind, summarize
+from attnserve.client import ClientOptions
+from attnserve.service.process import spawn_server
 
 # (name, requests in flight, sequence lengths mixed uniformly)
 LOADS = [("latency", 1, [16]), ("throughput", 16, [16, 128])]
@@ -60,7 +60,7 @@ def run_containers(out: Path, duration: float, log: Callable[[str], None]) -> di
         log(f"containers: not run: {why_not}")
     else:
         project = ComposeProject.on_this_machine(
-            engine, "attnserve-bench", ATTNSERVE_TAG="bench", ATTNSERVE_INTRA_OP_THREADS="1"
+            engine, "attnserve-bench", ATTNSERVE_TAG="bench", ATTNSERVE_THREADS="1"
         )
         try:
             log(f"containers: building the images and starting the stack ({engine})...")

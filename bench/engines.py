@@ -14,11 +14,11 @@ import grpc
 import numpy as np
 import torch
 
-from client import ClientOptions, EncoderClient
-from model.config import ModelConfig
-from model.encoder import Encoder
-from service.errors import ProviderUnavailableError
-from service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import Encoder
+from attnserve.service.errors import ProviderUnavailableError
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 Engine = Callable[[np.ndarray], object]
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024  # the benchmark server's --max-message-bytes

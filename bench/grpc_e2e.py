@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.server_process import spawn_server
-from bench.timing import ROUNDS, alternate
-from client import ClientOptions, EncoderClient
-from service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.service.process import spawn_server
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 
 def _p50_ms(samples: list[float]) -> float:
@@ -144,9 +144,9 @@ def run_grpc(out: Path, model_dir: Path | None, max_seq_len: int, quick: bool) -
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         if model_dir is None:
-            from export.model_dir import write_model_dir
-            from model.config import ModelConfig
-            from model.encoder import build_encoder
+            from attnserve.export.model_dir import write_model_dir
+            from attnserve.model.config import ModelConfig
+            from attnserve.model.encoder import build_encoder
 
             model_dir = Path(tmp)
             write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)

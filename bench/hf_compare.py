@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bench.latency import measure_cell
-from export.hf_import import load_hf_gpt2
-from export.model_dir import write_model_dir
-from service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.bench.latency import measure_cell
+from attnserve.export.hf_import import load_hf_gpt2
+from attnserve.export.model_dir import write_model_dir
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 DISTILGPT2 = {"n_layer": 6, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 PAIRS = {  # ours -> the transformers engine returning the same outputs

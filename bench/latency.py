@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bench.engines import (
+from attnserve.bench.engines import (
     BASELINES,
     DEFAULT_ENGINES,
     GRPC_MESSAGE_LIMIT,
@@ -29,12 +29,12 @@ from bench.engines import (
     TooLarge,
     build_engines,
 )
-from bench.server_process import spawn_server
-from bench.timing import alternate, timed
-from client import EncoderClient
-from export.model_dir import write_model_dir
-from model.config import ModelConfig
-from model.encoder import Encoder, build_encoder
+from attnserve.bench.timing import alternate, timed
+from attnserve.client import EncoderClient
+from attnserve.export.model_dir import write_model_dir
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import Encoder, build_encoder
+from attnserve.service.process import spawn_server
 
 SEQ_LENS = (8, 16, 32, 64, 128, 256, 512, 1024)
 

@@ -21,9 +21,9 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
+from attnserve.client import ClientOptions, build_request
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
-from client import ClientOptions, build_request
 
 ATTENTION_CHOICES = {
     "none": {},

@@ -9,8 +9,15 @@ import sys
 
 import numpy as np
 
-from bench.load import LoadGenerator, RequestKind, find_max_rate, load_spec, records_json, summarize
-from client import ClientOptions, EncoderClient
+from attnserve.bench.load import (
+    LoadGenerator,
+    RequestKind,
+    find_max_rate,
+    load_spec,
+    records_json,
+    summarize,
+)
+from attnserve.client import ClientOptions, EncoderClient
 
 
 def _rates(args: argparse.Namespace) -> list[float] | None:

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.batching import run_batching
-from bench.containers import markdown as containers_markdown
-from bench.containers import ratios as container_ratios
-from bench.containers import run_containers
-from bench.engines import DESCRIPTIONS
-from bench.grpc_e2e import markdown as grpc_markdown
-from bench.grpc_e2e import run_grpc
-from bench.hf_compare import markdown as hf_markdown
-from bench.hf_compare import run_hf_compare
-from bench.latency import Row, markdown_table, run_latency
-from export.model_dir import write_model_dir
-from model.config import ModelConfig
-from model.encoder import build_encoder
+from attnserve.bench.batching import run_batching
+from attnserve.bench.containers import markdown as containers_markdown
+from attnserve.bench.containers import ratios as container_ratios
+from attnserve.bench.containers import run_containers
+from attnserve.bench.engines import DESCRIPTIONS
+from attnserve.bench.grpc_e2e import markdown as grpc_markdown
+from attnserve.bench.grpc_e2e import run_grpc
+from attnserve.bench.hf_compare import markdown as hf_markdown
+from attnserve.bench.hf_compare import run_hf_compare
+from attnserve.bench.latency import Row, markdown_table, run_latency
+from attnserve.export.model_dir import write_model_dir
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import build_encoder
 
 COMMAND = (
     "make benchmarks   # = python -m bench report --out bench-results --doc docs/BENCHMARKS.md"

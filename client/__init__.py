@@ -1,7 +1,7 @@
-"""Python client of attnserve: `from client import EncoderClient`. Torch-free."""
+"""Python client of attnserve: `from attnserve.client import EncoderClient`. Torch-free."""
 
-from client.client import AsyncEncoderClient, ClientOptions, EncoderClient
-from client.codec import EncodeOutput, Encoding, build_request
+from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
+from attnserve.client.codec import EncodeOutput, Encoding, build_request
 
 __all__ = [
     "AsyncEncoderClient",

@@ -23,9 +23,9 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnserve.client.codec import EncodeOutput, Input, build_request, decode_response
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
-from client.codec import EncodeOutput, Input, build_request, decode_response
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
@@ -94,14 +94,15 @@ class EncoderClient:
     def encode(
         self, inputs: Input | list[Input], timeout: float | None = None, **options
     ) -> EncodeOutput:
-        """Encode texts or token-id sequences; see client.codec.build_request for options."""
+        """Encode texts or token-id sequences; see attnserve.client.codec.build_request."""
         request = build_request(inputs, **options)
         return decode_response(self._call(self._stub.Encode, request, timeout))
 
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
     ) -> Iterator[pb.EncodeStreamResponse]:
-        """Send requests (see client.codec.build_request) on one stream; answers in order."""
+        """Send requests (see attnserve.client.codec.build_request) on one stream; answers
+        come back in request order, while the server works on several at once."""
         stream = (pb.EncodeStreamRequest(request=r) for r in requests)
         yield from self._stub.EncodeStream(
             stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
@@ -185,6 +186,27 @@ class AsyncEncoderClient:
     async def model_info(self, timeout: float | None = None) -> dict:
         response = await self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
         return MessageToDict(response, preserving_proto_field_name=True)
+
+    async def health(self, service: str = "", timeout: float | None = None) -> str:
+        """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self._call(stub.Check, request, timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Poll health until SERVING; TimeoutError after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                remaining = max(0.1, min(2.0, end - time.monotonic()))
+                if await self.health(timeout=remaining) == "SERVING":
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= end:
+                raise TimeoutError(f"server not SERVING after {timeout:.0f}s")
+            await asyncio.sleep(0.1)
 
     async def _call(self, method, request, timeout: float | None):
         end = time.monotonic() + (timeout or self.options.timeout_s)

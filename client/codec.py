@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
-from client.tensors import from_tensor, unpack_causal
+from attnserve.v1.wire import from_tensor, unpack_causal
 
 Input = str | Sequence[int] | np.ndarray  # text, or token ids
 

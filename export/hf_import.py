@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import first_shape_mismatch
-from model.config import ConfigError, ModelConfig
-from model.encoder import Encoder
+from attnserve.model.checkpoint import first_shape_mismatch
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.encoder import Encoder
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 # GPT2Config fields whose non-default values this model cannot reproduce.

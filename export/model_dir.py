@@ -10,17 +10,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from export.fp16 import FP16_TOLERANCE, convert_to_fp16
-from export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
-from export.parity import DEFAULT_TOLERANCE, ParityCase, check_parity
-from model.artifacts import (
+from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
+from attnserve.export.fp16 import convert_to_fp16
+from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
+from attnserve.export.parity import ParityCase, check_parity
+from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
     ONNX_FILENAME,
     REPORT_FILENAME,
 )
-from model.encoder import Encoder
+from attnserve.model.encoder import Encoder
 
 # file -> (with attentions, the float32 file it is converted from; None: exported from PyTorch)
 GRAPHS = {

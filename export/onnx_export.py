@@ -12,8 +12,8 @@ import onnx
 import torch
 from torch import nn
 
-from model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
-from model.encoder import Encoder
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
+from attnserve.model.encoder import Encoder
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23

@@ -9,9 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from model.encoder import Encoder
-
-DEFAULT_TOLERANCE = 1e-4
+from attnserve.export import DEFAULT_TOLERANCE
+from attnserve.model.encoder import Encoder
 
 
 class ParityError(RuntimeError):

@@ -5,7 +5,7 @@ path can `import model` without torch. The PyTorch modules live in
 `model.attention`, `model.layers`, `model.encoder` and `model.checkpoint`.
 """
 
-from model.config import ConfigError, ModelConfig
-from model.tokenizer import ByteTokenizer, HFTokenizer, get_tokenizer
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.tokenizer import ByteTokenizer, HFTokenizer, get_tokenizer
 
 __all__ = ["ByteTokenizer", "ConfigError", "HFTokenizer", "ModelConfig", "get_tokenizer"]

@@ -12,8 +12,8 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from model.config import ConfigError, ModelConfig
-from model.encoder import Encoder
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.encoder import Encoder
 
 CONFIG_KEY = "attnserve_config"
 SIDECAR_CONFIG = "config.json"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.config import ModelConfig
-from model.layers import Block
+from attnserve.model.config import ModelConfig
+from attnserve.model.layers import Block
 
 
 class Encoder(nn.Module):

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import scaled_dot_product_attention
-from model.config import ModelConfig
+from attnserve.model.attention import scaled_dot_product_attention
+from attnserve.model.config import ModelConfig
 
 
 class MultiHeadAttention(nn.Module):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model.artifacts import TOKENIZER_FILENAME
-from model.config import ModelConfig
+from attnserve.model.artifacts import ModelDirectory
+from attnserve.model.config import ModelConfig
 
 VISIBLE_SPACE = "\u2423"  # "␣": spaces shown in token labels
 
@@ -84,13 +84,13 @@ class HFTokenizer:
 Tokenizer = ByteTokenizer | HFTokenizer
 
 
-def get_tokenizer(config: ModelConfig, model_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer the config names; "hf" reads tokenizer.json from `model_dir`."""
+def get_tokenizer(config: ModelConfig, model_dir: ModelDirectory | None = None) -> Tokenizer:
+    """The tokenizer the config names; "hf" reads the directory's tokenizer.json."""
     if config.tokenizer == "byte":
         return ByteTokenizer(config)
     if model_dir is None:
         raise ValueError(f"tokenizer {config.tokenizer!r} needs the model directory")
-    path = Path(model_dir) / TOKENIZER_FILENAME
+    path = model_dir.tokenizer_file
     if not path.is_file():
         raise FileNotFoundError(f"the model config names tokenizer 'hf' but {path} is missing")
     return HFTokenizer(path)

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from service.errors import UnauthenticatedError
-from service.status import status_for
+from attnserve.service.errors import UnauthenticatedError
+from attnserve.service.status import status_for
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 

@@ -1,6 +1,7 @@
-"""The ONNX Runtime session: loads a model directory and runs input_ids -> outputs.
+"""The ONNX Runtime backend: a model directory's graphs in ORT sessions.
 
-It owns the session and nothing else (no queueing, no transport). Torch-free.
+It owns the sessions and nothing else (no queueing, no transport, no request
+validation: the transports check ids once per request). Torch-free.
 """
 
 from __future__ import annotations
@@ -15,14 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.artifacts import CONFIG_METADATA_KEY, graph_filenames
-from model.config import ConfigError, ModelConfig
-from service.errors import (
-    InferenceError,
-    InvalidInputError,
-    ModelLoadError,
-    ProviderUnavailableError,
-)
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory, graph_filenames
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.service.errors import InferenceError, ModelLoadError, ProviderUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +53,7 @@ class RuntimeOptions:
 
 
 class OrtRuntime:
-    """An exported model directory in ONNX Runtime sessions.
+    """A model directory in ONNX Runtime sessions; implements service.backend.Backend.
 
     `session` runs the full graph (embeddings and attentions); `embeddings_session`
     runs the embeddings-only graph when the directory has one (it is faster), else
@@ -65,36 +61,39 @@ class OrtRuntime:
     single source of truth.
     """
 
-    def __init__(self, model_dir: str | Path, options: RuntimeOptions | None = None) -> None:
+    def __init__(
+        self, model_dir: ModelDirectory | str | Path, options: RuntimeOptions | None = None
+    ) -> None:
         options = options or RuntimeOptions()
-        model_dir = Path(model_dir)
-        full_graph, embeddings_graph = graph_filenames(options.precision)
-        self.model_path = model_dir / full_graph
+        if not isinstance(model_dir, ModelDirectory):
+            model_dir = ModelDirectory(model_dir)
+        self.model_dir = model_dir
         self.precision = options.precision
-        if not self.model_path.is_file():
+        self.model_path = model_path = model_dir.graph(options.precision, attention=True)
+        if not model_path.is_file():
             raise ModelLoadError(
-                f"no {full_graph} in {model_dir} (precision={options.precision}); create it "
-                "with `python -m export --out DIR`, which writes the fp32 and fp16 graphs"
+                f"no {model_path.name} in {model_dir.path} (precision={options.precision}); "
+                "create it with `attnserve export --out DIR`, which writes the fp32 and fp16 graphs"
             )
-        self.session, self.provider = _create_session(self.model_path, options)
+        self.session, self.provider = _create_session(model_path, options)
         if self.precision == "fp16" and self.provider == "cpu":
             log.warning(
                 "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
             )
-        self.config = _read_config(self.session, self.model_path)
+        self.config = _read_config(self.session, model_path)
         # Identifies the served weights: two exports of different models never share it.
-        self.version = hashlib.sha256(self.model_path.read_bytes()).hexdigest()[:12]
-        _check_io(self.session, self.config, self.model_path, with_attentions=True)
+        self.version = hashlib.sha256(model_path.read_bytes()).hexdigest()[:12]
+        _check_io(self.session, self.config, model_path, with_attentions=True)
 
         self.embeddings_session = self.session
-        fast_path = model_dir / embeddings_graph
+        fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file():
             # The provider is settled by now: open the second graph on the same one.
             self.embeddings_session, _ = _create_session(
                 fast_path, replace(options, provider=self.provider)
             )
             if _read_config(self.embeddings_session, fast_path) != self.config:
-                raise ModelLoadError(f"{fast_path} and {self.model_path} carry different configs")
+                raise ModelLoadError(f"{fast_path} and {model_path} carry different configs")
             _check_io(self.embeddings_session, self.config, fast_path, with_attentions=False)
 
     def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +108,6 @@ class OrtRuntime:
     def _run(
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
     ) -> list[np.ndarray]:
-        validate_input_ids(input_ids, self.config)
         try:
             return session.run(outputs, {self.config.input_name: input_ids})
         except Exception as exc:  # ORT raises its own untyped errors
@@ -123,27 +121,6 @@ class OrtRuntime:
             ids = np.full((1, seq_len), self.config.bos_id, dtype=np.int64)
             self.run(ids)
             self.embed(ids)
-
-
-def validate_input_ids(input_ids: np.ndarray, config: ModelConfig) -> None:
-    """Raise InvalidInputError naming the field and the limit it breaks."""
-    if not isinstance(input_ids, np.ndarray) or input_ids.dtype != np.int64:
-        raise InvalidInputError("input_ids must be an int64 numpy array")
-    if input_ids.ndim != 2:
-        raise InvalidInputError(f"input_ids must be 2-D [batch, seq], got shape {input_ids.shape}")
-    batch, seq_len = input_ids.shape
-    if batch < 1 or seq_len < 1:
-        raise InvalidInputError(f"input_ids must not be empty, got shape {input_ids.shape}")
-    if seq_len > config.max_seq_len:
-        raise InvalidInputError(
-            f"input_ids has {seq_len} tokens, more than max_seq_len={config.max_seq_len}"
-        )
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= config.vocab_size:
-        bad = low if low < 0 else high
-        raise InvalidInputError(
-            f"input_ids contains token id {bad}, outside the vocabulary [0, {config.vocab_size})"
-        )
 
 
 def _session_options(options: RuntimeOptions) -> ort.SessionOptions:

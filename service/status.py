@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from service import errors
+from attnserve.service import errors
 
 STATUS_CODES: dict[type[errors.AttnserveError], grpc.StatusCode] = {
     errors.InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,

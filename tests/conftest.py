@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from model.config import ModelConfig
+from attnserve.model.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,10 +20,10 @@ SMALL_CONFIG = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_ff=256, max_seq_
 SMALL_SEED = 1
 
 
-def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m ...` from the repo root the way a user would."""
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the `attnserve` command (as `python -m attnserve`, this venv's) the way a user would."""
     return subprocess.run(
-        [sys.executable, "-m", *args],
+        [sys.executable, "-m", "attnserve", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -34,14 +34,14 @@ def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 @pytest.fixture(scope="session")
 def small_model():
-    from model.encoder import build_encoder
+    from attnserve.model.encoder import build_encoder
 
     return build_encoder(SMALL_CONFIG, seed=SMALL_SEED)
 
 
 @pytest.fixture(scope="session")
 def small_model_dir(small_model, tmp_path_factory) -> Path:
-    from export.model_dir import write_model_dir
+    from attnserve.export.model_dir import write_model_dir
 
     out = tmp_path_factory.mktemp("small_model")
     write_model_dir(small_model, out, log=lambda _: None)
@@ -50,7 +50,7 @@ def small_model_dir(small_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_runtime(small_model_dir):
-    from service.runtime import OrtRuntime, RuntimeOptions
+    from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
     return OrtRuntime(small_model_dir, RuntimeOptions(provider="cpu"))
 
@@ -59,14 +59,14 @@ def small_runtime(small_model_dir):
 def default_export(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The default model, exported by the real CLI exactly as `make serve` does."""
     out = tmp_path_factory.mktemp("default_model") / "model"
-    result = run_module("export", "--out", str(out), "--seed", "0")
+    result = run_cli("export", "--out", str(out), "--seed", "0")
     assert result.returncode == 0, result.stderr
     return out, result
 
 
 @pytest.fixture(scope="session")
 def default_model():
-    from model.encoder import build_encoder
+    from attnserve.model.encoder import build_encoder
 
     return build_encoder(ModelConfig(), seed=0)
 
@@ -77,12 +77,12 @@ def default_model():
 class ServerThread:
     """A real grpc.aio server on port 0, its event loop on a background thread."""
 
-    def __init__(self, model_dir: Path, runtime=None, warm_up: bool = True, **overrides):
-        from service.server import start_server
-        from service.settings import Settings
+    def __init__(self, model_dir: Path, backend=None, warm_up: bool = True, **overrides):
+        from attnserve.service.server import start_server
+        from attnserve.service.settings import Settings
 
         self.settings = Settings(
-            model_dir=model_dir,
+            model=model_dir,
             host="127.0.0.1",
             port=0,
             metrics_port=0,
@@ -92,7 +92,7 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.running = self.call(start_server(self.settings, runtime, warm_up=warm_up))
+        self.running = self.call(start_server(self.settings, backend, warm_up=warm_up))
         self.address = f"127.0.0.1:{self.running.port}"
 
     def call(self, coroutine, timeout: float = 120):
@@ -119,7 +119,7 @@ def server(small_model_dir, small_runtime):
 
 @pytest.fixture
 def client(server):
-    from client import ClientOptions, EncoderClient
+    from attnserve.client import ClientOptions, EncoderClient
 
     with EncoderClient(server.address, ClientOptions(timeout_s=60)) as c:
         yield c
@@ -127,20 +127,16 @@ def client(server):
 
 @pytest.fixture(scope="session")
 def cli_server(small_model_dir):
-    """`python -m service` on the small model, as a subprocess; it must exit 0 on SIGTERM."""
-    from client import EncoderClient
-
+    """`attnserve serve` on the small model, as a subprocess; it must exit 0 on SIGTERM."""
     server = start_cli_server(small_model_dir)
-    with EncoderClient(server.address) as c:
-        c.wait_until_serving(60)
     yield server
     server.process.terminate()
     assert server.process.wait(30) == 0
 
 
 def start_cli_server(model_dir: Path, *extra: str):
-    """`python -m service` as a subprocess on a free port (a bench.server_process.ServerProcess)."""
-    from bench.server_process import spawn_server
+    """`attnserve serve` as a subprocess on a free port, returned once SERVING."""
+    from attnserve.service.process import spawn_server
 
     return spawn_server(model_dir, "--provider", "cpu", *extra, cwd=REPO_ROOT)
 
@@ -188,6 +184,6 @@ def hf_dir(tmp_path_factory) -> Path:
 def hf_model_dir(hf_dir, tmp_path_factory) -> Path:
     """The tiny GPT-2 exported by the real CLI."""
     out = tmp_path_factory.mktemp("hf_export") / "model"
-    result = run_module("export", "--from-hf", str(hf_dir), "--out", str(out))
+    result = run_cli("export", "--from-hf", str(hf_dir), "--out", str(out))
     assert result.returncode == 0, result.stderr
     return out

@@ -1,10 +1,10 @@
 import json
 
-from tests.conftest import run_module
+from tests.conftest import run_cli
 
 
 def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
-    result = run_module(
+    result = run_cli(
         "bench",
         "grpc",
         "--out",

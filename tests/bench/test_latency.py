@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.latency import model_flops
-from tests.conftest import SMALL_CONFIG, run_module
+from attnserve.bench.latency import model_flops
+from tests.conftest import SMALL_CONFIG, run_cli
 
 ENGINES = [
     "torch-eager",
@@ -29,7 +29,7 @@ def test_flop_formula_matches_pytorch_flop_counter(small_model, batch, seq_len):
 
 
 def test_quick_sweep_writes_json_csv_table_and_plot(tmp_path):
-    result = run_module(
+    result = run_cli(
         "bench",
         "latency",
         "--out",

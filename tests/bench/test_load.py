@@ -7,26 +7,37 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
-from bench.load import LoadGenerator, RequestKind, summarize
-from tests.conftest import run_module
+from attnserve.bench.load import LoadGenerator, RequestKind, summarize
+from tests.conftest import run_cli
+
+
+def _stopped(pid: int) -> bool:
+    """The kernel's word that the process is stopped (state T in /proc/PID/stat)."""
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rindex(")") + 2] in "Tt"
 
 
 def test_a_stalled_server_cannot_hide_its_queueing(cli_server):
-    """Open loop, at most 2 requests in flight, the server frozen for 0.5 s.
+    """Open loop, at most 2 requests in flight, the server frozen (SIGSTOP) for a while.
 
     Requests scheduled during the freeze are sent late (held back by the cap);
     their latency counts from the intended send time, so it includes the
     freeze, while their service time (what a closed-loop tool reports) does not.
+    The freeze is marked only once the kernel says the process is stopped, and
+    thawed after the mark, so every comparison below is exact: no tolerances.
     """
     generator = LoadGenerator(cli_server.address, [RequestKind(16)], seed=1)
     process = cli_server.process
     marks = {}
 
     def freeze():
-        marks["stop"] = time.perf_counter()
         process.send_signal(signal.SIGSTOP)
-        time.sleep(0.5)
+        while not _stopped(process.pid):
+            time.sleep(0.001)
+        marks["stop"] = time.perf_counter()
+        time.sleep(0.5)  # how long the freeze lasts; nothing is asserted about it
         marks["cont"] = time.perf_counter()
         process.send_signal(signal.SIGCONT)
 
@@ -36,18 +47,22 @@ def test_a_stalled_server_cannot_hide_its_queueing(cli_server):
     timer.join()
     stop, cont = (marks[k] - generator.started_at for k in ("stop", "cont"))
     assert all(r.status == "OK" for r in records)
-    frozen = [r for r in records if stop + 0.02 < r.intended < cont - 0.02]
+    for r in records:  # the definitions the report rests on
+        assert r.latency == pytest.approx(r.done - r.intended)
+        assert r.service_time == pytest.approx(r.done - r.sent)
+        assert r.sent >= r.intended
+    frozen = [r for r in records if stop < r.intended < cont]
     assert len(frozen) >= 8
-    for r in frozen:  # nothing scheduled during the freeze finished before it ended
-        assert r.done >= cont - 0.01
-        assert r.latency >= cont - r.intended - 0.01
-    held_back = [r for r in frozen if r.sent - r.intended > 0.1]
-    assert len(held_back) >= 5
-    assert all(r.latency - r.service_time > 0.1 for r in held_back)
+    for r in frozen:  # a stopped server answers nothing before it is thawed
+        assert r.done > cont
+        assert r.latency > cont - r.intended
+    # Two may go out at once; every other one waits for a slot, which frees only after the thaw.
+    held_back = [r for r in frozen if r.sent > cont]
+    assert len(held_back) >= len(frozen) - 2
+    assert all(r.latency - r.service_time >= cont - r.intended for r in held_back)
     summary = summarize(records, elapsed, 40, 2.0)
     worst_hidden = max(r.service_time for r in held_back)
-    assert summary["latency_ms"]["max"] / 1e3 > worst_hidden  # the freeze shows in latency...
-    assert summary["latency_ms"]["max"] >= 0.3e3  # ...as the long wait users really had
+    assert summary["latency_ms"]["max"] / 1e3 > worst_hidden  # the freeze shows in latency
 
 
 def test_rate_and_percentile_accounting(cli_server):
@@ -96,7 +111,7 @@ def test_errors_are_counted_by_status(cli_server):
 
 def test_cli_step_search_writes_a_report(cli_server, tmp_path):
     out = tmp_path / "load.json"
-    result = run_module(
+    result = run_cli(
         "bench",
         "load",
         "--target",
@@ -125,7 +140,7 @@ def test_cli_waits_for_serving_then_spreads_over_dns_addresses(cli_server, tmp_p
     # and the readiness wait work through the CLI end to end.
     port = cli_server.address.rsplit(":", 1)[1]
     out = tmp_path / "load.json"
-    result = run_module(
+    result = run_cli(
         "bench", "load", "--target", f"dns:///localhost:{port}", "--round-robin",
         "--wait-ready", "30", "--mode", "closed", "--concurrency", "2", "--duration", "0.5",
         "--lengths", "8", "--out", str(out),
@@ -136,7 +151,7 @@ def test_cli_waits_for_serving_then_spreads_over_dns_addresses(cli_server, tmp_p
 
 
 def test_cli_wait_ready_gives_up_with_a_clear_error(tmp_path):
-    result = run_module(
+    result = run_cli(
         "bench", "load", "--target", "127.0.0.1:9", "--wait-ready", "1", "--duration", "0.5"
     )
     assert result.returncode == 1

@@ -3,12 +3,12 @@
 import json
 import re
 
-from tests.conftest import run_module
+from tests.conftest import run_cli
 
 
 def test_report_regenerates_the_benchmarks_page(tmp_path):
     out, doc = tmp_path / "results", tmp_path / "docs" / "BENCHMARKS.md"
-    result = run_module("bench", "report", "--out", str(out), "--doc", str(doc), "--quick")
+    result = run_cli("bench", "report", "--out", str(out), "--doc", str(doc), "--quick")
     assert result.returncode == 0, result.stderr
     text = doc.read_text()
     for section in (

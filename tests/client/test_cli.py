@@ -5,8 +5,8 @@ import socket
 
 import numpy as np
 
-from client import ClientOptions, EncoderClient, build_request
-from tests.conftest import run_module
+from attnserve.client import ClientOptions, EncoderClient, build_request
+from tests.conftest import run_cli
 
 
 def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
@@ -28,30 +28,27 @@ def _free_port() -> int:
 
 
 def test_health_exit_code_follows_the_health_service(cli_server):
-    serving = run_module("client", "--target", cli_server.address, "health")
+    serving = run_cli("health", "--target", cli_server.address)
     assert (serving.returncode, serving.stdout.strip()) == (0, "SERVING")
-    unknown = run_module("client", "--target", cli_server.address, "health", "--service", "x")
+    unknown = run_cli("health", "--target", cli_server.address, "--service", "x")
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
-    nobody = run_module(
-        "client", "--target", f"127.0.0.1:{_free_port()}", "--timeout", "1", "health"
-    )
+    nobody = run_cli("health", "--target", f"127.0.0.1:{_free_port()}", "--timeout", "1")
     assert nobody.returncode == 1
     assert "UNAVAILABLE" in nobody.stderr or "DEADLINE_EXCEEDED" in nobody.stderr
 
 
 def test_info(cli_server):
-    result = run_module("client", "--target", cli_server.address, "info")
+    result = run_cli("info", "--target", cli_server.address)
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["n_layers"] == 2 and info["tokenizer"] == "byte"
 
 
 def test_encode_summary_and_json(cli_server):
-    result = run_module(
-        "client",
+    result = run_cli(
+        "encode",
         "--target",
         cli_server.address,
-        "encode",
         "--text",
         "hi there",
         "--pooling",
@@ -69,11 +66,10 @@ def test_encode_summary_and_json(cli_server):
     assert "pooled (64,)" in result.stdout
     assert "attention (1, 2, 9, 9) for layers [1] heads [0, 2]" in result.stdout
 
-    result = run_module(
-        "client",
+    result = run_cli(
+        "encode",
         "--target",
         cli_server.address,
-        "encode",
         "--ids",
         "1,2,3",
         "--ids",
@@ -87,18 +83,17 @@ def test_encode_summary_and_json(cli_server):
 
 
 def test_errors_are_reported_with_their_status(cli_server):
-    result = run_module("client", "--target", cli_server.address, "encode", "--ids", "1,999")
+    result = run_cli("encode", "--target", cli_server.address, "--ids", "1,999")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "token id 999" in result.stderr
 
 
 def test_heatmap_writes_a_png(cli_server, tmp_path):
     out = tmp_path / "attention.png"
-    result = run_module(
-        "client",
+    result = run_cli(
+        "heatmap",
         "--target",
         cli_server.address,
-        "heatmap",
         "--text",
         "The cat sat on the mat.",
         "--layer",

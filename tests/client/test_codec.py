@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from attnserve.client.codec import build_request
 from attnserve.v1 import encoder_service_pb2 as pb
-from client.codec import build_request
 
 
 def test_single_text_single_ids_and_lists():

@@ -1,13 +1,13 @@
 """round_robin spreads calls over every address of the target, as scaled replicas need."""
 
-from client import ClientOptions, EncoderClient
+from attnserve.client import ClientOptions, EncoderClient
 from tests.conftest import ServerThread
 
 OK_ENCODES = ("attnserve_requests_total", {"method": "Encode", "code": "OK"})
 
 
 def test_round_robin_over_an_address_list_reaches_every_server(server, small_model_dir):
-    other = ServerThread(small_model_dir, server.running.runtime)
+    other = ServerThread(small_model_dir, server.running.backend)
     try:
         servers = [server, other]
         before = [s.metric(*OK_ENCODES) for s in servers]

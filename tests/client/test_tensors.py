@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from attnserve.v1 import encoder_service_pb2 as pb
-from client.tensors import (
+from attnserve.v1.wire import (
     from_tensor,
     pack_causal,
     packed_length,

@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.compose import ComposeProject, find_engine, metric_total, wait_serving
-from client import ClientOptions, EncoderClient
-from service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.bench.compose import ComposeProject, find_engine, metric_total, wait_serving
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from tests.deploy.ci import skip_or_fail_in_ci
 
 READY_TIMEOUT_S = 300

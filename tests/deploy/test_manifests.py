@@ -13,8 +13,8 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
-from bench.compose import compose_tool
-from service.settings import Settings, env_name
+from attnserve.bench.compose import compose_tool
+from attnserve.service.settings import Settings, env_name
 from tests.conftest import REPO_ROOT
 from tests.deploy.ci import skip_or_fail_in_ci
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import torch
 
-from model.artifacts import (
+from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
@@ -15,10 +15,10 @@ from model.artifacts import (
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
 )
-from model.checkpoint import save_checkpoint
-from model.config import ModelConfig
-from service.runtime import OrtRuntime, RuntimeOptions
-from tests.conftest import SMALL_CONFIG, run_module
+from attnserve.model.checkpoint import save_checkpoint
+from attnserve.model.config import ModelConfig
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import SMALL_CONFIG, run_cli
 
 
 def test_default_export_writes_a_checked_model_directory(default_export):
@@ -79,9 +79,7 @@ def test_parity_failure_writes_nothing_and_exits_non_zero(tmp_path):
     config_file.write_text(SMALL_CONFIG.to_json())
     out = tmp_path / "refused"
     # A zero tolerance cannot be met by two different fp32 kernels: a genuine parity failure.
-    result = run_module(
-        "export", "--out", str(out), "--config", str(config_file), "--tolerance", "0"
-    )
+    result = run_cli("export", "--out", str(out), "--config", str(config_file), "--tolerance", "0")
     assert result.returncode == 1
     assert "ONNX Runtime (model.onnx) disagrees with PyTorch at batch=1, seq_len=1" in result.stderr
     assert "nothing was written" in result.stderr
@@ -92,14 +90,14 @@ def test_parity_failure_writes_nothing_and_exits_non_zero(tmp_path):
 def test_bad_config_file_is_a_usage_error(tmp_path):
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps({"d_model": 250}))
-    result = run_module("export", "--out", str(tmp_path / "m"), "--config", str(config_file))
+    result = run_cli("export", "--out", str(tmp_path / "m"), "--config", str(config_file))
     assert result.returncode == 2
     assert "d_model (250) must be divisible by n_heads (8)" in result.stderr
 
 
 def test_bad_checkpoint_is_a_usage_error(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(b"\x00" * 64)
-    result = run_module(
+    result = run_cli(
         "export", "--out", str(tmp_path / "m"), "--checkpoint", str(tmp_path / "x.safetensors")
     )
     assert result.returncode == 2
@@ -110,7 +108,7 @@ def test_checkpoint_export_round_trip(small_model, tmp_path):
     """checkpoint -> export CLI -> model directory -> runtime equals the PyTorch model."""
     checkpoint = save_checkpoint(small_model, tmp_path / "small.safetensors")
     out = tmp_path / "exported"
-    result = run_module("export", "--out", str(out), "--checkpoint", str(checkpoint))
+    result = run_cli("export", "--out", str(out), "--checkpoint", str(checkpoint))
     assert result.returncode == 0, result.stderr
     runtime = OrtRuntime(out, RuntimeOptions(provider="cpu"))
     assert runtime.config == SMALL_CONFIG
@@ -125,7 +123,7 @@ def test_checkpoint_export_round_trip(small_model, tmp_path):
 
 def test_if_missing_leaves_an_existing_model_untouched(small_model_dir):
     before = {p.name: p.stat().st_mtime_ns for p in small_model_dir.iterdir()}
-    result = run_module("export", "--out", str(small_model_dir), "--if-missing")
+    result = run_cli("export", "--out", str(small_model_dir), "--if-missing")
     assert result.returncode == 0, result.stderr
     assert "nothing to export" in result.stdout
     assert {p.name: p.stat().st_mtime_ns for p in small_model_dir.iterdir()} == before

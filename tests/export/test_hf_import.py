@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, GPT2TokenizerFast
 
-from client import ClientOptions, EncoderClient
-from export.hf_import import HFImportError, load_hf_gpt2
-from model.artifacts import TOKENIZER_FILENAME
-from service.runtime import OrtRuntime, RuntimeOptions
-from tests.conftest import HF_TEXTS, ServerThread, run_module
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.export.hf_import import HFImportError, load_hf_gpt2
+from attnserve.model.artifacts import TOKENIZER_FILENAME
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import HF_TEXTS, ServerThread, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ def test_onnx_export_matches_transformers(hf_model_dir, reference, batch, seq_le
 
 
 def test_tokenizer_ids_equal_gpt2_tokenizer_fast(hf_dir, hf_model_dir):
-    from model.config import ModelConfig
-    from model.tokenizer import get_tokenizer
+    from attnserve.model.config import ModelConfig
+    from attnserve.model.tokenizer import get_tokenizer
 
     fast = GPT2TokenizerFast(tokenizer_file=str(hf_dir / TOKENIZER_FILENAME))
     config = OrtRuntime(hf_model_dir, RuntimeOptions(provider="cpu")).config
@@ -157,6 +157,6 @@ def test_lm_head_checkpoint_as_pytorch_bin(hf_dir, reference, tmp_path):
 def test_cli_refuses_a_directory_without_tokenizer(hf_dir, tmp_path):
     directory = copy_of(hf_dir, tmp_path)
     (directory / TOKENIZER_FILENAME).unlink()
-    result = run_module("export", "--from-hf", str(directory), "--out", str(tmp_path / "m"))
+    result = run_cli("export", "--from-hf", str(directory), "--out", str(tmp_path / "m"))
     assert result.returncode == 2
     assert "has no tokenizer.json" in result.stderr

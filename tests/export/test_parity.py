@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from export.parity import ParityError, check_parity
-from model.artifacts import ONNX_FILENAME
-from model.encoder import build_encoder
-from service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.export.parity import ParityError, check_parity
+from attnserve.model.artifacts import ONNX_FILENAME
+from attnserve.model.encoder import build_encoder
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from model.attention import scaled_dot_product_attention
-from model.config import ModelConfig
-from model.layers import MultiHeadAttention
+from attnserve.model.attention import scaled_dot_product_attention
+from attnserve.model.config import ModelConfig
+from attnserve.model.layers import MultiHeadAttention
 
 X = np.array([[-1.0720, -0.5001], [-0.0020, -0.4311], [-0.0020, -0.4311]])
 WQ = np.array([[-0.0271, -0.3840], [-0.3940, -0.6610]])

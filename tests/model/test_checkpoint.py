@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.checkpoint import CONFIG_KEY, CheckpointError, load_checkpoint, save_checkpoint
+from attnserve.model.checkpoint import CONFIG_KEY, CheckpointError, load_checkpoint, save_checkpoint
 from tests.conftest import SMALL_CONFIG
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from model.config import ConfigError, ModelConfig
+from attnserve.model.config import ConfigError, ModelConfig
 
 
 def test_default_config_matches_the_design():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from model.config import ModelConfig
-from model.encoder import build_encoder
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import build_encoder
 from tests.conftest import SMALL_CONFIG
 
 

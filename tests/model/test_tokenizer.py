@@ -1,7 +1,7 @@
 import pytest
 
-from model.config import ModelConfig
-from model.tokenizer import ByteTokenizer, get_tokenizer
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import ByteTokenizer, get_tokenizer
 
 TEXTS = ["hello", "café crème", "emoji 🤖 ok", "  tabs\tand\nnewlines  ", ""]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from client.tensors import packed_length
+from attnserve.v1.wire import packed_length
 
 
 @pytest.mark.parametrize(

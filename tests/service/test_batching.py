@@ -4,7 +4,7 @@ import asyncio
 
 import numpy as np
 
-from client import AsyncEncoderClient, ClientOptions
+from attnserve.client import AsyncEncoderClient, ClientOptions
 
 
 def test_200_concurrent_mixed_lengths_equal_each_alone(server, small_runtime):

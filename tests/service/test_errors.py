@@ -4,11 +4,10 @@ import grpc
 import numpy as np
 import pytest
 
+from attnserve.client import ClientOptions, EncoderClient, build_request
+from attnserve.service.runtime import OrtRuntime
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
-from client import ClientOptions, EncoderClient, build_request
-from service.errors import InferenceError
-from service.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import ServerThread
 
 
@@ -93,27 +92,26 @@ def test_an_answer_over_the_message_limit_says_what_to_ask_for(small_model_dir, 
         small.stop()
 
 
-class FailingRuntime(OrtRuntime):
-    """The real runtime, except that a batch holding token id 13 makes ORT itself fail:
-    its session is fed a float32 input, which ONNX Runtime rejects."""
+class FailsOn13:
+    """The real runtime, except that a batch holding token id 13 is fed to ONNX Runtime as
+    int32, which ORT itself rejects: a genuine ORT failure, through the public API."""
+
+    def __init__(self, runtime: OrtRuntime) -> None:
+        self.runtime = runtime
+        self.config, self.version = runtime.config, runtime.version
+        self.provider, self.precision = runtime.provider, runtime.precision
+        self.run, self.warmup = runtime.run, runtime.warmup
 
     def embed(self, input_ids):
         if (input_ids == 13).any():
-            return self._run(self.embeddings_session, ["embeddings"], input_ids.astype("f4"))
-        return super().embed(input_ids)
-
-    def _run(self, session, outputs, input_ids):
-        if input_ids.dtype != np.int64:  # skip validation to reach ORT with the bad input
-            try:
-                return session.run(outputs, {self.config.input_name: input_ids})
-            except Exception as exc:
-                raise InferenceError(f"ONNX Runtime failed: {exc}") from exc
-        return super()._run(session, outputs, input_ids)
+            input_ids = input_ids.astype(np.int32)
+        return self.runtime.embed(input_ids)
 
 
-def test_a_failed_batch_is_internal_and_the_server_keeps_serving(small_model_dir, caplog):
-    runtime = FailingRuntime(small_model_dir, RuntimeOptions(provider="cpu"))
-    failing = ServerThread(small_model_dir, runtime)
+def test_a_failed_batch_is_internal_and_the_server_keeps_serving(
+    small_model_dir, small_runtime, caplog
+):
+    failing = ServerThread(small_model_dir, FailsOn13(small_runtime))
     try:
         with EncoderClient(failing.address, ClientOptions(retries=0)) as c:
             with pytest.raises(grpc.RpcError) as excinfo:

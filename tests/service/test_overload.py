@@ -1,14 +1,14 @@
 """Overload and deadlines: refuse fast and queue nothing; never run work nobody waits for."""
 
 import asyncio
-import time
 
 import grpc
 import numpy as np
 import pytest
 
-from client import AsyncEncoderClient, ClientOptions
+from attnserve.client import AsyncEncoderClient, ClientOptions
 from tests.conftest import ServerThread
+from tests.service.fakes import FakeBackend
 
 
 @pytest.fixture
@@ -22,17 +22,16 @@ def small_queue_server(default_export):
 
 def test_a_burst_larger_than_the_queue(small_queue_server):
     server = small_queue_server
-    runtime = server.running.runtime
+    runtime = server.running.backend
     rng = np.random.default_rng(3)
     sequences = [rng.integers(0, 259, size=1024).tolist() for _ in range(40)]
 
     async def one(client, ids):
-        start = time.perf_counter()
         try:
             out = await client.encode([ids])
         except grpc.aio.AioRpcError as exc:
-            return exc.code(), exc.details(), time.perf_counter() - start
-        return out, None, time.perf_counter() - start
+            return exc.code(), exc.details()
+        return out, None
 
     async def burst():
         options = ClientOptions(retries=0, timeout_s=120)
@@ -46,60 +45,62 @@ def test_a_burst_larger_than_the_queue(small_queue_server):
     assert len(answered) >= 8
     assert len(refused) + len(answered) == len(sequences)  # no other outcome
     assert "queue full" in refused[0][1] and "the limit is 8" in refused[0][1]
-    # Refusals are fast: they never waited for the model, answers did.
-    assert np.median([r[2] for r in refused]) < np.median([r[2] for _, r in answered])
     # Nothing of a refused request was queued: the model ran exactly the answered ones.
     assert server.metric("attnserve_sequences_total") == len(answered)
-    for ids, (out, _, _) in answered:
+    for ids, (out, _) in answered:
         embeddings = runtime.embed(np.array([ids]))
         np.testing.assert_allclose(out[0].embeddings, embeddings[0], atol=1e-5)
 
 
-def test_a_deadline_that_expires_in_the_queue_costs_no_model_work(small_model_dir, small_runtime):
-    server = ServerThread(small_model_dir, small_runtime)
+def test_a_refusal_does_not_wait_for_the_model(small_model_dir):
+    """With the model held busy, a full queue answers RESOURCE_EXHAUSTED at once."""
+    backend = FakeBackend()
+    server = ServerThread(small_model_dir, backend, max_queue=2)
     try:
-        busy = [[1] * 300] * 13  # one full batch (13 x 300 <= 4096 tokens) with attention
 
         async def scenario():
-            options = ClientOptions(retries=0, timeout_s=120)
-            async with AsyncEncoderClient(server.address, options) as client:
-                # Keep the model busy with five batches...
-                work = [asyncio.create_task(client.encode(busy, attention=True)) for _ in range(5)]
-                while server.metric("attnserve_sequences_total") == 0:
-                    await asyncio.sleep(0.001)  # ...until the first one is running,
-                # ...then ask for something that must be done within 20 ms.
-                with pytest.raises(grpc.aio.AioRpcError) as excinfo:
-                    await client.encode([[5, 6, 7]], timeout=0.02)
-                await asyncio.gather(*work)
-                return excinfo.value.code()
+            async with AsyncEncoderClient(server.address, ClientOptions(retries=0)) as client:
+                backend.gate.clear()  # the model is stuck until the end of the scenario
+                running = asyncio.ensure_future(client.encode([[1, 2]]))
+                await asyncio.to_thread(backend.wait_calls, 1)  # inside the model
+                queued = asyncio.ensure_future(client.encode([[3], [4]]))  # fills the queue
+                while server.running.batcher.depth < 2:
+                    await asyncio.sleep(0.001)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await client.encode([[5]])
+                stuck = not backend.gate.is_set()
+                backend.gate.set()
+                await asyncio.gather(running, queued)
+                return refused.value, stuck
 
-        assert asyncio.run(scenario()) == grpc.StatusCode.DEADLINE_EXCEEDED
-        # Only the five busy batches ran; the late sequence never reached ONNX Runtime.
-        assert server.metric("attnserve_sequences_total") == 5 * 13
-        assert server.metric("attnserve_batch_size_count") == 5
+        refused, stuck = asyncio.run(scenario())
+        assert stuck  # the refusal came back while the model was still busy
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue full" in refused.details()
     finally:
         server.stop()
 
 
-def test_the_batcher_drops_expired_work_with_deadline_exceeded(small_runtime):
-    from service.batcher import Batcher, BatcherOptions
-    from service.errors import DeadlineExceededError
-    from service.metrics import Metrics
+def test_a_deadline_that_expires_in_the_queue_costs_no_model_work(small_model_dir):
+    backend = FakeBackend()
+    server = ServerThread(small_model_dir, backend)
+    try:
 
-    async def scenario():
-        metrics = Metrics()
-        batcher = Batcher(small_runtime, BatcherOptions(), metrics)
-        expired = time.monotonic() - 1  # already past when the batch forms
-        late = batcher.submit([np.arange(5)], with_attention=False, deadline=expired)
-        live = batcher.submit([np.arange(5)], with_attention=False, deadline=None)
-        batcher.start()
-        result = await live[0]
-        with pytest.raises(DeadlineExceededError, match=r"deadline passed while .* queued"):
-            await late[0]
-        await batcher.stop()
-        return metrics, result
+        async def scenario():
+            async with AsyncEncoderClient(server.address, ClientOptions(retries=0)) as client:
+                backend.gate.clear()
+                busy = asyncio.ensure_future(client.encode([[1, 2, 3]]))
+                await asyncio.to_thread(backend.wait_calls, 1)  # `busy` is inside the model
+                # Queued behind the stuck model; its deadline passes before the model is free.
+                with pytest.raises(grpc.aio.AioRpcError) as late:
+                    await client.encode([[77, 78, 79]], timeout=0.2)
+                backend.gate.set()
+                await busy
+                return late.value.code()
 
-    metrics, result = asyncio.run(scenario())
-    assert result.embeddings.shape == (5, 64)
-    assert metrics.registry.get_sample_value("attnserve_expired_in_queue_total") == 1
-    assert metrics.registry.get_sample_value("attnserve_sequences_total") == 1
+        assert asyncio.run(scenario()) == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The late sequence never reached the model.
+        assert not any((ids == 77).any() for _, ids in backend.calls)
+        assert server.running.batcher.depth == 0
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from client import ClientOptions, EncoderClient, build_request
+from attnserve.client import ClientOptions, EncoderClient, build_request
 from tests.conftest import SMALL_CONFIG, ServerThread
 
 

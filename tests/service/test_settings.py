@@ -1,28 +1,43 @@
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from service.settings import Settings, add_settings_arguments, settings_from_args
+from attnserve.service.settings import (
+    Settings,
+    add_settings_arguments,
+    env_name,
+    settings_from_args,
+)
 
 
 def parse(argv, environ):
-    parser = add_settings_arguments(argparse.ArgumentParser(), environ)
-    return settings_from_args(parser.parse_args(argv))
+    parser = add_settings_arguments(argparse.ArgumentParser())
+    return settings_from_args(parser.parse_args(argv), environ)
 
 
 def test_defaults():
     settings = parse(["--model", "m"], {})
-    assert settings == Settings(model_dir=Path("m"))
+    assert settings == Settings(model=Path("m"))
     assert settings.runtime_options.provider == "auto"
 
 
 def test_flag_beats_environment_beats_default():
-    env = {"ATTNSERVE_MODEL_DIR": "from-env", "ATTNSERVE_INTRA_OP_THREADS": "3"}
+    env = {"ATTNSERVE_MODEL": "from-env", "ATTNSERVE_THREADS": "3", "ATTNSERVE_MAX_QUEUE": "7"}
     settings = parse(["--threads", "1"], env)
-    assert settings.model_dir == Path("from-env")  # env over nothing
-    assert settings.intra_op_threads == 1  # flag over env
+    assert settings.model == Path("from-env")  # env over nothing
+    assert settings.threads == 1  # flag over env
+    assert settings.max_queue == 7  # env over default
     assert settings.provider == "auto"  # default
+
+
+def test_every_setting_has_one_name_as_field_flag_and_variable():
+    parser = add_settings_arguments(argparse.ArgumentParser())
+    flags = {a.dest: a.option_strings for a in parser._actions if a.dest != "help"}
+    for f in fields(Settings):
+        assert flags[f.name] == ["--" + f.name.replace("_", "-")]
+        assert env_name(f.name) == "ATTNSERVE_" + f.name.upper()
 
 
 @pytest.mark.parametrize(("text", "value"), [("true", True), ("0", False), ("off", False)])
@@ -34,23 +49,25 @@ def test_boolean_settings_from_flag_or_environment(text, value):
     assert settings.runtime_options.intra_op_spinning is value
 
 
-def test_model_is_required_without_environment(capsys):
-    with pytest.raises(SystemExit):
+def test_model_is_required_without_environment():
+    with pytest.raises(ValueError, match=r"--model \(or ATTNSERVE_MODEL\) is required"):
         parse([], {})
-    assert "--model" in capsys.readouterr().err
 
 
-def test_invalid_environment_value_names_the_variable(capsys):
-    with pytest.raises(SystemExit):
-        parse(["--model", "m"], {"ATTNSERVE_INTRA_OP_THREADS": "many"})
-    assert "ATTNSERVE_INTRA_OP_THREADS='many' is not a valid int" in capsys.readouterr().err
+def test_invalid_environment_value_names_the_variable():
+    with pytest.raises(ValueError, match="ATTNSERVE_THREADS='many' is not a valid int"):
+        parse(["--model", "m"], {"ATTNSERVE_THREADS": "many"})
+    with pytest.raises(ValueError, match=r"ATTNSERVE_LOG_LEVEL='LOUD' is not one of"):
+        parse(["--model", "m"], {"ATTNSERVE_LOG_LEVEL": "LOUD"})
 
 
 def test_settings_validate_their_values():
-    with pytest.raises(ValueError, match="provider must be one of"):
+    with pytest.raises(ValueError, match=r"ATTNSERVE_PROVIDER='tpu' is not one of"):
         parse(["--model", "m"], {"ATTNSERVE_PROVIDER": "tpu"})
+    with pytest.raises(ValueError, match="provider must be one of"):
+        Settings(model=Path("m"), provider="tpu")
     with pytest.raises(ValueError, match="log_level"):
-        Settings(model_dir=Path("m"), log_level="LOUD")
+        Settings(model=Path("m"), log_level="LOUD")
 
 
 def test_server_settings_reach_the_components():
@@ -84,4 +101,4 @@ def test_server_settings_reach_the_components():
 )
 def test_invalid_server_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
-        Settings(model_dir=Path("m"), **overrides)
+        Settings(model=Path("m"), **overrides)

@@ -1,4 +1,4 @@
-"""python -m bench {latency,grpc,load} ...: attnserve's benchmarks and load generator."""
+"""`attnserve bench {latency,grpc,load,hf,containers,report}`: benchmarks and the load generator."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from model.config import ModelConfig
+from attnserve.model.config import ModelConfig
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description="attnserve benchmarks")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_commands(root: argparse._SubParsersAction) -> None:
+    parser = root.add_parser(
+        "bench",
+        help="benchmarks and the load generator",
+        description="attnserve benchmarks and load generator",
+    )
+    commands = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     latency = commands.add_parser(
         "latency", help="every engine's latency across sequence lengths and batch sizes"
     )
@@ -114,30 +118,33 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument(
         "--render-only", action="store_true", help="rewrite the page from --out's existing results"
     )
-    args = parser.parse_args(argv)
+    parser.set_defaults(run=run_bench)
 
-    if args.command == "report":
-        from bench.report import run_report
+
+def run_bench(args: argparse.Namespace) -> int:
+    command = args.bench_command
+    if command == "report":
+        from attnserve.bench.report import run_report
 
         run_report(args.out, args.doc, args.quick, args.render_only)
         return 0
-    if args.command == "containers":
-        from bench.containers import run_containers
+    if command == "containers":
+        from attnserve.bench.containers import run_containers
 
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
         results = run_containers(args.out, args.duration, log)
         return 1 if results.get("skipped") else 0
-    if args.command == "hf":
-        from bench.hf_compare import run_hf_compare
+    if command == "hf":
+        from attnserve.bench.hf_compare import run_hf_compare
 
         run_hf_compare(args.out, args.max_seq_len, args.quick)
         return 0
-    if args.command == "load":
-        from bench.load_cli import run_load  # grpc client only: no torch needed
+    if command == "load":
+        from attnserve.bench.load_cli import run_load  # grpc client only: no torch needed
 
         return run_load(args)
-    if args.command == "latency":
-        from bench.latency import run_latency  # torch import deferred past --help
+    if command == "latency":
+        from attnserve.bench.latency import run_latency  # torch import deferred past --help
 
         run_latency(
             args.out,
@@ -148,11 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             args.engines.split(",") if args.engines else None,
         )
     else:
-        from bench.grpc_e2e import run_grpc
+        from attnserve.bench.grpc_e2e import run_grpc
 
         run_grpc(args.out, args.model, args.max_seq_len, args.quick)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,8 @@
-"""Proto <-> numpy for Encode: validates a request into a plan, builds the results.
+"""EncodeRequest -> EncodePlan: every input decoded, tokenized and validated, once.
 
 Every check names the request field and the limit it breaks; nothing here
-touches the transport or the queue.
+touches the transport, the queue or the model. What passes here is what the
+batcher and the backend may trust.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.errors import InvalidInputError, ResponseTooLargeError
 from attnserve.v1 import encoder_service_pb2 as pb
-from client.tensors import NUMPY_DTYPES, fill_tensor, pack_causal, packed_length
-from model.config import ModelConfig
-from model.tokenizer import Tokenizer
-from service.batcher import SequenceResult
-from service.errors import InvalidInputError, ResponseTooLargeError
+from attnserve.v1.wire import NUMPY_DTYPES, packed_length
 
 # Room for everything in a response besides tensor bytes (ids, shapes, framing).
 _OVERHEAD_BYTES_PER_TOKEN = 16
@@ -147,35 +147,3 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
             f"the response would be about {total:,} bytes, more than the "
             f"{limit:,}-byte message limit; {advice}"
         )
-
-
-def fill_result(
-    out: pb.EncodeResult,
-    ids: np.ndarray,
-    truncated: bool,
-    result: SequenceResult,
-    plan: EncodePlan,
-) -> None:
-    """Write one input's result into `out` (built in place: no copies of large bytes)."""
-    out.token_ids[:] = ids.tolist()
-    out.truncated = truncated
-    if plan.token_embeddings:
-        fill_tensor(out.embeddings, result.embeddings)
-    if plan.pooling == pb.POOLING_MEAN:
-        fill_tensor(out.pooled, result.embeddings.mean(axis=0))
-    elif plan.pooling == pb.POOLING_LAST:
-        fill_tensor(out.pooled, result.embeddings[-1])
-    if plan.attention and result.attentions is not None:
-        a = plan.attention
-        weights = result.attentions  # (L, H, T, T)
-        if a.layers != list(range(weights.shape[0])):
-            weights = weights.take(a.layers, axis=0)
-        if a.heads != list(range(weights.shape[1])):
-            weights = weights.take(a.heads, axis=1)  # (L', H', T, T)
-        # Narrow the dtype first: packing and copying then move half the bytes.
-        weights = weights.astype(NUMPY_DTYPES[a.dtype], copy=False)
-        if a.packed:
-            weights = pack_causal(weights)  # (L', H', T (T + 1) / 2)
-        fill_tensor(out.attention, weights, a.dtype)
-        out.attention_layers[:] = a.layers
-        out.attention_heads[:] = a.heads

@@ -1,4 +1,4 @@
-"""python -m export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]"""
+"""`attnserve export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]`"""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from export.fp16 import FP16_TOLERANCE
-from export.parity import DEFAULT_TOLERANCE, ParityError
-from model.artifacts import ONNX_FILENAME
-from model.config import ConfigError, ModelConfig
+from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
+from attnserve.model.artifacts import ONNX_FILENAME
+from attnserve.model.config import ConfigError, ModelConfig
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m export",
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="export the encoder to an ONNX model directory",
         description="Export the encoder to an ONNX model directory, checked against PyTorch.",
     )
     parser.add_argument("--out", required=True, type=Path, help="model directory to write")
@@ -53,23 +53,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="do nothing if OUT already holds a model (one-shot export containers)",
     )
-    args = parser.parse_args(argv)
-    if args.config and (args.checkpoint or args.from_hf):
-        parser.error("--config applies to seeded models; checkpoints carry their own config")
-    return args
+    parser.set_defaults(run=run_export)
 
 
 def build_model(args: argparse.Namespace):
     """The model to export and the files to ship beside it."""
     # torch is imported here, not at module level, so `--help` stays instant.
-    from model.artifacts import TOKENIZER_FILENAME
-    from model.checkpoint import load_checkpoint
-    from model.encoder import build_encoder
+    from attnserve.model.artifacts import TOKENIZER_FILENAME
+    from attnserve.model.checkpoint import load_checkpoint
+    from attnserve.model.encoder import build_encoder
 
     if args.checkpoint:
         return load_checkpoint(args.checkpoint), {}
     if args.from_hf:
-        from export.hf_import import HFImportError, load_hf_gpt2
+        from attnserve.export.hf_import import HFImportError, load_hf_gpt2
 
         tokenizer = args.from_hf / TOKENIZER_FILENAME
         if not tokenizer.is_file():
@@ -85,14 +82,20 @@ def build_model(args: argparse.Namespace):
     return build_encoder(config, seed=args.seed), {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_export(args: argparse.Namespace) -> int:
+    if args.config and (args.checkpoint or args.from_hf):
+        print(
+            "error: --config applies to seeded models; checkpoints carry their own config",
+            file=sys.stderr,
+        )
+        return 2
     if args.if_missing and (args.out / ONNX_FILENAME).is_file():
         print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
         return 0
-    from export.hf_import import HFImportError
-    from export.model_dir import write_model_dir
-    from model.checkpoint import CheckpointError
+    from attnserve.export.hf_import import HFImportError
+    from attnserve.export.model_dir import write_model_dir
+    from attnserve.export.parity import ParityError
+    from attnserve.model.checkpoint import CheckpointError
 
     try:
         model, extra_files = build_model(args)
@@ -110,7 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

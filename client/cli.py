@@ -1,4 +1,4 @@
-"""python -m client {health,info,encode,heatmap}: call an attnserve server from the shell."""
+"""`attnserve {health,info,encode,heatmap}`: call an attnserve server from the shell."""
 
 from __future__ import annotations
 
@@ -10,25 +10,30 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from client.client import ClientOptions, EncoderClient
-from client.heatmap import render_heatmap
+from attnserve.client.client import ClientOptions, EncoderClient
+from attnserve.client.heatmap import render_heatmap
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m client", description=__doc__)
-    parser.add_argument("--target", default="localhost:50051", help="server HOST:PORT")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
-    parser.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
-    parser.add_argument("--token", help="bearer token, if the server asks for one")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    connection = argparse.ArgumentParser(add_help=False)
+    group = connection.add_argument_group("connection")
+    group.add_argument("--target", default="localhost:50051", help="server HOST:PORT")
+    group.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    group.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
+    group.add_argument("--token", help="bearer token, if the server asks for one")
 
-    health = commands.add_parser(
-        "health", help="exit 0 if the standard health service says SERVING (container probes)"
+    def command(name: str, help: str, run) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help, description=help, parents=[connection])
+        parser.set_defaults(run=lambda args: _with_client(args, run))
+        return parser
+
+    health = command(
+        "health", "exit 0 if the standard health service says SERVING (container probes)", _health
     )
     health.add_argument("--service", default="", help="health service name (default: server)")
-    commands.add_parser("info", help="describe the served model")
+    command("info", "describe the served model", _info)
 
-    encode = commands.add_parser("encode", help="encode texts or token ids")
+    encode = command("encode", "encode texts or token ids", _encode)
     source = encode.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", action="append", help="a text to encode (repeatable)")
     source.add_argument("--ids", action="append", help="comma-separated token ids (repeatable)")
@@ -42,12 +47,34 @@ def _parser() -> argparse.ArgumentParser:
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
 
-    heatmap = commands.add_parser("heatmap", help="attention of one layer/head as a PNG")
+    heatmap = command("heatmap", "attention of one layer/head as a PNG", _heatmap)
     heatmap.add_argument("--text", required=True)
     heatmap.add_argument("--layer", type=int, default=0)
     heatmap.add_argument("--head", type=int, default=0)
     heatmap.add_argument("--out", type=Path, default=Path("attention.png"))
-    return parser
+
+
+def _with_client(args: argparse.Namespace, run) -> int:
+    options = ClientOptions(
+        timeout_s=args.timeout, tls_root_cert=args.tls_root_cert, token=args.token
+    )
+    try:
+        with EncoderClient(args.target, options) as client:
+            return run(client, args)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+def _health(client: EncoderClient, args: argparse.Namespace) -> int:
+    status = client.health(args.service)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _info(client: EncoderClient, args: argparse.Namespace) -> int:
+    print(json.dumps(client.model_info(), indent=2))
+    return 0
 
 
 def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
@@ -126,29 +153,3 @@ def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
     )
     print(f"wrote {path} ({len(tokens)} tokens, layer {args.layer}, head {args.head})")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    options = ClientOptions(
-        timeout_s=args.timeout, tls_root_cert=args.tls_root_cert, token=args.token
-    )
-    try:
-        with EncoderClient(args.target, options) as client:
-            if args.command == "health":
-                status = client.health(args.service)
-                print(status)
-                return 0 if status == "SERVING" else 1
-            if args.command == "info":
-                print(json.dumps(client.model_info(), indent=2))
-                return 0
-            if args.command == "encode":
-                return _encode(client, args)
-            return _heatmap(client, args)
-    except grpc.RpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

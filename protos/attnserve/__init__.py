@@ -1,1 +1,0 @@
-"""attnserve's protobuf API (generated code in attnserve.v1)."""
