@@ -124,9 +124,14 @@ def add_commands(root: argparse._SubParsersAction) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     command = args.bench_command
     if command == "report":
-        from attnserve.bench.report import run_report
+        from attnserve.bench.render import write_page
 
-        run_report(args.out, args.doc, args.quick, args.render_only)
+        if not args.render_only:
+            from attnserve.bench.suite import run_suite
+
+            run_suite(args.out, args.quick)
+        write_page(args.out, args.doc)
+        print(f"wrote {args.doc}", file=sys.stderr)
         return 0
     if command == "containers":
         from attnserve.bench.containers import run_containers

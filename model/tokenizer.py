@@ -84,12 +84,16 @@ class HFTokenizer:
 Tokenizer = ByteTokenizer | HFTokenizer
 
 
-def get_tokenizer(config: ModelConfig, model_dir: ModelDirectory | None = None) -> Tokenizer:
+def get_tokenizer(
+    config: ModelConfig, model_dir: ModelDirectory | str | Path | None = None
+) -> Tokenizer:
     """The tokenizer the config names; "hf" reads the directory's tokenizer.json."""
     if config.tokenizer == "byte":
         return ByteTokenizer(config)
     if model_dir is None:
         raise ValueError(f"tokenizer {config.tokenizer!r} needs the model directory")
+    if not isinstance(model_dir, ModelDirectory):
+        model_dir = ModelDirectory(model_dir)
     path = model_dir.tokenizer_file
     if not path.is_file():
         raise FileNotFoundError(f"the model config names tokenizer 'hf' but {path} is missing")

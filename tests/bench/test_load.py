@@ -5,6 +5,7 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from tests.conftest import run_cli
 
 def _stopped(pid: int) -> bool:
     """The kernel's word that the process is stopped (state T in /proc/PID/stat)."""
-    stat = open(f"/proc/{pid}/stat").read()
+    stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2] in "Tt"
 
 

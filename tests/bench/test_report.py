@@ -3,13 +3,23 @@
 import json
 import re
 
+import pytest
+
 from tests.conftest import run_cli
 
 
-def test_report_regenerates_the_benchmarks_page(tmp_path):
-    out, doc = tmp_path / "results", tmp_path / "docs" / "BENCHMARKS.md"
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    """One quick run of every benchmark and the page rendered from it."""
+    tmp = tmp_path_factory.mktemp("report")
+    out, doc = tmp / "results", tmp / "docs" / "BENCHMARKS.md"
     result = run_cli("bench", "report", "--out", str(out), "--doc", str(doc), "--quick")
     assert result.returncode == 0, result.stderr
+    return out, doc
+
+
+def test_report_regenerates_the_benchmarks_page(quick_report):
+    out, doc = quick_report
     text = doc.read_text()
     for section in (
         "## Targets",
@@ -17,7 +27,7 @@ def test_report_regenerates_the_benchmarks_page(tmp_path):
         "### Batch 8",
         "## End to end through gRPC",
         "## Dynamic batching",
-        "## What it means",
+        "## Comparisons computed from this run",
     ):
         assert section in text
     # Six targets, each with a verdict; every verdict is a real outcome of this run.
@@ -28,4 +38,20 @@ def test_report_regenerates_the_benchmarks_page(tmp_path):
     assert re.search(r"batching >= 1\.8x .* \| " + ("yes" if batching_met else r"\*\*no\*\*"), text)
     assert (doc.parent / "latency.png").read_bytes()[:4] == b"\x89PNG"
     assert "](latency.png)" in text
-    assert "n/a" not in text.split("## What it means")[1]  # every quoted number was measured
+    comparisons = text.split("## Comparisons computed from this run")[1]
+    assert "n/a" not in comparisons  # every quoted number was measured
+    # Each comparison is this run's arithmetic: the batching ratio is req/s on / off.
+    on, off = (batching["variants"][k]["achieved_rate"] for k in ("batching on", "batching off"))
+    assert f"{on:.0f} / {off:.0f} req/s ({batching['speedup']:.2f}x)" in comparisons
+
+
+def test_rendering_keeps_the_hand_written_part(quick_report, tmp_path):
+    """Rendering again from saved results rewrites the generated part only."""
+    out, generated = quick_report
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(generated.read_text() + "\n## What it means\n\nWritten by a person.\n")
+    result = run_cli("bench", "report", "--out", str(out), "--doc", str(doc), "--render-only")
+    assert result.returncode == 0, result.stderr
+    text = doc.read_text()
+    assert text.count("## Comparisons computed from this run") == 1
+    assert text.endswith("## What it means\n\nWritten by a person.\n")

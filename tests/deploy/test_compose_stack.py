@@ -100,11 +100,22 @@ def test_runtime_image_is_light_and_not_root(stack, encoder):
     image = stack.inspect(encoder, "{{.Config.Image}}")
     probe = (
         "import importlib.util as u, os, shutil; "
-        "print(u.find_spec('torch'), shutil.which('gcc'), shutil.which('cc'), os.getuid())"
+        "print(u.find_spec('torch'), shutil.which('gcc'), shutil.which('cc'), os.getuid(), "
+        "[n for n in ('model', 'service', 'client', 'export', 'bench') if u.find_spec(n)], "
+        "shutil.which('attnserve'))"
     )
-    result = stack.engine_cli("run", "--rm", "--entrypoint", "python", image, "-c", probe)
+    result = stack.engine_cli(
+        "run", "--rm", "--workdir", "/tmp", "--entrypoint", "python", image, "-c", probe
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["None", "None", "None", "10001"]
+    assert result.stdout.split() == [
+        "None",
+        "None",
+        "None",
+        "10001",
+        "[]",
+        "/opt/venv/bin/attnserve",
+    ]
 
 
 def test_loadtest_profile_completes_without_errors(stack, encoder):

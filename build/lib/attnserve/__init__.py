@@ -1,0 +1,12 @@
+"""attnserve: a causal self-attention encoder served by ONNX Runtime over gRPC.
+
+Everything installs under this one name; the source folders map into it
+(pyproject.toml, [tool.setuptools.package-dir]):
+
+    attnserve.model    <- model/     PyTorch encoder; torch-free config and tokenizer
+    attnserve.export   <- export/    PyTorch -> ONNX, parity gate, model directory
+    attnserve.service  <- service/   backend, batcher, gRPC transport, settings
+    attnserve.client   <- client/    EncoderClient, AsyncEncoderClient
+    attnserve.bench    <- bench/     latency sweeps, load generator, BENCHMARKS.md
+    attnserve.v1       <- protos/attnserve/v1/   generated protobuf code and the wire format
+"""

@@ -1,0 +1,159 @@
+"""End-to-end gRPC cost over the bare runtime, and the price of attention on the wire.
+
+The server runs as its own process (as deployed); the runtime-alone numbers
+come from an identical ORT session in this process, timed in alternating
+blocks with the gRPC calls so machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.service.process import spawn_server
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+
+
+def _p50_ms(samples: list[float]) -> float:
+    return float(np.median(samples)) * 1e3
+
+
+def _alternate(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Each call `repeats` times per round, alternating in blocks."""
+    return alternate(calls, least=repeats * ROUNDS, most=repeats * ROUNDS)[0]
+
+
+def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    limit = min(max_seq_len, runtime.config.max_seq_len)
+    seq_lens = [t for t in (8, 16, 32, 64, 128, 256, 512) if t <= limit]
+    server = spawn_server(model_dir, "--provider", "cpu")
+    rng = np.random.default_rng(0)
+    try:
+        client = EncoderClient(server.address, ClientOptions(timeout_s=120))
+        client.wait_until_serving(120)
+        # The floor under any RPC here: a health check does no work at all.
+        floor = _alternate({"health": client.health}, repeats=10 if quick else 100)
+        empty_rpc_ms = round(_p50_ms(floor["health"]), 4)
+        log(f"  empty RPC (health check) p50: {empty_rpc_ms:.2f} ms")
+        overhead = []
+        for t in seq_lens:
+            ids = rng.integers(0, runtime.config.vocab_size, size=(1, t), dtype=np.int64)
+            server_total: list[float] = []
+
+            def grpc_call(ids=ids, server_total=server_total) -> None:
+                server_total.append(client.encode([ids[0]]).total_ns / 1e9)
+
+            times = _alternate(
+                {"runtime": lambda ids=ids: runtime.embed(ids), "grpc": grpc_call},
+                repeats=5 if quick else (50 if t <= 128 else 20),
+            )
+            row = {
+                "seq_len": t,
+                "runtime_p50_ms": round(_p50_ms(times["runtime"]), 4),
+                "grpc_p50_ms": round(_p50_ms(times["grpc"]), 4),
+                "server_total_p50_ms": round(_p50_ms(server_total), 4),
+            }
+            row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
+            overhead.append(row)
+            log(
+                f"  embeddings, seq_len {t:>4}: runtime {row['runtime_p50_ms']:.2f} ms, "
+                f"gRPC {row['grpc_p50_ms']:.2f} ms, overhead {row['overhead_p50_ms']:+.2f} ms"
+            )
+
+        t = seq_lens[-1]
+        ids = rng.integers(0, runtime.config.vocab_size, size=(1, t), dtype=np.int64)
+        variants = {
+            "float32 full": dict(attention_dtype="float32", attention_layout="full"),
+            "float16 causal-packed": dict(
+                attention_dtype="float16", attention_layout="causal-packed"
+            ),
+        }
+        wire = {
+            name: client.encode([ids[0]], attention=True, **kw).wire_bytes
+            for name, kw in variants.items()
+        }
+        calls = {"runtime": lambda: runtime.run(ids)}
+        for name, kw in variants.items():
+            calls[name] = lambda kw=kw: client.encode([ids[0]], attention=True, **kw)
+        times = _alternate(calls, repeats=3 if quick else 10)
+        runtime_ms = _p50_ms(times["runtime"])
+        attention = []
+        for name in variants:
+            p50 = _p50_ms(times[name])
+            attention.append(
+                {
+                    "seq_len": t,
+                    "variant": name,
+                    "response_bytes": wire[name],
+                    "grpc_p50_ms": round(p50, 3),
+                    "runtime_p50_ms": round(runtime_ms, 3),
+                    "ratio_to_runtime": round(p50 / runtime_ms, 2),
+                }
+            )
+            log(
+                f"  attention at {t}, {name}: {wire[name] / 1e6:.1f} MB, {p50:.1f} ms "
+                f"({p50 / runtime_ms:.2f}x the runtime's {runtime_ms:.1f} ms)"
+            )
+        client.close()
+    finally:
+        server.process.terminate()
+        server.process.wait(30)
+    return {
+        "empty_rpc_p50_ms": empty_rpc_ms,
+        "embeddings_overhead": overhead,
+        "attention": attention,
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"Empty RPC (standard health check) p50: {result['empty_rpc_p50_ms']:.2f} ms",
+        "",
+        "| seq len | runtime alone p50 | gRPC Encode p50 | overhead | server-side total p50 |",
+        "|---|---|---|---|---|",
+    ]
+    for r in result["embeddings_overhead"]:
+        lines.append(
+            f"| {r['seq_len']} | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
+            f"| {r['overhead_p50_ms']:+.2f} ms | {r['server_total_p50_ms']:.2f} ms |"
+        )
+    lines += [
+        "",
+        "| attention, all layers and heads | seq len | response bytes | gRPC Encode p50 "
+        "| runtime alone p50 | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["attention"]:
+        lines.append(
+            f"| {r['variant']} | {r['seq_len']} | {r['response_bytes'] / 1e6:.1f} MB "
+            f"| {r['grpc_p50_ms']:.1f} ms | {r['runtime_p50_ms']:.1f} ms "
+            f"| {r['ratio_to_runtime']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def run_grpc(out: Path, model_dir: Path | None, max_seq_len: int, quick: bool) -> dict:
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        if model_dir is None:
+            from attnserve.export.model_dir import write_model_dir
+            from attnserve.model.config import ModelConfig
+            from attnserve.model.encoder import build_encoder
+
+            model_dir = Path(tmp)
+            write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
+        result = measure(model_dir, max_seq_len, quick, log)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grpc.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (out / "grpc.md").write_text(table + "\n")
+    print(table)
+    return result

@@ -1,0 +1,38 @@
+"""`attnserve COMMAND ...`: the one command line of the project.
+
+Each package registers its own subcommands; heavy imports (torch, ORT) happen
+only inside the command that needs them, so `--help` is instant and the
+service image, which has no torch, runs `attnserve serve` and `attnserve health`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnserve.bench import cli as bench_cli
+from attnserve.client import cli as client_cli
+from attnserve.export import cli as export_cli
+from attnserve.service import cli as service_cli
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="attnserve",
+        description="A causal self-attention encoder in ONNX Runtime, served over gRPC.",
+    )
+    commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    service_cli.add_commands(commands)  # serve
+    export_cli.add_commands(commands)  # export
+    client_cli.add_commands(commands)  # info, encode, heatmap, health
+    bench_cli.add_commands(commands)  # bench latency | grpc | load | hf | containers | report
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

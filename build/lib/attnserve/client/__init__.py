@@ -1,0 +1,13 @@
+"""Python client of attnserve: `from attnserve.client import EncoderClient`. Torch-free."""
+
+from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
+from attnserve.client.codec import EncodeOutput, Encoding, build_request
+
+__all__ = [
+    "AsyncEncoderClient",
+    "ClientOptions",
+    "EncodeOutput",
+    "EncoderClient",
+    "Encoding",
+    "build_request",
+]

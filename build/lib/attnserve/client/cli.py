@@ -1,0 +1,155 @@
+"""`attnserve {health,info,encode,heatmap}`: call an attnserve server from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from attnserve.client.client import ClientOptions, EncoderClient
+from attnserve.client.heatmap import render_heatmap
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    connection = argparse.ArgumentParser(add_help=False)
+    group = connection.add_argument_group("connection")
+    group.add_argument("--target", default="localhost:50051", help="server HOST:PORT")
+    group.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    group.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
+    group.add_argument("--token", help="bearer token, if the server asks for one")
+
+    def command(name: str, help: str, run) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help, description=help, parents=[connection])
+        parser.set_defaults(run=lambda args: _with_client(args, run))
+        return parser
+
+    health = command(
+        "health", "exit 0 if the standard health service says SERVING (container probes)", _health
+    )
+    health.add_argument("--service", default="", help="health service name (default: server)")
+    command("info", "describe the served model", _info)
+
+    encode = command("encode", "encode texts or token ids", _encode)
+    source = encode.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", action="append", help="a text to encode (repeatable)")
+    source.add_argument("--ids", action="append", help="comma-separated token ids (repeatable)")
+    encode.add_argument("--pooling", choices=["none", "mean", "last"], default="none")
+    encode.add_argument("--attention", action="store_true", help="also return attention")
+    encode.add_argument("--layers", type=int, nargs="*", default=[], help="attention layers")
+    encode.add_argument("--heads", type=int, nargs="*", default=[], help="attention heads")
+    encode.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    encode.add_argument("--layout", choices=["full", "causal-packed"], default="full")
+    encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
+    encode.add_argument("--tokens", action="store_true", help="show each token's text")
+    encode.add_argument("--json", action="store_true", help="machine-readable output")
+
+    heatmap = command("heatmap", "attention of one layer/head as a PNG", _heatmap)
+    heatmap.add_argument("--text", required=True)
+    heatmap.add_argument("--layer", type=int, default=0)
+    heatmap.add_argument("--head", type=int, default=0)
+    heatmap.add_argument("--out", type=Path, default=Path("attention.png"))
+
+
+def _with_client(args: argparse.Namespace, run) -> int:
+    options = ClientOptions(
+        timeout_s=args.timeout, tls_root_cert=args.tls_root_cert, token=args.token
+    )
+    try:
+        with EncoderClient(args.target, options) as client:
+            return run(client, args)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+def _health(client: EncoderClient, args: argparse.Namespace) -> int:
+    status = client.health(args.service)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _info(client: EncoderClient, args: argparse.Namespace) -> int:
+    print(json.dumps(client.model_info(), indent=2))
+    return 0
+
+
+def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
+    inputs = args.text or [[int(i) for i in ids.split(",")] for ids in args.ids]
+    out = client.encode(
+        inputs,
+        pooling=args.pooling,
+        attention=args.attention,
+        layers=args.layers,
+        heads=args.heads,
+        attention_dtype=args.dtype,
+        attention_layout=args.layout,
+        truncate=args.truncate,
+        return_tokens=args.tokens,
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model_version": out.model_version,
+                    "timings_ns": {
+                        "queue": out.queue_ns,
+                        "inference": out.inference_ns,
+                        "total": out.total_ns,
+                    },
+                    "results": [
+                        {
+                            "token_ids": e.token_ids.tolist(),
+                            "embeddings": e.embeddings.tolist()
+                            if e.embeddings is not None
+                            else None,
+                            "pooled": e.pooled.tolist() if e.pooled is not None else None,
+                            "attention": e.attention.tolist() if e.attention is not None else None,
+                            "attention_layers": e.layers,
+                            "attention_heads": e.heads,
+                            "truncated": e.truncated,
+                            "tokens": e.tokens,
+                        }
+                        for e in out
+                    ],
+                }
+            )
+        )
+        return 0
+    print(
+        f"model {out.model_version}: {len(out)} result(s), server total "
+        f"{out.total_ns / 1e6:.2f} ms (queue {out.queue_ns / 1e6:.2f}, "
+        f"inference {out.inference_ns / 1e6:.2f}), {out.wire_bytes:,} bytes"
+    )
+    for i, e in enumerate(out):
+        print(f"[{i}] {len(e.token_ids)} tokens{' (truncated)' if e.truncated else ''}")
+        if e.tokens:
+            print(f"    tokens {' '.join(e.tokens)}")
+        if e.embeddings is not None:
+            print(
+                f"    embeddings {e.embeddings.shape}, norm of last token "
+                f"{np.linalg.norm(e.embeddings[-1]):.4f}"
+            )
+        if e.pooled is not None:
+            print(f"    pooled {e.pooled.shape}, first values {np.round(e.pooled[:4], 4)}")
+        if e.attention is not None:
+            print(f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads}")
+    return 0
+
+
+def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
+    info = client.model_info()
+    out = client.encode(args.text, layers=[args.layer], heads=[args.head], return_tokens=True)
+    encoding = out[0]
+    tokens = encoding.tokens  # the server's tokenizer says what each token is
+    path = render_heatmap(
+        encoding.attention[0, 0],
+        tokens,
+        args.out,
+        title=f"{info['name']}: layer {args.layer}, head {args.head}",
+    )
+    print(f"wrote {path} ({len(tokens)} tokens, layer {args.layer}, head {args.head})")
+    return 0

@@ -1,0 +1,234 @@
+"""EncoderClient (blocking) and AsyncEncoderClient (asyncio) for attnserve.v1.
+
+    with EncoderClient("localhost:50051") as client:
+        out = client.encode(["hello", "world"], attention=True, layers=[0], heads=[1, 2])
+        out[0].embeddings      # (T, d_model) float32
+        out[0].attention       # (1, 2, T, T) float32, whatever went over the wire
+
+Retries only UNAVAILABLE (server starting, draining or unreachable), with
+exponential backoff, inside the call's overall timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnserve.client.codec import EncodeOutput, Input, build_request, decode_response
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
+RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    timeout_s: float = 30.0  # overall deadline of one call, retries included
+    retries: int = 3  # extra attempts after UNAVAILABLE
+    backoff_s: float = 0.05  # first retry delay; doubles each time, with jitter
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # match the server's limit
+    tls_root_cert: Path | None = None  # PEM roots to trust; set to use TLS
+    token: str | None = None  # sent as 'authorization: Bearer TOKEN'
+    round_robin: bool = False  # spread calls over every address the target resolves to
+
+    def open_channel(self, target: str, flavour: ModuleType) -> grpc.Channel | grpc.aio.Channel:
+        """A channel from `flavour` (the grpc module, or grpc.aio) with these options."""
+        if self.round_robin and not target.startswith(RESOLVER_SCHEMES):
+            target = f"dns:///{target}"  # the dns resolver returns every address of the name
+        credentials = self.credentials()
+        if credentials:
+            return flavour.secure_channel(target, credentials, options=self.channel_args())
+        return flavour.insecure_channel(target, options=self.channel_args())
+
+    def channel_args(self) -> list[tuple[str, object]]:
+        args = [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
+        if self.round_robin:
+            args.append(("grpc.lb_policy_name", "round_robin"))
+        return args
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if self.tls_root_cert is None:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.tls_root_cert.read_bytes())
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def retry_delays(self) -> Iterator[float]:
+        for attempt in range(self.retries):
+            yield self.backoff_s * 2**attempt * random.uniform(0.5, 1.5)
+
+
+def _retry_delay(exc: grpc.RpcError, delays: Iterator[float], end: float) -> float | None:
+    """Seconds to wait before another attempt, or None: not UNAVAILABLE, out of tries or time."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    delay = next(delays, None)
+    if delay is None or time.monotonic() + delay >= end:
+        return None
+    return delay
+
+
+class EncoderClient:
+    """Blocking client; one HTTP/2 channel, safe to share between threads."""
+
+    def __init__(self, target: str = "localhost:50051", options: ClientOptions | None = None):
+        self.options = options or ClientOptions()
+        self.channel = self.options.open_channel(target, grpc)
+        self._stub = pb_grpc.EncoderServiceStub(self.channel)
+
+    def encode(
+        self, inputs: Input | list[Input], timeout: float | None = None, **options
+    ) -> EncodeOutput:
+        """Encode texts or token-id sequences; see attnserve.client.codec.build_request."""
+        request = build_request(inputs, **options)
+        return decode_response(self._call(self._stub.Encode, request, timeout))
+
+    def encode_stream(
+        self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
+    ) -> Iterator[pb.EncodeStreamResponse]:
+        """Send requests (see attnserve.client.codec.build_request) on one stream; answers
+        come back in request order, while the server works on several at once."""
+        stream = (pb.EncodeStreamRequest(request=r) for r in requests)
+        yield from self._stub.EncodeStream(
+            stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+        )
+
+    def model_info(self, timeout: float | None = None) -> dict:
+        response = self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        return MessageToDict(response, preserving_proto_field_name=True)
+
+    def health(self, service: str = "", timeout: float | None = None) -> str:
+        """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = self._call(stub.Check, request, timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Poll health until SERVING; TimeoutError after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                if self.health(timeout=max(0.1, min(2.0, end - time.monotonic()))) == "SERVING":
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= end:
+                raise TimeoutError(f"server not SERVING after {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def _call(self, method, request, timeout: float | None):
+        end = time.monotonic() + (timeout or self.options.timeout_s)
+        delays = self.options.retry_delays()
+        while True:
+            try:
+                return method(
+                    request,
+                    timeout=max(0.0, end - time.monotonic()),
+                    metadata=self.options.metadata(),
+                )
+            except grpc.RpcError as exc:
+                delay = _retry_delay(exc, delays, end)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> EncoderClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncEncoderClient:
+    """asyncio client with the same methods, awaited."""
+
+    def __init__(self, target: str = "localhost:50051", options: ClientOptions | None = None):
+        self.options = options or ClientOptions()
+        self.channel = self.options.open_channel(target, grpc.aio)
+        self._stub = pb_grpc.EncoderServiceStub(self.channel)
+
+    async def encode(
+        self, inputs: Input | list[Input], timeout: float | None = None, **options
+    ) -> EncodeOutput:
+        request = build_request(inputs, **options)
+        return decode_response(await self._call(self._stub.Encode, request, timeout))
+
+    async def encode_stream(
+        self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
+    ) -> AsyncIterator[pb.EncodeStreamResponse]:
+        call = self._stub.EncodeStream(
+            (pb.EncodeStreamRequest(request=r) for r in requests),
+            timeout=timeout or self.options.timeout_s,
+            metadata=self.options.metadata(),
+        )
+        async for response in call:
+            yield response
+
+    async def model_info(self, timeout: float | None = None) -> dict:
+        response = await self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        return MessageToDict(response, preserving_proto_field_name=True)
+
+    async def health(self, service: str = "", timeout: float | None = None) -> str:
+        """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self._call(stub.Check, request, timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Poll health until SERVING; TimeoutError after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                remaining = max(0.1, min(2.0, end - time.monotonic()))
+                if await self.health(timeout=remaining) == "SERVING":
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() >= end:
+                raise TimeoutError(f"server not SERVING after {timeout:.0f}s")
+            await asyncio.sleep(0.1)
+
+    async def _call(self, method, request, timeout: float | None):
+        end = time.monotonic() + (timeout or self.options.timeout_s)
+        delays = self.options.retry_delays()
+        while True:
+            try:
+                return await method(
+                    request,
+                    timeout=max(0.0, end - time.monotonic()),
+                    metadata=self.options.metadata(),
+                )
+            except grpc.RpcError as exc:
+                delay = _retry_delay(exc, delays, end)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncEncoderClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,11 @@
+"""PyTorch -> ONNX: export the encoder, check it against PyTorch, write a model directory.
+
+Torch is imported by the modules that need it, not here, so that the `attnserve`
+command can list `export` on a machine without torch.
+"""
+
+# Max abs difference allowed between PyTorch and ONNX Runtime, float32 graphs.
+DEFAULT_TOLERANCE = 1e-4
+# fp16 keeps ~3 significant digits: the gate of the float16 graphs is looser, and the
+# export report says what each graph really reached.
+FP16_TOLERANCE = 1e-2

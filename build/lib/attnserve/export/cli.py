@@ -1,0 +1,115 @@
+"""`attnserve export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]`"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
+from attnserve.model.artifacts import ONNX_FILENAME
+from attnserve.model.config import ConfigError, ModelConfig
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="export the encoder to an ONNX model directory",
+        description="Export the encoder to an ONNX model directory, checked against PyTorch.",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="model directory to write")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, help="safetensors checkpoint to export")
+    source.add_argument(
+        "--from-hf",
+        type=Path,
+        metavar="DIR",
+        help="local Hugging Face GPT-2-family directory (config.json, model.safetensors or "
+        "pytorch_model.bin, tokenizer.json)",
+    )
+    source.add_argument(
+        "--seed", type=int, default=0, help="random weights from this seed (default 0)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="JSON file of ModelConfig fields for a seeded model (others keep their defaults)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"max abs diff allowed, PyTorch vs ONNX Runtime (default {DEFAULT_TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--fp16-tolerance",
+        type=float,
+        default=FP16_TOLERANCE,
+        help=f"the same for the float16 graphs (default {FP16_TOLERANCE:g})",
+    )
+    parser.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing if OUT already holds a model (one-shot export containers)",
+    )
+    parser.set_defaults(run=run_export)
+
+
+def build_model(args: argparse.Namespace):
+    """The model to export and the files to ship beside it."""
+    # torch is imported here, not at module level, so `--help` stays instant.
+    from attnserve.model.artifacts import TOKENIZER_FILENAME
+    from attnserve.model.checkpoint import load_checkpoint
+    from attnserve.model.encoder import build_encoder
+
+    if args.checkpoint:
+        return load_checkpoint(args.checkpoint), {}
+    if args.from_hf:
+        from attnserve.export.hf_import import HFImportError, load_hf_gpt2
+
+        tokenizer = args.from_hf / TOKENIZER_FILENAME
+        if not tokenizer.is_file():
+            raise HFImportError(f"{args.from_hf} has no {TOKENIZER_FILENAME}")
+        return load_hf_gpt2(args.from_hf), {TOKENIZER_FILENAME: tokenizer}
+    config = ModelConfig()
+    if args.config:
+        try:
+            overrides = json.loads(args.config.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
+        config = ModelConfig.from_dict({**config.to_dict(), **overrides})
+    return build_encoder(config, seed=args.seed), {}
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.config and (args.checkpoint or args.from_hf):
+        print(
+            "error: --config applies to seeded models; checkpoints carry their own config",
+            file=sys.stderr,
+        )
+        return 2
+    if args.if_missing and (args.out / ONNX_FILENAME).is_file():
+        print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
+        return 0
+    from attnserve.export.hf_import import HFImportError
+    from attnserve.export.model_dir import write_model_dir
+    from attnserve.export.parity import ParityError
+    from attnserve.model.checkpoint import CheckpointError
+
+    try:
+        model, extra_files = build_model(args)
+        write_model_dir(
+            model,
+            args.out,
+            tolerance=args.tolerance,
+            extra_files=extra_files,
+            fp16_tolerance=args.fp16_tolerance,
+        )
+    except (ConfigError, CheckpointError, HFImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ParityError as exc:
+        print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,69 @@
+"""PyTorch vs ONNX Runtime on the same inputs: the gate every exported model must pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from attnserve.export import DEFAULT_TOLERANCE
+from attnserve.model.encoder import Encoder
+
+
+class ParityError(RuntimeError):
+    """ONNX Runtime disagrees with PyTorch; the message says at which shape and output."""
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    graph: str  # the ONNX file's name
+    batch: int
+    seq_len: int
+    max_abs_diff: dict[str, float]  # per output name
+
+
+def default_shapes(max_seq_len: int) -> list[tuple[int, int]]:
+    """(batch, seq_len) pairs: length 1, 2, an odd length and max_seq_len, several batch sizes."""
+    shapes = [(1, 1), (2, 2), (3, min(17, max_seq_len)), (1, max_seq_len)]
+    return list(dict.fromkeys(shapes))  # drop duplicates when max_seq_len is tiny
+
+
+def check_parity(
+    model: Encoder,
+    onnx_path: str | Path,
+    shapes: list[tuple[int, int]] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    seed: int = 0,
+) -> list[ParityCase]:
+    """Compare every output of the graph with PyTorch on random ids of each shape.
+
+    Raises ParityError at the first shape where any output differs by more than
+    `tolerance` (or is NaN).
+    """
+    config = model.config
+    shapes = shapes or default_shapes(config.max_seq_len)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(seed)
+    cases = []
+    for batch, seq_len in shapes:
+        ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
+        with torch.inference_mode():
+            embeddings, attentions = model(torch.from_numpy(ids))
+        want = {config.embeddings_name: embeddings, config.attentions_name: attentions}
+        got = session.run(names, {config.input_name: ids})
+        diffs = {
+            name: float(np.abs(value - want[name].numpy()).max())
+            for name, value in zip(names, got, strict=True)
+        }
+        if not all(d <= tolerance for d in diffs.values()):  # `not <=` also catches NaN
+            detail = ", ".join(f"{name} {d:.3g}" for name, d in diffs.items())
+            raise ParityError(
+                f"ONNX Runtime ({Path(onnx_path).name}) disagrees with PyTorch at batch={batch}, "
+                f"seq_len={seq_len}: max abs diff {detail} > tolerance {tolerance:g}"
+            )
+        cases.append(ParityCase(Path(onnx_path).name, batch, seq_len, diffs))
+    return cases

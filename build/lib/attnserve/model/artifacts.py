@@ -1,0 +1,57 @@
+"""Names shared by the exporter (which writes a model directory) and the service (which reads it).
+
+Torch-free on purpose: the service imports it.
+"""
+
+from pathlib import Path
+
+ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
+# Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
+EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
+# The same two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
+# for the CUDA execution provider (precision="fp16").
+FP16_ONNX_FILENAME = "model_fp16.onnx"
+EMBEDDINGS_FP16_ONNX_FILENAME = "model_embeddings_fp16.onnx"
+PRECISIONS = ("fp32", "fp16")
+TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for tokenizer="hf"
+REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, versions)
+CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
+VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter versions JSON
+
+
+def graph_filenames(precision: str) -> tuple[str, str]:
+    """(full graph, embeddings-only graph) file names for a precision in PRECISIONS."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp16":
+        return FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME
+    return ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME
+
+
+class ModelDirectory:
+    """A model directory as export writes it and the service reads it.
+
+    It owns the file names, so nothing else joins paths into the directory.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def graph(self, precision: str, attention: bool) -> Path:
+        """The full graph (attention=True) or the embeddings-only graph of a precision."""
+        full, embeddings_only = graph_filenames(precision)
+        return self.path / (full if attention else embeddings_only)
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / TOKENIZER_FILENAME
+
+    @property
+    def report_file(self) -> Path:
+        return self.path / REPORT_FILENAME
+
+    def has_model(self) -> bool:
+        return (self.path / ONNX_FILENAME).is_file()
+
+    def __repr__(self) -> str:
+        return f"ModelDirectory({str(self.path)!r})"

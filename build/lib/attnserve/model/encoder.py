@@ -1,0 +1,60 @@
+"""The encoder: token + learned positional embeddings, N pre-LN blocks, final LayerNorm."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.layers import Block
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.apply(_init_weights)
+
+    def forward(
+        self, input_ids: torch.Tensor, need_weights: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids (B, T) int64 -> embeddings (B, T, D), attentions (B, L, H, T, T).
+
+        With need_weights=False the attentions are None and every layer uses the
+        fused attention kernel instead (same embeddings, less memory traffic).
+        """
+        T = input_ids.size(1)
+        if self.config.max_seq_len < T:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        x = self.tok_emb(input_ids) + self.pos_emb(positions)  # (B, T, D)
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, need_weights)  # (B, T, D), (B, H, T, T) or None
+            attentions.append(weights)
+        if not need_weights:
+            return self.ln_f(x), None
+        return self.ln_f(x), torch.stack(attentions, dim=1)  # (B, T, D), (B, L, H, T, T)
+
+
+def _init_weights(module: nn.Module) -> None:
+    # GPT-2's scheme: small normal weights keep the residual stream stable at init.
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def build_encoder(config: ModelConfig, seed: int = 0) -> Encoder:
+    """A randomly initialised encoder, reproducible from the seed, in eval mode."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Encoder(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model.eval()

@@ -1,0 +1,286 @@
+"""Dynamic batching: a bounded queue of sequences, batches formed under a token budget.
+
+`await batcher.encode(sequences, ...)` queues all of a request's sequences (or
+none: admission is all or nothing) and returns their results in order. One loop
+forms batches: the oldest sequence plus those closest to it in length, of the
+same kind (with or without attention), under the token budget; it right-pads
+them, runs the backend on a worker thread (off the event loop) and hands each
+sequence its slice. Right padding is exact for a causal model, so a sequence
+gets the same numbers alone or inside any batch.
+
+The policy's clock is injected: tests drive `max_delay_s` and deadlines with a
+fake one instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from attnserve.service.backend import Backend
+from attnserve.service.errors import (
+    AttnserveError,
+    DeadlineExceededError,
+    InferenceError,
+    NotReadyError,
+    QueueFullError,
+)
+from attnserve.service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatcherOptions:
+    max_batch_tokens: int = 4096  # batch size x longest sequence, per backend call
+    max_delay_s: float = 0.0  # how long the oldest sequence may wait for company
+    max_queue: int = 256  # sequences waiting; more are refused at once
+    max_batch_size: int = 0  # sequences per batch; 0: only the token budget limits; 1: no batching
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    embeddings: np.ndarray  # (T, D)
+    attentions: np.ndarray | None  # (L, H, T, T), only when asked for
+    queue_ns: int  # time waiting for the batch
+    inference_ns: int  # the batch's backend call
+
+
+class Clock(Protocol):
+    """The batcher's sense of time (seconds on a monotonic clock)."""
+
+    def now(self) -> float: ...
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> None:
+        """Return when `event` is set or `timeout` seconds have passed, whichever is first."""
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+
+@dataclass(eq=False)
+class _Item:
+    ids: np.ndarray  # (T,) int64
+    with_attention: bool
+    deadline: float | None  # clock time after which the work is useless
+    enqueued: float  # clock time
+    future: asyncio.Future[SequenceResult]
+    request: object  # shared by the sequences of one encode() call
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+
+class Batcher:
+    def __init__(
+        self,
+        backend: Backend,
+        options: BatcherOptions,
+        metrics: Metrics,
+        clock: Clock | None = None,
+    ) -> None:
+        if options.max_batch_tokens < backend.config.max_seq_len:
+            raise ValueError(
+                f"max_batch_tokens ({options.max_batch_tokens}) must be >= the model's "
+                f"max_seq_len ({backend.config.max_seq_len}) so that every sequence fits a batch"
+            )
+        self.backend = backend
+        self.options = options
+        self.metrics = metrics
+        self.clock = clock or MonotonicClock()
+        self._pending: list[_Item] = []
+        self._arrived = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        # One worker: ORT already spreads a batch over the cores; two concurrent
+        # batches would only fight for them.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+
+    async def stop(self) -> None:
+        """Refuse new work, finish everything queued, then stop the worker."""
+        self._closing = True
+        self._arrived.set()
+        if self._task:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    @property
+    def depth(self) -> int:
+        """Sequences waiting for a batch."""
+        return len(self._pending)
+
+    async def encode(
+        self, sequences: list[np.ndarray], with_attention: bool, timeout: float | None = None
+    ) -> list[SequenceResult]:
+        """Run every sequence (validated int64 ids) and return their results in order.
+
+        All are queued or none (QueueFullError). If one fails, or the caller is
+        cancelled, the request's other sequences leave the queue unrun.
+        `timeout`: seconds from now after which queued work is dropped unrun
+        (DeadlineExceededError).
+        """
+        items = self._admit(sequences, with_attention, timeout)
+        try:
+            return list(await asyncio.gather(*(item.future for item in items)))
+        except BaseException:
+            for item in items:  # no-op on those already answered
+                item.future.cancel()
+            self._set_pending([i for i in self._pending if not i.future.done()])
+            raise
+
+    def _admit(
+        self, sequences: list[np.ndarray], with_attention: bool, timeout: float | None
+    ) -> list[_Item]:
+        if self._closing:
+            raise NotReadyError("the server is shutting down; retry on another replica")
+        if len(self._pending) + len(sequences) > self.options.max_queue:
+            raise QueueFullError(
+                f"queue full: {len(self._pending)} sequences waiting, this request adds "
+                f"{len(sequences)}, the limit is {self.options.max_queue}; retry with backoff"
+            )
+        now = self.clock.now()
+        deadline = None if timeout is None else now + timeout
+        loop = asyncio.get_running_loop()
+        request = object()
+        items = [
+            _Item(ids, with_attention, deadline, now, loop.create_future(), request)
+            for ids in sequences
+        ]
+        self._set_pending(self._pending + items)
+        self._arrived.set()
+        return items
+
+    def _set_pending(self, items: list[_Item]) -> None:
+        self._pending = items
+        self.metrics.queue_depth.set(len(items))
+
+    async def _loop(self) -> None:
+        while self._pending or not self._closing:
+            self._drop_dead()
+            if not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            wait = self._time_to_wait()
+            if wait > 0:  # give the oldest sequence a little time to gather company
+                self._arrived.clear()
+                await self.clock.wait(self._arrived, wait)
+                continue
+            await self._execute(self._take_batch())
+
+    def _drop_dead(self) -> None:
+        """Forget cancelled sequences; fail those whose deadline passed, unrun."""
+        now = self.clock.now()
+        live = []
+        for item in self._pending:
+            if item.future.done():  # the caller went away (cancelled)
+                continue
+            if item.deadline is not None and now >= item.deadline:
+                self.metrics.expired.inc()
+                item.future.set_exception(
+                    DeadlineExceededError("the deadline passed while the request was queued")
+                )
+                continue
+            live.append(item)
+        if len(live) != len(self._pending):
+            self._set_pending(live)
+
+    def _time_to_wait(self) -> float:
+        """Seconds the oldest sequence should still wait for company (<= 0: run now)."""
+        if self._closing or self.options.max_delay_s <= 0:
+            return 0.0
+        oldest = self._pending[0]
+        kin = [i for i in self._pending if i.with_attention == oldest.with_attention]
+        full_by_count = 0 < self.options.max_batch_size <= len(kin)
+        full_by_tokens = max(i.length for i in kin) * len(kin) >= self.options.max_batch_tokens
+        if full_by_count or full_by_tokens:
+            return 0.0
+        return oldest.enqueued + self.options.max_delay_s - self.clock.now()
+
+    def _take_batch(self) -> list[_Item]:
+        """The oldest sequence plus those of its kind closest to it in length, under budget."""
+        oldest = self._pending[0]
+        similar = sorted(
+            (i for i in self._pending[1:] if i.with_attention == oldest.with_attention),
+            key=lambda i: abs(i.length - oldest.length),
+        )
+        batch, longest = [oldest], oldest.length
+        for item in similar:
+            if len(batch) == self.options.max_batch_size:
+                break
+            new_longest = max(longest, item.length)
+            if new_longest * (len(batch) + 1) > self.options.max_batch_tokens:
+                continue
+            batch.append(item)
+            longest = new_longest
+        chosen = set(map(id, batch))
+        self._set_pending([i for i in self._pending if id(i) not in chosen])
+        return batch
+
+    async def _execute(self, batch: list[_Item]) -> None:
+        config = self.backend.config
+        longest = max(item.length for item in batch)
+        ids = np.full((len(batch), longest), config.pad_id, dtype=np.int64)
+        for row, item in enumerate(batch):
+            ids[row, : item.length] = item.ids  # right padding: exact for a causal model
+        with_attention = batch[0].with_attention
+        start = self.clock.now()
+        run = self.backend.run if with_attention else self.backend.embed
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, run, ids)
+        except Exception as exc:
+            if isinstance(exc, AttnserveError):
+                log.error("batch of %d sequences %s failed: %s", len(batch), ids.shape, exc)
+            else:  # a bug, not the model: still answer every caller
+                log.exception("batch of %d sequences %s failed", len(batch), ids.shape)
+                exc = InferenceError(f"batch failed: {exc}")
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            # The failed requests' other sequences would be wasted work: drop them now,
+            # before the next batch forms (their callers have not run yet).
+            failed = {item.request for item in batch}
+            for item in self._pending:
+                if item.request in failed:
+                    item.future.cancel()
+            return
+        embeddings, attentions = outputs if with_attention else (outputs, None)
+        inference_s = self.clock.now() - start
+
+        m = self.metrics
+        m.inference_time.observe(inference_s)
+        m.batch_size.observe(len(batch))
+        m.batch_tokens.observe(ids.size)
+        m.sequences.inc(len(batch))
+        m.tokens.inc(sum(item.length for item in batch))
+        for row, item in enumerate(batch):
+            n = item.length
+            queue_s = start - item.enqueued
+            m.queue_time.observe(queue_s)
+            if item.future.done():
+                continue
+            item.future.set_result(
+                SequenceResult(
+                    embeddings=embeddings[row, :n],
+                    attentions=attentions[row, :, :, :n, :n] if attentions is not None else None,
+                    queue_ns=int(queue_s * 1e9),
+                    inference_ns=int(inference_s * 1e9),
+                )
+            )

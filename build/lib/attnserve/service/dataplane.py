@@ -1,0 +1,107 @@
+"""What every transport calls: admission, one pass from request to response, model info.
+
+A transport turns its wire format into an `EncodeRequest`, awaits
+`DataPlane.encode`, and maps the typed errors it raises (service.status).
+The data plane owns readiness and draining (so every transport refuses alike),
+plans the request once, hands the sequences to the batcher and builds the
+answer; it never sees gRPC or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.backend import Backend
+from attnserve.service.batcher import Batcher
+from attnserve.service.errors import NotReadyError
+from attnserve.service.metrics import Metrics
+from attnserve.service.plan import check_response_size, plan_request
+from attnserve.service.response import build_response
+from attnserve.v1 import encoder_service_pb2 as pb
+
+WARMING_UP = "the model is warming up; retry shortly"
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
+
+
+class DataPlane:
+    def __init__(
+        self,
+        backend: Backend,
+        batcher: Batcher,
+        tokenizer: Tokenizer,
+        metrics: Metrics,
+        max_message_bytes: int,
+    ) -> None:
+        self.backend = backend
+        self.batcher = batcher
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.max_message_bytes = max_message_bytes
+        # Why new work is refused (UNAVAILABLE), or None while serving.
+        self.refusal: str | None = WARMING_UP
+        self._in_flight = 0  # requests between admission and answer
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def start_serving(self) -> None:
+        self.refusal = None
+
+    def start_draining(self) -> None:
+        self.refusal = SHUTTING_DOWN
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight (draining); False if `timeout` ran out first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def encode(
+        self, request: pb.EncodeRequest, timeout: float | None = None
+    ) -> pb.EncodeResponse:
+        """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
+        caller will still wait (its deadline); queued work past it is dropped unrun."""
+        start = time.perf_counter_ns()
+        if self.refusal:
+            raise NotReadyError(self.refusal)
+        self._in_flight += 1
+        self.metrics.in_flight.set(self._in_flight)
+        self._idle.clear()
+        try:
+            config = self.backend.config
+            plan = plan_request(request, config, self.tokenizer)
+            check_response_size(plan, config, self.max_message_bytes)
+            results = await self.batcher.encode(plan.sequences, plan.attention is not None, timeout)
+            response = build_response(
+                plan, results, self.tokenizer, self.backend.version, request.request_id
+            )
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.set(self._in_flight)
+            if not self._in_flight:
+                self._idle.set()
+        response.timings.total_ns = time.perf_counter_ns() - start
+        return response
+
+    def model_info(self) -> pb.GetModelInfoResponse:
+        c = self.backend.config
+        return pb.GetModelInfoResponse(
+            name=c.name,
+            version=self.backend.version,
+            n_layers=c.n_layers,
+            n_heads=c.n_heads,
+            d_model=c.d_model,
+            max_seq_len=c.max_seq_len,
+            vocab_size=c.vocab_size,
+            tokenizer=self.tokenizer.kind,
+            provider=self.backend.provider,
+            precision=self.backend.precision,
+            config_json=c.to_json(),
+            max_message_bytes=self.max_message_bytes,
+            max_batch_tokens=self.batcher.options.max_batch_tokens,
+            bos_id=c.bos_id,
+            pad_id=c.pad_id,
+        )

@@ -1,0 +1,76 @@
+"""Start `attnserve serve` as a child process and wait until it is SERVING.
+
+Readiness comes from the server's own ready file (written once the model is
+warm, holding the bound ports), not from its log. Used by the benchmarks and
+the tests; handy for anyone's integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    address: str  # HOST:PORT of the gRPC server
+    metrics_port: int | None  # the /metrics port, when on
+    log_path: Path  # the server's stderr
+
+    def metric(self, name: str) -> float:
+        """One unlabelled sample from /metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def spawn_server(
+    model_dir: Path, *extra: str, cwd: Path | None = None, timeout: float = 120
+) -> ServerProcess:
+    """The server on 127.0.0.1, any free port (metrics off unless `extra` turns them on),
+    returned once it is SERVING. RuntimeError, with its log, if it exits or times out first."""
+    scratch = Path(tempfile.mkdtemp(prefix="attnserve-"))
+    ready_file, log_path = scratch / "ready.json", scratch / "server.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "attnserve",
+                "serve",
+                "--model",
+                str(model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-port",
+                "-1",
+                "--ready-file",
+                str(ready_file),
+                *extra,
+            ],
+            cwd=cwd,
+            stderr=log,
+        )
+    deadline = time.monotonic() + timeout
+    while not ready_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise RuntimeError("the server did not start:\n" + log_path.read_text())
+        time.sleep(0.05)
+    ready = json.loads(ready_file.read_text())
+    return ServerProcess(process, f"127.0.0.1:{ready['port']}", ready["metrics_port"], log_path)

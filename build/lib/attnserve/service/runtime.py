@@ -1,0 +1,228 @@
+"""The ONNX Runtime backend: a model directory's graphs in ORT sessions.
+
+It owns the sessions and nothing else (no queueing, no transport, no request
+validation: the transports check ids once per request). Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory, graph_filenames
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.service.errors import InferenceError, ModelLoadError, ProviderUnavailableError
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("auto", "cuda", "cpu")
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+# No TF32: float32 stays float32 on Ampere and later GPUs (parity within 1e-4, not ~1e-3).
+# The arena grows by what is asked, not to the next power of two, so that a mix of sequence
+# lengths does not ratchet GPU memory up.
+CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
+_ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
+_ORT_WARNING = 2  # ORT's default log severity
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    provider: str = "auto"  # "auto": CUDA when it really starts, else CPU; "cuda"; "cpu"
+    intra_op_threads: int = 0  # threads for one inference; 0 lets ORT use one per core
+    # Spinning keeps worker threads busy-waiting between operators: lower latency
+    # for short sequences, but it burns the cores an idle server should leave free.
+    intra_op_spinning: bool = False
+    # "fp16": the float16 graphs export writes beside the float32 ones (float32 in and out);
+    # meant for CUDA; on CPU they run, no faster than fp32 and less exact.
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        graph_filenames(self.precision)  # raises ValueError naming the precisions
+        if self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
+
+
+class OrtRuntime:
+    """A model directory in ONNX Runtime sessions; implements service.backend.Backend.
+
+    `session` runs the full graph (embeddings and attentions); `embeddings_session`
+    runs the embeddings-only graph when the directory has one (it is faster), else
+    it is the full graph too. `config` is read back from the ONNX metadata, the
+    single source of truth.
+    """
+
+    def __init__(
+        self, model_dir: ModelDirectory | str | Path, options: RuntimeOptions | None = None
+    ) -> None:
+        options = options or RuntimeOptions()
+        if not isinstance(model_dir, ModelDirectory):
+            model_dir = ModelDirectory(model_dir)
+        self.model_dir = model_dir
+        self.precision = options.precision
+        self.model_path = model_path = model_dir.graph(options.precision, attention=True)
+        if not model_path.is_file():
+            raise ModelLoadError(
+                f"no {model_path.name} in {model_dir.path} (precision={options.precision}); "
+                "create it with `attnserve export --out DIR`, which writes the fp32 and fp16 graphs"
+            )
+        self.session, self.provider = _create_session(model_path, options)
+        if self.precision == "fp16" and self.provider == "cpu":
+            log.warning(
+                "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
+            )
+        self.config = _read_config(self.session, model_path)
+        # Identifies the served weights: two exports of different models never share it.
+        self.version = hashlib.sha256(model_path.read_bytes()).hexdigest()[:12]
+        _check_io(self.session, self.config, model_path, with_attentions=True)
+
+        self.embeddings_session = self.session
+        fast_path = model_dir.graph(options.precision, attention=False)
+        if fast_path.is_file():
+            # The provider is settled by now: open the second graph on the same one.
+            self.embeddings_session, _ = _create_session(
+                fast_path, replace(options, provider=self.provider)
+            )
+            if _read_config(self.embeddings_session, fast_path) != self.config:
+                raise ModelLoadError(f"{fast_path} and {model_path} carry different configs")
+            _check_io(self.embeddings_session, self.config, fast_path, with_attentions=False)
+
+    def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """input_ids int64 (B, T) -> embeddings (B, T, D), attentions (B, L, H, T, T)."""
+        c = self.config
+        return tuple(self._run(self.session, [c.embeddings_name, c.attentions_name], input_ids))
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray:
+        """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
+        return self._run(self.embeddings_session, [self.config.embeddings_name], input_ids)[0]
+
+    def _run(
+        self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
+    ) -> list[np.ndarray]:
+        try:
+            return session.run(outputs, {self.config.input_name: input_ids})
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(
+                f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
+            ) from exc
+
+    def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:
+        """Run each length once per graph so first requests skip allocation and setup."""
+        for seq_len in sorted({min(t, self.config.max_seq_len) for t in seq_lens}):
+            ids = np.full((1, seq_len), self.config.bos_id, dtype=np.int64)
+            self.run(ids)
+            self.embed(ids)
+
+
+def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = 1
+    # Lengths vary per request: a memory pattern planned for one shape is wasted on the next.
+    so.enable_mem_pattern = False
+    so.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if options.intra_op_spinning else "0"
+    )
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
+def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceSession, str]:
+    """Open the session on the requested provider; returns it and the provider really used."""
+    so = _session_options(options)
+    if options.provider == "cpu":
+        return _open(path, so, [CPU_EP]), "cpu"
+
+    # ORT lists CUDA as available even without a GPU and silently falls back to
+    # CPU when it cannot start, so we try it and look at what the session got.
+    probe_output = io.StringIO()
+    with contextlib.redirect_stdout(probe_output), contextlib.suppress(Exception):
+        ort.preload_dlls()  # CUDA/cuDNN libraries from the nvidia-* wheels, if present
+    quiet = options.provider == "auto"
+    if quiet:
+        ort.set_default_logger_severity(_ORT_SILENT)
+    try:
+        session = _open(path, so, [(CUDA_EP, CUDA_OPTIONS), CPU_EP])
+    finally:
+        if quiet:
+            ort.set_default_logger_severity(_ORT_WARNING)
+    if session.get_providers()[0] == CUDA_EP:
+        return session, "cuda"
+
+    probe_lines = probe_output.getvalue().strip().splitlines()
+    reason = probe_lines[0] if probe_lines else "see ONNX Runtime's log"
+    if options.provider == "cuda":
+        raise ProviderUnavailableError(
+            "provider=cuda was requested but ONNX Runtime's CUDA execution provider could not "
+            f"start ({reason}); install the CUDA 13 / cuDNN 9 libraries or use provider=cpu"
+        )
+    log.warning("CUDA execution provider unavailable (%s); running on CPU", reason)
+    return session, "cpu"
+
+
+def _open(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as exc:  # InvalidProtobuf, Fail, NoSuchFile...: all mean "not loadable"
+        raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from exc
+
+
+def _read_config(session: ort.InferenceSession, path: Path) -> ModelConfig:
+    metadata = session.get_modelmeta().custom_metadata_map
+    if CONFIG_METADATA_KEY not in metadata:
+        raise ModelLoadError(
+            f"{path} has no {CONFIG_METADATA_KEY!r} metadata: it was not written by "
+            "`python -m export`"
+        )
+    try:
+        return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
+    except ConfigError as exc:
+        raise ModelLoadError(f"{path} carries an invalid model config: {exc}") from exc
+
+
+def _check_io(
+    session: ort.InferenceSession, config: ModelConfig, path: Path, with_attentions: bool
+) -> None:
+    """The graph's inputs and outputs must be the ones its config promises."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    expected = {
+        config.input_name: (inputs, "tensor(int64)", 2),
+        config.embeddings_name: (outputs, "tensor(float)", 3),
+    }
+    fixed_dims = {config.embeddings_name: {2: config.d_model}}
+    if with_attentions:
+        expected[config.attentions_name] = (outputs, "tensor(float)", 5)
+        fixed_dims[config.attentions_name] = {1: config.n_layers, 2: config.n_heads}
+    for name, (group, dtype, rank) in expected.items():
+        arg = group.get(name)
+        if arg is None:
+            raise ModelLoadError(
+                f"{path} has no {name!r} {'input' if group is inputs else 'output'}; "
+                f"it has inputs {sorted(inputs)} and outputs {sorted(outputs)}"
+            )
+        if arg.type != dtype or len(arg.shape) != rank:
+            raise ModelLoadError(
+                f"{path}: {name!r} is {arg.type} of rank {len(arg.shape)}, "
+                f"expected {dtype} of rank {rank}"
+            )
+    for name, dims in fixed_dims.items():
+        shape = outputs[name].shape
+        for axis, size in dims.items():
+            if shape[axis] != size:
+                raise ModelLoadError(
+                    f"{path}: output {name!r} has shape {shape}, its config needs "
+                    f"{size} on axis {axis}"
+                )
+    if len(inputs) != 1:
+        raise ModelLoadError(f"{path} must have exactly one input, has {sorted(inputs)}")

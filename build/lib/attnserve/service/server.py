@@ -1,0 +1,178 @@
+"""Builds and runs the grpc.aio server: encoder service, health, reflection, metrics.
+
+Lifecycle: load the model -> listen (health NOT_SERVING) -> warm up -> SERVING
+(and the ready file, if asked for) -> on SIGTERM/SIGINT: NOT_SERVING, refuse
+new RPCs, let in-flight ones finish within the grace period, drain the
+batcher, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from attnserve.model.artifacts import ModelDirectory
+from attnserve.model.tokenizer import get_tokenizer
+from attnserve.service.auth import BearerTokenInterceptor
+from attnserve.service.backend import Backend
+from attnserve.service.batcher import Batcher
+from attnserve.service.dataplane import DataPlane
+from attnserve.service.metrics import Metrics
+from attnserve.service.runtime import OrtRuntime
+from attnserve.service.servicer import EncoderServicer
+from attnserve.service.settings import Settings
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+
+
+@dataclass
+class RunningServer:
+    """A started server; `port` and `metrics_port` are the bound ones (useful with port 0)."""
+
+    server: grpc.aio.Server
+    dataplane: DataPlane
+    health: health.aio.HealthServicer
+    batcher: Batcher
+    metrics: Metrics
+    backend: Backend
+    port: int
+    metrics_port: int | None
+    ready_file: Path | None
+    _metrics_http: object | None
+
+    async def warm_up(self) -> None:
+        """Run the model once per graph and a few lengths, then report SERVING."""
+        await asyncio.get_running_loop().run_in_executor(None, self.backend.warmup)
+        self.dataplane.start_serving()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.ready_file:
+            _write_ready_file(self.ready_file, self.port, self.metrics_port)
+        log.info("warm: SERVING")
+
+    async def stop(self, grace: float) -> None:
+        """Graceful: NOT_SERVING, new requests refused, in-flight ones get `grace` seconds.
+
+        We drain before closing the transport so that new requests meet our own
+        UNAVAILABLE ("shutting down", retry elsewhere) rather than a torn connection.
+        """
+        log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
+        if self.ready_file:
+            self.ready_file.unlink(missing_ok=True)
+        self.dataplane.start_draining()
+        await self.health.enter_graceful_shutdown()
+        start = time.monotonic()
+        if not await self.dataplane.wait_idle(grace):
+            log.warning("grace period over with requests still in flight; cancelling them")
+        await self.server.stop(max(0.0, grace - (time.monotonic() - start)))
+        await self.batcher.stop()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        log.info("stopped")
+
+
+def _write_ready_file(path: Path, port: int, metrics_port: int | None) -> None:
+    """{"pid", "port", "metrics_port"} as JSON, renamed into place: readers never see half."""
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text(
+        json.dumps({"pid": os.getpid(), "port": port, "metrics_port": metrics_port}) + "\n"
+    )
+    scratch.replace(path)
+
+
+async def start_server(
+    settings: Settings, backend: Backend | None = None, warm_up: bool = True
+) -> RunningServer:
+    """Load the model (unless a backend is given), listen (NOT_SERVING), then warm up and
+    report SERVING."""
+    model_dir = ModelDirectory(settings.model)
+    backend = backend or OrtRuntime(model_dir, settings.runtime_options)
+    tokenizer = get_tokenizer(backend.config, model_dir)
+    metrics = Metrics()
+    batcher = Batcher(backend, settings.batcher_options, metrics)
+    dataplane = DataPlane(backend, batcher, tokenizer, metrics, settings.max_message_bytes)
+    limits = [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+    interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+    server = grpc.aio.server(options=limits, interceptors=interceptors)
+    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(dataplane, metrics), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    for name in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    address = f"{settings.host}:{settings.port}"
+    if settings.tls_cert:
+        credentials = grpc.ssl_server_credentials(
+            [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
+        )
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    metrics_http = (
+        metrics.serve(settings.metrics_port, settings.host) if settings.metrics_port >= 0 else None
+    )
+    await server.start()
+    batcher.start()
+
+    metrics_port = metrics_http.server_port if metrics_http else None
+    log.info(
+        "listening: %s (%s, %s) on %s:%d%s; metrics on %s",
+        SERVICE_NAME,
+        backend.config.name,
+        backend.provider,
+        settings.host,
+        port,
+        " with TLS" if settings.tls_cert else "",
+        f"port {metrics_port}" if metrics_port else "(off)",
+    )
+    running = RunningServer(
+        server,
+        dataplane,
+        health_servicer,
+        batcher,
+        metrics,
+        backend,
+        port,
+        metrics_port,
+        settings.ready_file,
+        metrics_http,
+    )
+    if warm_up:
+        await running.warm_up()
+    return running
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    running = await start_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop(settings.grace_seconds)

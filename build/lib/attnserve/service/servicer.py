@@ -1,0 +1,100 @@
+"""The gRPC transport: EncoderService methods over the data plane, errors -> status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from attnserve.service.dataplane import DataPlane
+from attnserve.service.errors import AttnserveError
+from attnserve.service.metrics import Metrics
+from attnserve.service.status import status_for
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Requests of one EncodeStream in flight at once: enough for them to share batches,
+# bounded so that one stream cannot fill the queue by itself.
+STREAM_WINDOW = 32
+
+
+class EncoderServicer(pb_grpc.EncoderServiceServicer):
+    def __init__(self, dataplane: DataPlane, metrics: Metrics) -> None:
+        self.dataplane = dataplane
+        self.metrics = metrics
+
+    async def Encode(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeResponse:
+        response, code, message = await self._answer("Encode", request, context)
+        if response is None:
+            await context.abort(code, message)
+        return response
+
+    async def EncodeStream(
+        self,
+        request_iterator: AsyncIterator[pb.EncodeStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.EncodeStreamResponse]:
+        """Pipelined: up to STREAM_WINDOW requests run at once (so they batch together),
+        answers go back in request order; a failed request gets an EncodeError and the
+        stream goes on."""
+        window: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for item in request_iterator:
+                    answer = self._stream_answer(item.request, context)
+                    await window.put(asyncio.ensure_future(answer))
+            finally:
+                await window.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await window.get()) is not None:
+                yield await task
+            await reader  # raises what broke the request stream, if anything did
+        finally:
+            reader.cancel()
+            while not window.empty():
+                if task := window.get_nowait():
+                    task.cancel()
+
+    async def _stream_answer(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeStreamResponse:
+        response, code, message = await self._answer("EncodeStream", request, context)
+        if response is None:
+            return pb.EncodeStreamResponse(
+                request_id=request.request_id,
+                error=pb.EncodeError(code=code.value[0], message=message),
+            )
+        return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
+
+    async def _answer(
+        self, method: str, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[pb.EncodeResponse | None, grpc.StatusCode, str]:
+        """The response, or None with the status code and message that explain why not.
+        Anything unexpected is logged with its traceback and answered INTERNAL."""
+        start = time.perf_counter_ns()
+        try:
+            response = await self.dataplane.encode(request, context.time_remaining())
+            code, message = grpc.StatusCode.OK, ""
+        except Exception as exc:
+            if not isinstance(exc, AttnserveError):
+                log.exception("%s failed unexpectedly", method)
+            response, code, message = None, status_for(exc), str(exc) or type(exc).__name__
+        self.metrics.requests.labels(method, code.name).inc()
+        self.metrics.request_latency.labels(method).observe((time.perf_counter_ns() - start) / 1e9)
+        return response, code, message
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        self.metrics.requests.labels("GetModelInfo", "OK").inc()
+        return self.dataplane.model_info()

@@ -1,0 +1,1 @@
+"""Generated from attnserve/v1/*.proto by protos/generate.py."""

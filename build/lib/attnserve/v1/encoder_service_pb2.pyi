@@ -1,0 +1,210 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Dtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[Dtype]
+    DTYPE_FLOAT32: _ClassVar[Dtype]
+    DTYPE_FLOAT16: _ClassVar[Dtype]
+
+class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOLING_UNSPECIFIED: _ClassVar[Pooling]
+    POOLING_NONE: _ClassVar[Pooling]
+    POOLING_MEAN: _ClassVar[Pooling]
+    POOLING_LAST: _ClassVar[Pooling]
+
+class AttentionLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTENTION_LAYOUT_UNSPECIFIED: _ClassVar[AttentionLayout]
+    ATTENTION_LAYOUT_FULL: _ClassVar[AttentionLayout]
+    ATTENTION_LAYOUT_CAUSAL_PACKED: _ClassVar[AttentionLayout]
+
+class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
+    TRUNCATION_NONE: _ClassVar[Truncation]
+    TRUNCATION_RIGHT: _ClassVar[Truncation]
+DTYPE_UNSPECIFIED: Dtype
+DTYPE_FLOAT32: Dtype
+DTYPE_FLOAT16: Dtype
+POOLING_UNSPECIFIED: Pooling
+POOLING_NONE: Pooling
+POOLING_MEAN: Pooling
+POOLING_LAST: Pooling
+ATTENTION_LAYOUT_UNSPECIFIED: AttentionLayout
+ATTENTION_LAYOUT_FULL: AttentionLayout
+ATTENTION_LAYOUT_CAUSAL_PACKED: AttentionLayout
+TRUNCATION_UNSPECIFIED: Truncation
+TRUNCATION_NONE: Truncation
+TRUNCATION_RIGHT: Truncation
+
+class Tensor(_message.Message):
+    __slots__ = ("shape", "dtype", "data")
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: Dtype
+    data: bytes
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Input(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+
+class AttentionRequest(_message.Message):
+    __slots__ = ("layers", "heads", "dtype", "layout")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    heads: _containers.RepeatedScalarFieldContainer[int]
+    dtype: Dtype
+    layout: AttentionLayout
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ...) -> None: ...
+
+class EncodeOptions(_message.Message):
+    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens")
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    pooling: Pooling
+    skip_token_embeddings: bool
+    attention: AttentionRequest
+    truncation: Truncation
+    return_tokens: bool
+    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
+
+class EncodeRequest(_message.Message):
+    __slots__ = ("inputs", "options", "request_id")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[Input]
+    options: EncodeOptions
+    request_id: str
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EncodeResult(_message.Message):
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_HEADS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    embeddings: Tensor
+    pooled: Tensor
+    attention: Tensor
+    attention_layers: _containers.RepeatedScalarFieldContainer[int]
+    attention_heads: _containers.RepeatedScalarFieldContainer[int]
+    truncated: bool
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("queue_ns", "inference_ns", "total_ns")
+    QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_NS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    queue_ns: int
+    inference_ns: int
+    total_ns: int
+    def __init__(self, queue_ns: _Optional[int] = ..., inference_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+
+class EncodeResponse(_message.Message):
+    __slots__ = ("results", "timings", "model_version", "request_id")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EncodeResult]
+    timings: Timings
+    model_version: str
+    request_id: str
+    def __init__(self, results: _Optional[_Iterable[_Union[EncodeResult, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., model_version: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EncodeStreamRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: EncodeRequest
+    def __init__(self, request: _Optional[_Union[EncodeRequest, _Mapping]] = ...) -> None: ...
+
+class EncodeError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class EncodeStreamResponse(_message.Message):
+    __slots__ = ("request_id", "response", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    response: EncodeResponse
+    error: EncodeError
+    def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., error: _Optional[_Union[EncodeError, _Mapping]] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetModelInfoResponse(_message.Message):
+    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    N_HEADS_FIELD_NUMBER: _ClassVar[int]
+    D_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BOS_ID_FIELD_NUMBER: _ClassVar[int]
+    PAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    n_layers: int
+    n_heads: int
+    d_model: int
+    max_seq_len: int
+    vocab_size: int
+    tokenizer: str
+    provider: str
+    config_json: str
+    max_message_bytes: int
+    max_batch_tokens: int
+    bos_id: int
+    pad_id: int
+    precision: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,69 @@
+"""The installed distribution claims only `attnserve*` names and installs the one command."""
+
+import subprocess
+import sys
+import venv
+import zipfile
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(out),
+            str(REPO_ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    (path,) = out.glob("attnserve-*.whl")
+    return path
+
+
+def test_the_wheel_has_one_top_level_package(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {
+        name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")
+    }
+    assert top_level == {"attnserve"}
+    for package in ("v1", "model", "export", "service", "client", "bench"):
+        assert f"attnserve/{package}/__init__.py" in names
+    assert "attnserve/v1/wire.py" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "attnserve = attnserve.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_path):
+    """A fresh venv, `pip install --no-deps` of the wheel: attnserve.* is there, `model`,
+    `service`, `client`, `export`, `bench` and `protos` are not."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)  # ensurepip: offline
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+    )
+    code = (
+        "import importlib.util as u\n"
+        "generic = ['model', 'service', 'client', 'export', 'bench', 'protos']\n"
+        "print(sorted(n for n in generic if u.find_spec(n)))\n"
+        "print(bool(u.find_spec('attnserve.client')), bool(u.find_spec('attnserve.v1')))\n"
+    )
+    result = subprocess.run(
+        [python, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split("\n")[:2] == ["[]", "True True"]
