@@ -62,8 +62,10 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && pip install "$(ls /dist/attnserve-*.whl)[$ORT,load]"
 USER attnserve
 ENV ATTNSERVE_MODEL=/models/default \
-    ATTNSERVE_PORT=50051
-EXPOSE 50051 9464
+    ATTNSERVE_PORT=50051 \
+    ATTNSERVE_HTTP_PORT=8080
+# gRPC; HTTP (OpenAI-compatible API, JSON Encode, the explorer at /); Prometheus metrics.
+EXPOSE 50051 8080 9464
 # Asks the standard grpc.health.v1 service: SERVING only once the model is warm, and no
 # longer while draining (README "Containers" for TLS setups).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

@@ -4,10 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/default
 PORT ?= 50051
+HTTP_PORT ?= 8080
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test lint containers proto export benchmarks clean
+.PHONY: install serve test lint containers browser proto export benchmarks clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -27,9 +28,11 @@ $(MODEL_DIR)/model.onnx: | $(VENV)/.installed
 
 export: $(MODEL_DIR)/model.onnx
 
-# Sets up, exports the default model if it is missing, and serves it (Ctrl-C drains and stops).
+# Sets up, exports the default model if it is missing, and serves it over gRPC and HTTP
+# (Ctrl-C drains and stops).
 serve: $(VENV)/.installed $(MODEL_DIR)/model.onnx
-	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT)
+	@echo "gRPC on localhost:$(PORT); attention explorer on http://localhost:$(HTTP_PORT)/ (API docs: /docs)"
+	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT) --http-port $(HTTP_PORT)
 
 # Regenerates the committed Python code of protos/attnserve/v1/*.proto.
 proto: $(VENV)/.installed
@@ -44,8 +47,12 @@ lint: $(VENV)/.installed $(BUF)
 containers:
 	deploy/podman-setup.sh
 
+# Chromium for the explorer page's browser tests (skips without root).
+browser:
+	deploy/browser-setup.sh
+
 # Sets up and runs every test (after the linters, which CI enforces too).
-test: lint containers
+test: lint containers browser
 	$(PY) -m pytest
 
 # Reruns every benchmark (~15 min) and regenerates docs/BENCHMARKS.md from the results.

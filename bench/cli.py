@@ -37,7 +37,17 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
     grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
     load = commands.add_parser("load", help="load-test a running server (open or closed loop)")
-    load.add_argument("--target", required=True, help="HOST:PORT of the server")
+    load.add_argument(
+        "--target",
+        required=True,
+        help="HOST:PORT of the gRPC server; with --protocol http the base URL (http://HOST:8080)",
+    )
+    load.add_argument(
+        "--protocol",
+        choices=["grpc", "http"],
+        default="grpc",
+        help="grpc: EncoderService.Encode; http: POST /v1/embeddings (embeddings only)",
+    )
     load.add_argument(
         "--mode",
         choices=["open", "closed"],

@@ -109,6 +109,7 @@ class ComposeProject:
         env = {
             "ATTNSERVE_GRPC_PUBLISH": "127.0.0.1:",  # a free host port per replica
             "ATTNSERVE_METRICS_PUBLISH": "127.0.0.1:",
+            "ATTNSERVE_HTTP_PUBLISH": "127.0.0.1:",
             "BUILDAH_FORMAT": "docker",  # podman's default OCI format drops HEALTHCHECK
             **env,
         }

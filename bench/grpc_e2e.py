@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from attnserve.bench.timing import ROUNDS, alternate
@@ -68,6 +69,10 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 f"gRPC {row['grpc_p50_ms']:.2f} ms, overhead {row['overhead_p50_ms']:+.2f} ms"
             )
 
+        http_rows = _http_vs_grpc(
+            server, client, runtime, [t for t in (8, 128) if t <= limit], quick, log
+        )
+
         t = seq_lens[-1]
         ids = rng.integers(0, runtime.config.vocab_size, size=(1, t), dtype=np.int64)
         variants = {
@@ -109,8 +114,38 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     return {
         "empty_rpc_p50_ms": empty_rpc_ms,
         "embeddings_overhead": overhead,
+        "http_vs_grpc": http_rows,
         "attention": attention,
     }
+
+
+def _http_vs_grpc(server, client, runtime, seq_lens, quick, log) -> list[dict]:
+    """The same answer (one vector, last-token pooling) through gRPC Encode and through the
+    OpenAI-compatible /v1/embeddings (JSON numbers, and base64 as OpenAI's SDK asks)."""
+    rows = []
+    rng = np.random.default_rng(1)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as http:
+        for t in seq_lens:
+            ids = rng.integers(0, 256, size=(1, t), dtype=np.int64)
+            body = {"model": "any", "input": [ids[0].tolist()]}
+            calls = {
+                "runtime": lambda ids=ids: runtime.embed(ids),
+                "grpc": lambda ids=ids: client.encode(
+                    [ids[0]], pooling="last", token_embeddings=False
+                ),
+                "http": lambda body=body: http.post("/v1/embeddings", json=body).json(),
+                "http-base64": lambda body=body: http.post(
+                    "/v1/embeddings", json={**body, "encoding_format": "base64"}
+                ).json(),
+            }
+            times = _alternate(calls, repeats=5 if quick else 50)
+            row = {"seq_len": t, **{f"{k}_p50_ms": round(_p50_ms(v), 4) for k, v in times.items()}}
+            rows.append(row)
+            log(
+                f"  pooled, seq_len {t:>4}: gRPC {row['grpc_p50_ms']:.2f} ms, HTTP "
+                f"{row['http_p50_ms']:.2f} ms (base64 {row['http-base64_p50_ms']:.2f} ms)"
+            )
+    return rows
 
 
 def markdown(result: dict) -> str:
@@ -124,6 +159,18 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['seq_len']} | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
             f"| {r['overhead_p50_ms']:+.2f} ms | {r['server_total_p50_ms']:.2f} ms |"
+        )
+    lines += [
+        "",
+        "| one pooled vector (last token) | runtime alone p50 | gRPC Encode p50 "
+        "| HTTP /v1/embeddings p50 | same, base64 | HTTP / gRPC |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result.get("http_vs_grpc", []):
+        lines.append(
+            f"| {r['seq_len']} tokens | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
+            f"| {r['http_p50_ms']:.2f} ms | {r['http-base64_p50_ms']:.2f} ms "
+            f"| {r['http_p50_ms'] / r['grpc_p50_ms']:.2f}x |"
         )
     lines += [
         "",

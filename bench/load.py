@@ -6,18 +6,25 @@ held back by --max-in-flight) cannot hide its queueing: the coordinated
 omission of closed-loop tools. Closed loop keeps a fixed number of requests
 in flight, for throughput at a given concurrency. A step or ramp schedule of
 rates finds the highest rate whose p99 stays under a target.
+
+`protocol="grpc"` calls EncoderService.Encode; `protocol="http"` posts the same
+token ids to the OpenAI-compatible `/v1/embeddings` (embeddings only; the
+target is then a base URL such as http://host:8080).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 from tqdm import tqdm
 
@@ -35,6 +42,10 @@ ATTENTION_CHOICES = {
     },
 }
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99, "p99.9": 99.9}
+PROTOCOLS = ("grpc", "http")
+# One request of the mix: its status ("OK", a gRPC code name or HTTP_<status>) and, when the
+# answer carries them, the server's timings (queue, inference, total) in ms.
+Send = Callable[[int], Awaitable[tuple[str, tuple[float, float, float] | None]]]
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,13 @@ class LoadGenerator:
         options: ClientOptions | None = None,
         seed: int = 0,
         timeout_s: float = 30.0,
+        protocol: str = "grpc",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if protocol == "http" and any(k.attention != "none" for k in mix):
+            raise ValueError("--protocol http drives /v1/embeddings: attention must be 'none'")
+        self.protocol = protocol
         self.target = target
         self.mix = mix
         self.options = options or ClientOptions()
@@ -104,35 +121,56 @@ class LoadGenerator:
         weights = np.array([k.weight for k in mix], dtype=float)
         self._p = weights / weights.sum()
         # Requests are built once: the generator's own CPU time must not limit the rate.
+        sequences = [data_rng.integers(0, 256, size=k.seq_len).tolist() for k in mix]
         self._requests = [
-            build_request(
-                [data_rng.integers(0, 256, size=k.seq_len).tolist()],
-                **ATTENTION_CHOICES[k.attention],
-            )
-            for k in mix
+            build_request([ids], **ATTENTION_CHOICES[k.attention])
+            for ids, k in zip(sequences, mix, strict=True)
         ]
+        self._http_bodies = [{"model": "any", "input": [ids]} for ids in sequences]
 
-    async def _call(self, stub, kind: int, start: float, intended: float | None) -> Record:
+    @contextlib.asynccontextmanager
+    async def _connect(self) -> AsyncIterator[Send]:
+        """One connection to the target, and the function that sends request `kind` over it."""
+        if self.protocol == "http":
+            headers = dict(self.options.metadata())
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            async with httpx.AsyncClient(
+                base_url=self.target, headers=headers, timeout=self.timeout_s, limits=limits
+            ) as http:
+
+                async def post(kind: int):
+                    response = await http.post("/v1/embeddings", json=self._http_bodies[kind])
+                    ok = response.status_code == 200
+                    return ("OK" if ok else f"HTTP_{response.status_code}"), None
+
+                yield post
+            return
+        async with self.options.open_channel(self.target, grpc.aio) as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+
+            async def encode(kind: int):
+                try:
+                    response: pb.EncodeResponse = await stub.Encode(
+                        self._requests[kind],
+                        timeout=self.timeout_s,
+                        metadata=self.options.metadata(),
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code().name, None
+                t = response.timings
+                return "OK", (t.queue_ns / 1e6, t.inference_ns / 1e6, t.total_ns / 1e6)
+
+            yield encode
+
+    async def _call(self, send: Send, kind: int, start: float, intended: float | None) -> Record:
         """One request; `intended` None means "now" (closed loop has no schedule)."""
         sent = time.perf_counter() - start
         intended = sent if intended is None else intended
         try:
-            response: pb.EncodeResponse = await stub.Encode(
-                self._requests[kind], timeout=self.timeout_s, metadata=self.options.metadata()
-            )
-        except grpc.aio.AioRpcError as exc:
-            return Record(kind, intended, sent, time.perf_counter() - start, exc.code().name)
-        t = response.timings
-        return Record(
-            kind,
-            intended,
-            sent,
-            time.perf_counter() - start,
-            "OK",
-            t.queue_ns / 1e6,
-            t.inference_ns / 1e6,
-            t.total_ns / 1e6,
-        )
+            status, timings = await send(kind)
+        except httpx.HTTPError as exc:  # connection refused or reset, timeout
+            status, timings = type(exc).__name__, None
+        return Record(kind, intended, sent, time.perf_counter() - start, status, *(timings or ()))
 
     def schedule(self, rate: float, duration: float) -> np.ndarray:
         """Poisson arrival times in [0, duration): exponential gaps of mean 1 / rate."""
@@ -156,9 +194,9 @@ class LoadGenerator:
             leave=False,
         )
 
-        async def one(stub, kind: int, start: float, intended: float) -> None:
+        async def one(send: Send, kind: int, start: float, intended: float) -> None:
             try:
-                record = await self._call(stub, kind, start, intended)
+                record = await self._call(send, kind, start, intended)
             finally:
                 if limit:
                     limit.release()
@@ -167,8 +205,7 @@ class LoadGenerator:
             if record.status != "OK":
                 bar.set_postfix_str(f"errors {sum(r.status != 'OK' for r in records)}")
 
-        async with self.options.open_channel(self.target, grpc.aio) as channel:
-            stub = pb_grpc.EncoderServiceStub(channel)
+        async with self._connect() as send:
             tasks = []
             start = self.started_at = time.perf_counter()
             for intended, kind in zip(arrivals, kinds, strict=True):
@@ -177,7 +214,7 @@ class LoadGenerator:
                     await asyncio.sleep(delay)
                 if limit:  # held back: sent late, but its latency still counts from `intended`
                     await limit.acquire()
-                tasks.append(asyncio.create_task(one(stub, int(kind), start, float(intended))))
+                tasks.append(asyncio.create_task(one(send, int(kind), start, float(intended))))
             await asyncio.gather(*tasks)
             elapsed = time.perf_counter() - start
         bar.close()
@@ -195,14 +232,13 @@ class LoadGenerator:
             unit="req",
             leave=False,
         )
-        async with self.options.open_channel(self.target, grpc.aio) as channel:
-            stub = pb_grpc.EncoderServiceStub(channel)
+        async with self._connect() as send:
             start = self.started_at = time.perf_counter()
 
             async def worker() -> None:
                 while time.perf_counter() - start < duration:
                     kind = int(self._kind_rng.choice(len(self.mix), p=self._p))
-                    records.append(await self._call(stub, kind, start, intended=None))
+                    records.append(await self._call(send, kind, start, intended=None))
                     bar.update()
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -244,7 +280,9 @@ def summarize(
         "latency_ms": _percentiles([r.latency for r in ok]),
         "service_time_ms": _percentiles([r.service_time for r in ok]),
         "server_ms": {
-            name: _percentiles([getattr(r, f"server_{name}_ms") for r in ok], scale=1.0)
+            name: _percentiles(
+                [v for r in ok if (v := getattr(r, f"server_{name}_ms")) is not None], scale=1.0
+            )
             for name in ("queue", "inference", "total")
         },
     }

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+import time
 
+import httpx
 import numpy as np
 
 from attnserve.bench.load import (
@@ -38,9 +41,26 @@ def _print_summary(summary: dict) -> None:
     )
     if lat:
         print("latency ms: " + ", ".join(f"{k} {v:.2f}" for k, v in lat.items()))
-        print("server-side total ms: " + ", ".join(f"{k} {v:.2f}" for k, v in server.items()))
+        if server:
+            print("server-side total ms: " + ", ".join(f"{k} {v:.2f}" for k, v in server.items()))
     if summary["errors"]:
         print("errors: " + ", ".join(f"{k} {v}" for k, v in summary["errors"].items()))
+
+
+def _wait_ready(target: str, protocol: str, options: ClientOptions, timeout: float) -> None:
+    """Until the target reports SERVING: the gRPC health service, or GET /health."""
+    if protocol == "grpc":
+        with EncoderClient(target, options) as client:
+            client.wait_until_serving(timeout=timeout)
+        return
+    end = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(target.rstrip("/") + "/health", timeout=2).status_code == 200:
+                return
+        if time.monotonic() >= end:
+            raise TimeoutError(f"server not SERVING after {timeout:.0f}s")
+        time.sleep(0.1)
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -58,13 +78,23 @@ def run_load(args: argparse.Namespace) -> int:
     )
     if args.wait_ready > 0:
         try:
-            with EncoderClient(args.target, options) as client:
-                client.wait_until_serving(timeout=args.wait_ready)
+            _wait_ready(args.target, args.protocol, options, args.wait_ready)
         except TimeoutError as exc:
             print(f"error: {args.target}: {exc}", file=sys.stderr)
             return 1
-    generator = LoadGenerator(args.target, mix, options, seed=args.seed, timeout_s=args.timeout)
-    report: dict = {"target": args.target, "mode": args.mode, "mix": [vars(k) for k in mix]}
+    try:
+        generator = LoadGenerator(
+            args.target, mix, options, args.seed, args.timeout, protocol=args.protocol
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report: dict = {
+        "target": args.target,
+        "protocol": args.protocol,
+        "mode": args.mode,
+        "mix": [vars(k) for k in mix],
+    }
     if rates:
         report["search"] = find_max_rate(
             generator, rates, args.duration, args.p99_target_ms, max_in_flight=args.max_in_flight

@@ -169,6 +169,19 @@ def comparisons(res: Results) -> list[str]:
         f"{min(per_floor):.1f}x-{max(per_floor):.1f}x the empty RPC's "
         f"{g['empty_rpc_p50_ms']:.2f} ms."
     )
+    http = g.get("http_vs_grpc") or []
+    if http:
+        out.append(
+            "HTTP `/v1/embeddings` / gRPC `Encode`, the same pooled vector: "
+            + ", ".join(
+                f"{r['http_p50_ms'] / r['grpc_p50_ms']:.2f}x at {r['seq_len']}" for r in http
+            )
+            + " (base64: "
+            + ", ".join(
+                f"{r['http-base64_p50_ms'] / r['grpc_p50_ms']:.2f}x at {r['seq_len']}" for r in http
+            )
+            + ")."
+        )
     full, packed = (
         next(r for r in g["attention"] if r["variant"] == v)
         for v in ("float32 full", "float16 causal-packed")

@@ -17,6 +17,10 @@ class QueueFullError(AttnserveError):
     """Too many sequences queued; nothing of the request was queued (RESOURCE_EXHAUSTED)."""
 
 
+class RequestTooLargeError(AttnserveError):
+    """The request body is over the message size limit (HTTP 413)."""
+
+
 class ResponseTooLargeError(AttnserveError):
     """The answer would exceed the message size limit (RESOURCE_EXHAUSTED)."""
 

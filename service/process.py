@@ -22,6 +22,7 @@ class ServerProcess:
     process: subprocess.Popen
     address: str  # HOST:PORT of the gRPC server
     metrics_port: int | None  # the /metrics port, when on
+    http_port: int | None  # the HTTP API's port, when on
     log_path: Path  # the server's stderr
 
     def metric(self, name: str) -> float:
@@ -39,7 +40,7 @@ class ServerProcess:
 def spawn_server(
     model_dir: Path, *extra: str, cwd: Path | None = None, timeout: float = 120
 ) -> ServerProcess:
-    """The server on 127.0.0.1, any free port (metrics off unless `extra` turns them on),
+    """The server on 127.0.0.1, any free ports (metrics off unless `extra` turns them on),
     returned once it is SERVING. RuntimeError, with its log, if it exits or times out first."""
     scratch = Path(tempfile.mkdtemp(prefix="attnserve-"))
     ready_file, log_path = scratch / "ready.json", scratch / "server.log"
@@ -58,6 +59,8 @@ def spawn_server(
                 "0",
                 "--metrics-port",
                 "-1",
+                "--http-port",
+                "0",
                 "--ready-file",
                 str(ready_file),
                 *extra,
@@ -73,4 +76,10 @@ def spawn_server(
             raise RuntimeError("the server did not start:\n" + log_path.read_text())
         time.sleep(0.05)
     ready = json.loads(ready_file.read_text())
-    return ServerProcess(process, f"127.0.0.1:{ready['port']}", ready["metrics_port"], log_path)
+    return ServerProcess(
+        process,
+        f"127.0.0.1:{ready['port']}",
+        ready["metrics_port"],
+        ready["http_port"],
+        log_path,
+    )

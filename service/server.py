@@ -27,6 +27,7 @@ from attnserve.service.auth import BearerTokenInterceptor
 from attnserve.service.backend import Backend
 from attnserve.service.batcher import Batcher
 from attnserve.service.dataplane import DataPlane
+from attnserve.service.http import HttpServer, create_app
 from attnserve.service.metrics import Metrics
 from attnserve.service.runtime import OrtRuntime
 from attnserve.service.servicer import EncoderServicer
@@ -51,8 +52,13 @@ class RunningServer:
     backend: Backend
     port: int
     metrics_port: int | None
+    http: HttpServer | None
     ready_file: Path | None
     _metrics_http: object | None
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http else None
 
     async def warm_up(self) -> None:
         """Run the model once per graph and a few lengths, then report SERVING."""
@@ -61,7 +67,8 @@ class RunningServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file:
-            _write_ready_file(self.ready_file, self.port, self.metrics_port)
+            ports = {"port": self.port, "metrics_port": self.metrics_port}
+            _write_ready_file(self.ready_file, {**ports, "http_port": self.http_port})
         log.info("warm: SERVING")
 
     async def stop(self, grace: float) -> None:
@@ -79,18 +86,19 @@ class RunningServer:
         if not await self.dataplane.wait_idle(grace):
             log.warning("grace period over with requests still in flight; cancelling them")
         await self.server.stop(max(0.0, grace - (time.monotonic() - start)))
+        if self.http:
+            await self.http.stop()
         await self.batcher.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("stopped")
 
 
-def _write_ready_file(path: Path, port: int, metrics_port: int | None) -> None:
-    """{"pid", "port", "metrics_port"} as JSON, renamed into place: readers never see half."""
+def _write_ready_file(path: Path, ports: dict[str, int | None]) -> None:
+    """{"pid", "port", "metrics_port", "http_port"} as JSON, renamed into place: readers
+    never see half a file."""
     scratch = path.with_name(path.name + ".tmp")
-    scratch.write_text(
-        json.dumps({"pid": os.getpid(), "port": port, "metrics_port": metrics_port}) + "\n"
-    )
+    scratch.write_text(json.dumps({"pid": os.getpid(), **ports}) + "\n")
     scratch.replace(path)
 
 
@@ -136,18 +144,27 @@ async def start_server(
     metrics_http = (
         metrics.serve(settings.metrics_port, settings.host) if settings.metrics_port >= 0 else None
     )
+    http = None
+    if settings.http_port >= 0:
+        http = HttpServer(create_app(dataplane, settings, metrics), settings)
     await server.start()
+    if http:
+        http.start()
     batcher.start()
 
     metrics_port = metrics_http.server_port if metrics_http else None
     log.info(
-        "listening: %s (%s, %s) on %s:%d%s; metrics on %s",
+        "listening: %s (%s, %s) on %s:%d%s; HTTP (explorer, /v1/embeddings, /docs) on %s; "
+        "metrics on %s",
         SERVICE_NAME,
         backend.config.name,
         backend.provider,
         settings.host,
         port,
         " with TLS" if settings.tls_cert else "",
+        f"{'https' if settings.tls_cert else 'http'}://{settings.host}:{http.port}/"
+        if http
+        else "(off)",
         f"port {metrics_port}" if metrics_port else "(off)",
     )
     running = RunningServer(
@@ -159,6 +176,7 @@ async def start_server(
         backend,
         port,
         metrics_port,
+        http,
         settings.ready_file,
         metrics_http,
     )

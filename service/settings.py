@@ -19,6 +19,8 @@ from attnserve.service.runtime import PROVIDERS, RuntimeOptions
 
 ENV_PREFIX = "ATTNSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# "last": the last token is the only one a causal model lets see the whole input.
+EMBEDDINGS_POOLINGS = ("last", "mean")
 
 
 def parse_bool(text: str) -> bool:
@@ -46,6 +48,22 @@ class Settings:
     metrics_port: int = field(
         default=9464,
         metadata=_opt(int, "Prometheus /metrics port; 0 picks one, -1 is off"),
+    )
+    http_port: int = field(
+        default=8080,
+        metadata=_opt(
+            int, "HTTP port: OpenAI-compatible API, JSON Encode, explorer; 0 picks one, -1 is off"
+        ),
+    )
+    http_cors_origins: str | None = field(
+        default=None,
+        metadata=_opt(str, "comma-separated origins that browsers may call the HTTP API from"),
+    )
+    embeddings_pooling: str = field(
+        default="last",
+        metadata=_opt(
+            str, "the one vector /v1/embeddings returns per input", choices=EMBEDDINGS_POOLINGS
+        ),
     )
     provider: str = field(
         default="auto",
@@ -103,9 +121,14 @@ class Settings:
     def __post_init__(self) -> None:
         self.runtime_options  # noqa: B018  (validates provider and threads)
         self.batcher_options  # noqa: B018
+        if self.embeddings_pooling not in EMBEDDINGS_POOLINGS:
+            raise ValueError(
+                f"embeddings_pooling must be one of {EMBEDDINGS_POOLINGS}, "
+                f"got {self.embeddings_pooling!r}"
+            )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "http_port"):
             if not -1 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in [-1, 65535], got {getattr(self, name)}")
         if self.port < 0:
@@ -118,6 +141,10 @@ class Settings:
             raise ValueError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: set both or neither")
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [o.strip() for o in (self.http_cors_origins or "").split(",") if o.strip()]
 
     @property
     def runtime_options(self) -> RuntimeOptions:

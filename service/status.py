@@ -1,25 +1,48 @@
-"""The one place where the service's errors become gRPC status codes."""
+"""The one place where the service's errors become gRPC status codes and HTTP statuses."""
 
 from __future__ import annotations
+
+from http import HTTPStatus
 
 import grpc
 
 from attnserve.service import errors
 
-STATUS_CODES: dict[type[errors.AttnserveError], grpc.StatusCode] = {
-    errors.InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.ResponseTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.NotReadyError: grpc.StatusCode.UNAVAILABLE,
-    errors.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    errors.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
-    errors.InferenceError: grpc.StatusCode.INTERNAL,
+# error class -> (gRPC status code, HTTP status); anything else is INTERNAL / 500.
+STATUS_CODES: dict[type[errors.AttnserveError], tuple[grpc.StatusCode, HTTPStatus]] = {
+    errors.InvalidInputError: (grpc.StatusCode.INVALID_ARGUMENT, HTTPStatus.BAD_REQUEST),
+    errors.QueueFullError: (grpc.StatusCode.RESOURCE_EXHAUSTED, HTTPStatus.TOO_MANY_REQUESTS),
+    errors.RequestTooLargeError: (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    ),
+    errors.ResponseTooLargeError: (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    ),
+    errors.NotReadyError: (grpc.StatusCode.UNAVAILABLE, HTTPStatus.SERVICE_UNAVAILABLE),
+    errors.DeadlineExceededError: (
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        HTTPStatus.GATEWAY_TIMEOUT,
+    ),
+    errors.UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, HTTPStatus.UNAUTHORIZED),
+    errors.InferenceError: (grpc.StatusCode.INTERNAL, HTTPStatus.INTERNAL_SERVER_ERROR),
 }
+_UNEXPECTED = (grpc.StatusCode.INTERNAL, HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The status code of an error; anything unexpected is INTERNAL."""
+def _codes(exc: BaseException) -> tuple[grpc.StatusCode, HTTPStatus]:
     for cls in type(exc).__mro__:
         if cls in STATUS_CODES:
             return STATUS_CODES[cls]
-    return grpc.StatusCode.INTERNAL
+    return _UNEXPECTED
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code of an error; anything unexpected is INTERNAL."""
+    return _codes(exc)[0]
+
+
+def http_status_for(exc: BaseException) -> HTTPStatus:
+    """The HTTP status of an error; anything unexpected is 500."""
+    return _codes(exc)[1]

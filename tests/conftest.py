@@ -86,6 +86,7 @@ class ServerThread:
             host="127.0.0.1",
             port=0,
             metrics_port=0,
+            http_port=0,
             provider="cpu",
             **overrides,
         )
@@ -94,6 +95,7 @@ class ServerThread:
         self.thread.start()
         self.running = self.call(start_server(self.settings, backend, warm_up=warm_up))
         self.address = f"127.0.0.1:{self.running.port}"
+        self.http_url = f"http://127.0.0.1:{self.running.http_port}"
 
     def call(self, coroutine, timeout: float = 120):
         """Run a coroutine on the server's loop and wait for it."""

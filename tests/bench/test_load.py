@@ -157,3 +157,19 @@ def test_cli_wait_ready_gives_up_with_a_clear_error(tmp_path):
     )
     assert result.returncode == 1
     assert "127.0.0.1:9: server not SERVING after 1s" in result.stderr
+
+
+def test_http_protocol_drives_openai_embeddings(cli_server):
+    target = f"http://127.0.0.1:{cli_server.http_port}"
+    generator = LoadGenerator(target, [RequestKind(8), RequestKind(400)], seed=5, protocol="http")
+    records, elapsed = asyncio.run(generator.closed_loop(2, 0.5, progress=False))
+    summary = summarize(records, elapsed)
+    too_long = sum(r.kind == 1 for r in records)  # 400 > the model's max_seq_len of 300
+    assert summary["ok"] == len(records) - too_long > 0
+    assert summary["errors"] == ({"HTTP_400": too_long} if too_long else {})
+    assert summary["server_ms"]["total"] == {}  # /v1/embeddings carries no server timings
+
+
+def test_http_protocol_refuses_attention_mixes():
+    with pytest.raises(ValueError, match="attention must be 'none'"):
+        LoadGenerator("http://127.0.0.1:1", [RequestKind(8, "float32-full")], protocol="http")

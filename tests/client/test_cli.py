@@ -1,4 +1,4 @@
-"""`python -m service` and `python -m client` as a user runs them: two real processes."""
+"""`attnserve serve` and the client commands as a user runs them: two real processes."""
 
 import json
 import socket

@@ -10,13 +10,14 @@ import threading
 import time
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 
 from attnserve.bench.compose import ComposeProject, find_engine, metric_total, wait_serving
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
-from tests.deploy.ci import skip_or_fail_in_ci
+from tests.ci import skip_or_fail_in_ci
 
 READY_TIMEOUT_S = 300
 PROJECT_PREFIX = "attnserve-test-"
@@ -84,6 +85,11 @@ def test_export_then_encode_through_the_published_port(stack, encoder):
     expected, _ = runtime.run(np.array([ids]))
     np.testing.assert_allclose(served.embeddings, expected[0], atol=1e-5)
     assert (info["version"], info["provider"]) == (runtime.version, "cpu")
+    # The HTTP port is published too: OpenAI-style embeddings of the same model.
+    url = "http://" + stack.published(encoder, 8080)
+    response = httpx.post(url + "/v1/embeddings", json={"input": [ids]}, timeout=30)
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["data"][0]["embedding"], expected[0][-1], atol=1e-5)
 
 
 def test_image_healthcheck_asks_the_grpc_health_service(stack, encoder):

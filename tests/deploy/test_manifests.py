@@ -15,8 +15,8 @@ from compose_spec import PyCompose
 
 from attnserve.bench.compose import compose_tool
 from attnserve.service.settings import Settings, env_name
+from tests.ci import skip_or_fail_in_ci
 from tests.conftest import REPO_ROOT
-from tests.deploy.ci import skip_or_fail_in_ci
 
 SETTINGS_ENV = {env_name(name) for name in Settings.__dataclass_fields__}
 ALL_PROFILES = ("gpu", "loadtest", "monitoring")
@@ -116,7 +116,11 @@ def test_kubernetes_probes_ports_and_settings_agree():
     pod = deployment["spec"]["template"]["spec"]
     (encoder,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in encoder["ports"]}
-    assert ports == {"grpc": Settings.port, "metrics": Settings.metrics_port}
+    assert ports == {
+        "grpc": Settings.port,
+        "http": Settings.http_port,
+        "metrics": Settings.metrics_port,
+    }
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert encoder[probe]["grpc"]["port"] == ports["grpc"]  # grpc.health.v1
     environment = {e["name"]: e["value"] for e in encoder["env"]}

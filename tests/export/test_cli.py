@@ -1,4 +1,4 @@
-"""`python -m export` as a user runs it: real subprocesses, real files."""
+"""`attnserve export` as a user runs it: real subprocesses, real files."""
 
 import json
 

@@ -1,5 +1,6 @@
 """The installed distribution claims only `attnserve*` names and installs the one command."""
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -12,7 +13,19 @@ from tests.conftest import REPO_ROOT
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a clean copy of the checkout's files (setuptools would reuse
+    and never prune a build/ folder left in the tree)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (REPO_ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, source / name)
     result = subprocess.run(
         [
             sys.executable,
@@ -24,7 +37,7 @@ def wheel(tmp_path_factory):
             "--quiet",
             "-w",
             str(out),
-            str(REPO_ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,

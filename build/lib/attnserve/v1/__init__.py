@@ -1,1 +1,0 @@
-"""Generated from attnserve/v1/*.proto by protos/generate.py."""

@@ -1,0 +1,354 @@
+"""The HTTP transport: OpenAI-compatible embeddings, the JSON mirror of Encode, health and
+the attention explorer, served by uvicorn on the server's own event loop.
+
+Like the gRPC servicer it only converts: JSON in, an `EncodeRequest` to the shared
+data plane (so both transports share one batcher, one admission and one drain),
+JSON out, and errors mapped through service/status.py's one table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from importlib import resources
+from typing import Any, Literal
+
+import numpy as np
+import uvicorn
+from fastapi import Body, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from google.protobuf import json_format
+from pydantic import BaseModel, Field
+
+from attnserve.service.dataplane import DataPlane
+from attnserve.service.errors import (
+    AttnserveError,
+    InvalidInputError,
+    RequestTooLargeError,
+    UnauthenticatedError,
+)
+from attnserve.service.metrics import Metrics
+from attnserve.service.settings import Settings
+from attnserve.service.status import http_status_for
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import from_tensor
+
+log = logging.getLogger(__name__)
+
+EXPLORER = resources.files("attnserve.service") / "static" / "explorer"
+POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
+# EncodeResult's tensors: their name in protobuf's JSON mapping -> the field.
+TENSOR_FIELDS = {"embeddings": "embeddings", "pooled": "pooled", "attention": "attention"}
+DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16"}
+# OpenAI's error "type" for each HTTP status the API answers with.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request, as its official SDK sends it."""
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text, a list of texts, a token array or a list of token arrays"
+    )
+    model: str | None = Field(None, description="ignored: this server serves one model")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="if given, must equal the model's d_model")
+    user: str | None = None
+
+
+def create_app(dataplane: DataPlane, settings: Settings, metrics: Metrics) -> FastAPI:
+    config = dataplane.backend.config
+    started = int(time.time())
+    app = FastAPI(
+        title="attnserve",
+        description="Contextual embeddings and attention weights of a causal self-attention "
+        "encoder. The same model and batcher as the gRPC API (attnserve.v1.EncoderService).",
+        version=dataplane.backend.version,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
+    app.add_middleware(BodyLimit, limit=settings.max_message_bytes)
+    authorized = [Depends(_bearer_check(settings.auth_token))] if settings.auth_token else []
+
+    async def answer(method: str, build: Callable[[], Awaitable[dict]]) -> JSONResponse:
+        """Run one request; any error becomes OpenAI's error shape with the table's status."""
+        start = time.perf_counter()
+        try:
+            body, status = await build(), HTTPStatus.OK
+        except Exception as exc:
+            if not isinstance(exc, AttnserveError):
+                log.exception("%s failed unexpectedly", method)
+            body, status = _error_body(exc), http_status_for(exc)
+        metrics.requests.labels(method, str(status.value)).inc()
+        metrics.request_latency.labels(method).observe(time.perf_counter() - start)
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(AttnserveError)
+    async def refused(request: Request, exc: AttnserveError) -> JSONResponse:
+        """Errors raised before a route runs (the bearer-token check)."""
+        return JSONResponse(_error_body(exc), status_code=http_status_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        return JSONResponse(_error_body(InvalidInputError(problems)), status_code=400)
+
+    @app.get("/health", tags=["health"])
+    async def ready() -> JSONResponse:
+        """Readiness: 200 SERVING once the model is warm; 503 NOT_SERVING before and while
+        draining (the states of the gRPC health service)."""
+        if dataplane.refusal:
+            return JSONResponse({"status": "NOT_SERVING", "reason": dataplane.refusal}, 503)
+        return JSONResponse({"status": "SERVING"})
+
+    @app.get("/health/live", tags=["health"])
+    async def live() -> dict:
+        """Liveness: 200 while the process answers at all."""
+        return {"status": "ALIVE"}
+
+    @app.get("/v1/models", tags=["openai"], dependencies=authorized)
+    async def models() -> dict:
+        """The one served model, as OpenAI's model list."""
+        return {
+            "object": "list",
+            "data": [
+                {"id": config.name, "object": "model", "created": started, "owned_by": "attnserve"}
+            ],
+        }
+
+    @app.post("/v1/embeddings", tags=["openai"], dependencies=authorized)
+    async def embeddings(body: EmbeddingsRequest) -> JSONResponse:
+        """One vector per input: the `--embeddings-pooling` of its token embeddings (default
+        `last`: in a causal model only the last token has seen the whole input)."""
+
+        async def build() -> dict:
+            request = _embeddings_request(body, config.d_model, settings.embeddings_pooling)
+            response = await dataplane.encode(request)
+            data = []
+            for index, result in enumerate(response.results):
+                vector = from_tensor(result.pooled)
+                embedding = (
+                    base64.b64encode(vector.astype("<f4").tobytes()).decode()
+                    if body.encoding_format == "base64"
+                    else vector.tolist()
+                )
+                data.append({"object": "embedding", "index": index, "embedding": embedding})
+            tokens = sum(len(r.token_ids) for r in response.results)
+            return {
+                "object": "list",
+                "data": data,
+                "model": config.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+
+        return await answer("POST /v1/embeddings", build)
+
+    @app.post("/v1/encode", tags=["attnserve"], dependencies=authorized)
+    async def encode(
+        body: dict[str, Any] = Body(  # noqa: B008  (FastAPI's way to declare a JSON body)
+            examples=[
+                {
+                    "inputs": [{"text": "The cat sat."}],
+                    "options": {"pooling": "POOLING_MEAN", "attention": {"layers": [0]}},
+                    "tensor_format": "list",
+                }
+            ]
+        ),
+    ) -> JSONResponse:
+        """`Encode` in JSON: the body is protobuf's JSON mapping of attnserve.v1.EncodeRequest,
+        the answer that of EncodeResponse. `"tensor_format": "list"` turns each tensor into
+        `{"shape", "dtype", "values"}` (nested numbers); the default `"base64"` keeps the
+        raw little-endian bytes of the gRPC API."""
+
+        async def build() -> dict:
+            request, as_lists = _encode_request(body)
+            response = await dataplane.encode(request)
+            return _encode_response(response, as_lists)
+
+        return await answer("POST /v1/encode", build)
+
+    @app.get("/", include_in_schema=False)
+    async def explorer() -> FileResponse:
+        return FileResponse(str(EXPLORER / "index.html"))
+
+    app.mount("/explorer", StaticFiles(directory=str(EXPLORER)), name="explorer")
+    return app
+
+
+def _embeddings_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.EncodeRequest:
+    if body.dimensions is not None and body.dimensions != d_model:
+        raise InvalidInputError(
+            f"dimensions: this model's embeddings have {d_model} dimensions, "
+            f"{body.dimensions} were asked for"
+        )
+    items = body.input
+    if isinstance(items, str) or (items and isinstance(items[0], int)):
+        items = [items]
+    if not items:
+        raise InvalidInputError("input: at least one input is required")
+    request = pb.EncodeRequest()
+    for item in items:
+        if isinstance(item, str):
+            request.inputs.add(text=item)
+        else:
+            request.inputs.add(token_ids=pb.TokenIds(ids=item))
+    request.options.pooling = POOLINGS[pooling]
+    request.options.skip_token_embeddings = True
+    return request
+
+
+def _encode_request(body: dict[str, Any]) -> tuple[pb.EncodeRequest, bool]:
+    body = dict(body)
+    tensor_format = body.pop("tensor_format", body.pop("tensorFormat", "base64"))
+    if tensor_format not in ("base64", "list"):
+        raise InvalidInputError(f"tensor_format: {tensor_format!r} is not 'base64' or 'list'")
+    try:
+        request = json_format.ParseDict(body, pb.EncodeRequest())
+    except json_format.ParseError as exc:
+        raise InvalidInputError(f"not an attnserve.v1.EncodeRequest: {exc}") from None
+    return request, tensor_format == "list"
+
+
+def _encode_response(response: pb.EncodeResponse, as_lists: bool) -> dict:
+    body = json_format.MessageToDict(response)
+    if as_lists:
+        for result, message in zip(body.get("results", []), response.results, strict=True):
+            for json_name, field in TENSOR_FIELDS.items():
+                if json_name in result:
+                    result[json_name] = _tensor_as_list(getattr(message, field))
+    return body
+
+
+def _tensor_as_list(tensor: pb.Tensor) -> dict:
+    array = from_tensor(tensor)
+    return {
+        "shape": list(array.shape),
+        "dtype": DTYPE_NAMES.get(tensor.dtype, str(array.dtype)),
+        "values": array.astype(np.float64 if array.dtype.kind == "f" else array.dtype).tolist(),
+    }
+
+
+def _error_body(exc: BaseException) -> dict:
+    status = http_status_for(exc)
+    message = str(exc) or type(exc).__name__
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status.value, "server_error"),
+            "param": None,
+            "code": status.phrase.lower().replace(" ", "_"),
+        }
+    }
+
+
+def _bearer_check(token: str) -> Callable[[Request], None]:
+    expected = f"Bearer {token}".encode()
+
+    def check(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise UnauthenticatedError("missing or wrong 'Authorization: Bearer <token>' header")
+
+    return check
+
+
+class BodyLimit:
+    """ASGI middleware: request bodies over `limit` bytes get 413 (the gRPC message limit)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and int(declared) > self.limit:
+            return await self._too_large(send)
+        seen = 0
+
+        async def counted_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted_receive, send)
+        except _BodyTooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send) -> None:
+        error = RequestTooLargeError(
+            f"the request body is larger than the {self.limit:,}-byte message limit"
+        )
+        await JSONResponse(_error_body(error), status_code=413)({"type": "http"}, None, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class HttpServer:
+    """uvicorn inside the running event loop, on a socket bound before it starts (so a
+    port taken is an OSError at start-up, and port 0 is known at once)."""
+
+    def __init__(self, app: FastAPI, settings: Settings) -> None:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        self._socket = socket.create_server((settings.host, settings.http_port), family=family)
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            ssl_certfile=settings.tls_cert,
+            ssl_keyfile=settings.tls_key,
+            timeout_graceful_shutdown=settings.grace_seconds,
+        )
+        self._server = _EmbeddedUvicorn(config)
+        self._task = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[self._socket]), name="http"
+        )
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task:
+            await self._task
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the gRPC server's handler drains both."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield

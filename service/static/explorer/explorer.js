@@ -1,0 +1,307 @@
+// The attention explorer: asks POST /v1/encode for every layer and head (float16,
+// causal-packed: a quarter of the float32 bytes), then draws one view on a canvas.
+// No build step, no dependencies; the URL carries the state so a view can be shared:
+//   /?text=...&layer=2&head=5&view=rollout&rows=all
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { encoding: null };
+
+// ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
+
+function float16ToFloat32(bits) {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f;
+  const fraction = bits & 0x3ff;
+  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+  if (exponent === 31) return fraction ? NaN : sign * Infinity;
+  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+}
+
+function decodeTensor(tensor) {
+  const bytes = Uint8Array.from(atob(tensor.data || ""), (c) => c.charCodeAt(0));
+  const view = new DataView(bytes.buffer);
+  const out = new Float32Array(bytes.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = float16ToFloat32(view.getUint16(2 * i, true));
+  return { shape: tensor.shape.map(Number), values: out };
+}
+
+// Row i of a packed head starts at i(i+1)/2 and holds keys 0..i.
+function headMatrix(packed, layer, head, t) {
+  const [, heads, perHead] = packed.shape;
+  const base = (layer * heads + head) * perHead;
+  const m = new Float32Array(t * t);
+  for (let i = 0, k = base; i < t; i++) for (let j = 0; j <= i; j++, k++) m[i * t + j] = packed.values[k];
+  return m;
+}
+
+// ---- views ----
+
+function reduceHeads(packed, layer, t, how) {
+  const heads = packed.shape[1];
+  const out = new Float32Array(t * t).fill(how === "max" ? -Infinity : 0);
+  for (let h = 0; h < heads; h++) {
+    const m = headMatrix(packed, layer, h, t);
+    for (let k = 0; k < m.length; k++) out[k] = how === "max" ? Math.max(out[k], m[k]) : out[k] + m[k] / heads;
+  }
+  return out;
+}
+
+// Abnar & Zuidema: A' = 0.5 A + 0.5 I (heads averaged), rows renormalised,
+// R = A'_layer ... A'_0 (the first layer rightmost). It stays lower triangular.
+function rollout(packed, upTo, t) {
+  let r = null;
+  for (let l = 0; l <= upTo; l++) {
+    const a = reduceHeads(packed, l, t, "mean");
+    for (let i = 0; i < t; i++) {
+      a[i * t + i] += 1;
+      let sum = 0;
+      for (let j = 0; j <= i; j++) sum += a[i * t + j];
+      for (let j = 0; j <= i; j++) a[i * t + j] /= sum;
+    }
+    r = r === null ? a : matmulCausal(a, r, t);
+  }
+  return r;
+}
+
+function matmulCausal(a, b, t) {  // both lower triangular
+  const out = new Float32Array(t * t);
+  for (let i = 0; i < t; i++)
+    for (let k = 0; k <= i; k++) {
+      const aik = a[i * t + k];
+      if (aik) for (let j = 0; j <= k; j++) out[i * t + j] += aik * b[k * t + j];
+    }
+  return out;
+}
+
+function meanRowEntropy(m, t) {
+  let total = 0;
+  for (let i = 0; i < t; i++) {
+    let h = 0;
+    for (let j = 0; j <= i; j++) { const p = m[i * t + j]; if (p > 0) h -= p * Math.log(p); }
+    total += h;
+  }
+  return total / t;
+}
+
+function currentView() {
+  const { packed, tokens } = state.encoding;
+  const t = tokens.length;
+  const layer = Number($("layer").value), head = Number($("head").value), view = $("view").value;
+  const full =
+    view === "head" ? headMatrix(packed, layer, head, t)
+    : view === "rollout" ? rollout(packed, layer, t)
+    : reduceHeads(packed, layer, t, view);
+  const rowIndex = $("rows").value === "last" ? [t - 1] : [...Array(t).keys()];
+  return { full, rowIndex, t, tokens };
+}
+
+// ---- drawing ----
+
+function colour(v) {  // white -> deep blue
+  const x = Math.max(0, Math.min(1, v));
+  return `rgb(${Math.round(255 - 215 * x)},${Math.round(255 - 170 * x)},${Math.round(255 - 60 * x)})`;
+}
+
+function draw(highlight = null) {
+  if (!state.encoding) return;
+  const { full, rowIndex, t, tokens } = currentView();
+  const canvas = $("heatmap");
+  const cell = Math.max(2, Math.min(24, Math.floor(760 / t)));
+  const labels = cell >= 8;
+  const margin = labels ? 70 : 4;
+  canvas.width = margin + cell * t + 4;
+  canvas.height = margin + cell * rowIndex.length + 4;
+  canvas.dataset.rows = String(rowIndex.length);
+  canvas.dataset.cols = String(t);
+  canvas.dataset.view = $("view").value;
+  canvas.dataset.cell = String(cell);  // the layout, for tools that point at a cell
+  canvas.dataset.margin = String(margin);
+  const g = canvas.getContext("2d");
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  let peak = 0;
+  for (const i of rowIndex) for (let j = 0; j <= i; j++) peak = Math.max(peak, full[i * t + j]);
+  rowIndex.forEach((i, r) => {
+    for (let j = 0; j < t; j++) {
+      g.fillStyle = j > i ? "#f4f4f4" : colour(full[i * t + j] / (peak || 1));
+      g.fillRect(margin + j * cell, margin + r * cell, cell, cell);
+    }
+  });
+  if (highlight) {
+    g.strokeStyle = "#e4572e";
+    g.lineWidth = 2;
+    const r = rowIndex.indexOf(highlight.row);
+    if (r >= 0) g.strokeRect(margin, margin + r * cell, cell * t, cell);
+    if (highlight.col !== null) g.strokeRect(margin + highlight.col * cell, margin, cell, cell * rowIndex.length);
+  }
+  if (labels) {
+    g.fillStyle = "#1d1d1f";
+    g.font = `${Math.min(12, cell)}px ui-monospace, monospace`;
+    g.textAlign = "right";
+    g.textBaseline = "middle";
+    rowIndex.forEach((i, r) => g.fillText(tokens[i], margin - 4, margin + (r + 0.5) * cell));
+    g.save();
+    g.textAlign = "left";
+    for (let j = 0; j < t; j++) {
+      g.setTransform(1, 0, 0, 1, margin + (j + 0.5) * cell, margin - 4);
+      g.rotate(-Math.PI / 2);
+      g.fillText(tokens[j], 0, 0);
+    }
+    g.restore();
+  }
+  state.geometry = { cell, margin, rowIndex, t, full, tokens };
+}
+
+function hover(event) {
+  const geo = state.geometry;
+  if (!geo) return;
+  const rect = $("heatmap").getBoundingClientRect();
+  const x = event.clientX - rect.left - geo.margin, y = event.clientY - rect.top - geo.margin;
+  let col = Math.floor(x / geo.cell), r = Math.floor(y / geo.cell);
+  // Over a label: the token's own row and column.
+  if (x < 0 && r >= 0 && r < geo.rowIndex.length) col = geo.rowIndex[r];
+  if (y < 0 && col >= 0 && col < geo.t) r = Math.max(0, geo.rowIndex.indexOf(col));
+  if (col < 0 || col >= geo.t || r < 0 || r >= geo.rowIndex.length) return;
+  const row = geo.rowIndex[r];
+  const weight = col <= row ? geo.full[row * geo.t + col] : 0;
+  $("hover-info").textContent =
+    `query ${row} ${JSON.stringify(geo.tokens[row])} -> key ${col} ${JSON.stringify(geo.tokens[col])}: ${weight.toFixed(4)}`;
+  $("hover-info").dataset.row = String(row);
+  $("hover-info").dataset.col = String(col);
+  draw({ row, col });
+}
+
+function drawEntropy() {
+  const { packed, tokens } = state.encoding;
+  const [layers, heads] = packed.shape;
+  const t = tokens.length;
+  const table = $("entropy");
+  table.innerHTML = "";
+  const header = table.insertRow();
+  header.appendChild(document.createElement("th")).textContent = "L\\H";
+  for (let h = 0; h < heads; h++) header.appendChild(document.createElement("th")).textContent = h;
+  const worst = Math.log(Math.max(2, t));
+  for (let l = 0; l < layers; l++) {
+    const tr = table.insertRow();
+    tr.appendChild(document.createElement("th")).textContent = l;
+    for (let h = 0; h < heads; h++) {
+      const e = meanRowEntropy(headMatrix(packed, l, h, t), t);
+      const td = tr.insertCell();
+      td.textContent = e.toFixed(2);
+      td.style.background = colour(1 - e / worst);
+      td.dataset.layer = l;
+      td.dataset.head = h;
+      td.onclick = () => { $("layer").value = l; $("head").value = h; $("view").value = "head"; update(); };
+    }
+  }
+}
+
+function markSelected() {
+  for (const td of $("entropy").querySelectorAll("td")) {
+    const on = $("view").value === "head" && td.dataset.layer === $("layer").value && td.dataset.head === $("head").value;
+    td.classList.toggle("selected", on);
+  }
+}
+
+// ---- state in the URL ----
+
+function saveUrl() {
+  const params = new URLSearchParams();
+  params.set("text", $("text").value);
+  for (const id of ["layer", "head", "view", "rows"]) params.set(id, $(id).value);
+  history.replaceState(null, "", "?" + params.toString());
+}
+
+function update() {
+  saveUrl();
+  draw();
+  markSelected();
+}
+
+function fillSelect(id, n, wanted) {
+  const select = $(id);
+  const keep = wanted ?? select.value;
+  select.innerHTML = "";
+  for (let i = 0; i < n; i++) select.add(new Option(String(i), String(i)));
+  select.value = Number(keep) < n ? String(keep) : "0";
+}
+
+// ---- talking to the server ----
+
+function authHeaders() {
+  const token = sessionStorage.getItem("attnserve-token");
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function post(path, body) {
+  for (let attempt = 0; attempt < 2; attempt++) {
+    const response = await fetch(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", ...authHeaders() },
+      body: JSON.stringify(body),
+    });
+    if (response.status === 401 && attempt === 0) {
+      const token = prompt("This server needs its bearer token:");
+      if (!token) break;
+      sessionStorage.setItem("attnserve-token", token);
+      continue;
+    }
+    const json = await response.json();
+    if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
+    return json;
+  }
+  throw new Error("not authorised");
+}
+
+async function show(event) {
+  if (event) event.preventDefault();
+  const text = $("text").value;
+  if (!text) return;
+  $("status").className = "";
+  $("status").textContent = "encoding...";
+  try {
+    const answer = await post("/v1/encode", {
+      inputs: [{ text }],
+      options: {
+        skipTokenEmbeddings: true,
+        returnTokens: true,
+        truncation: "TRUNCATION_RIGHT",
+        attention: { dtype: "DTYPE_FLOAT16", layout: "ATTENTION_LAYOUT_CAUSAL_PACKED" },
+      },
+    });
+    const result = answer.results[0];
+    const packed = decodeTensor(result.attention);
+    state.encoding = { packed, tokens: result.tokens };
+    const params = new URLSearchParams(location.search);
+    fillSelect("layer", packed.shape[0], params.get("layer"));
+    fillSelect("head", packed.shape[1], params.get("head"));
+    drawEntropy();
+    update();
+    const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
+    $("status").textContent = `${result.tokens.length} tokens${cut}, server ${(Number(answer.timings.totalNs) / 1e6).toFixed(1)} ms`;
+  } catch (error) {
+    $("status").className = "error";
+    $("status").textContent = `error: ${error.message}`;
+  }
+}
+
+async function init() {
+  const params = new URLSearchParams(location.search);
+  for (const id of ["view", "rows"]) if (params.get(id)) $(id).value = params.get(id);
+  fillSelect("layer", 1, 0);
+  fillSelect("head", 1, 0);
+  $("controls").addEventListener("submit", show);
+  for (const id of ["layer", "head", "view", "rows"]) $(id).addEventListener("change", update);
+  $("heatmap").addEventListener("mousemove", hover);
+  $("heatmap").addEventListener("mouseleave", () => draw());
+  try {
+    const models = await (await fetch("/v1/models", { headers: authHeaders() })).json();
+    $("model").textContent = models.data ? models.data[0].id : "";
+  } catch (_) { /* the page still works without the name */ }
+  if (params.get("text")) {
+    $("text").value = params.get("text");
+    await show();
+  }
+}
+
+init();

@@ -1,0 +1,126 @@
+"""The attention explorer in a real browser: Debian's Chromium, driven by Playwright.
+
+A shared URL renders its view directly; the map has one row and one column per
+token; hovering a cell names the tokens and shows the very weight the gRPC API
+returns; views, the last-row mode and the entropy grid switch what is drawn; the
+page fetches nothing from anywhere but the server.
+"""
+
+from __future__ import annotations
+
+import shutil
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+
+from tests.ci import skip_or_fail_in_ci
+
+TEXT = "The cat sat on the mat."
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        skip_or_fail_in_ci("no chromium: `make test` installs it (deploy/browser-setup.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=BROWSER_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.elsewhere = []  # every request that did not go to the server
+    page.on(
+        "request",
+        lambda r: None if r.url.startswith(server.http_url) else page.elsewhere.append(r.url),
+    )
+    yield page
+    context.close()
+
+
+def hover_cell(page, row: int, col: int) -> str:
+    canvas = page.locator("#heatmap")
+    cell, margin = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "margin"))
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + margin + (col + 0.5) * cell, box["y"] + margin + (row + 0.5) * cell)
+    info = page.locator(f'#hover-info[data-row="{row}"][data-col="{col}"]')
+    info.wait_for()
+    return info.text_content()
+
+
+def rollout(attention: np.ndarray, upto: int) -> np.ndarray:
+    """Abnar & Zuidema over layers 0..upto, heads averaged: the explorer's definition."""
+    t = attention.shape[-1]
+    result = np.eye(t)
+    for layer in range(upto + 1):
+        a = 0.5 * attention[layer].mean(axis=0) + 0.5 * np.eye(t)
+        result = (a / a.sum(axis=-1, keepdims=True)) @ result
+    return result
+
+
+def test_a_shared_url_renders_and_every_view_shows_the_servers_numbers(
+    page, server, client, tmp_path
+):
+    expected = client.encode(TEXT, attention=True, return_tokens=True)[0]
+    t = len(expected.token_ids)
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}&layer=1&head=2&view=head")
+    heatmap = page.locator("#heatmap[data-rows]")
+    heatmap.wait_for()
+    assert heatmap.get_attribute("data-rows") == heatmap.get_attribute("data-cols") == str(t)
+    assert (page.input_value("#layer"), page.input_value("#head")) == ("1", "2")
+
+    # Hovering a cell names both tokens and shows the weight gRPC returns (float16 on the way).
+    info = hover_cell(page, row=5, col=3)
+    assert f'query 5 "{expected.tokens[5]}" -> key 3 "{expected.tokens[3]}"' in info
+    assert float(info.rsplit(" ", 1)[1]) == pytest.approx(expected.attention[1, 2, 5, 3], abs=2e-3)
+
+    page.select_option("#view", "mean")
+    page.locator('#heatmap[data-view="mean"]').wait_for()
+    mean = expected.attention[1].mean(axis=0)
+    assert float(hover_cell(page, 7, 1).rsplit(" ", 1)[1]) == pytest.approx(mean[7, 1], abs=2e-3)
+
+    page.select_option("#view", "rollout")
+    page.locator('#heatmap[data-view="rollout"]').wait_for()
+    rolled = rollout(expected.attention, upto=1)
+    weight = float(hover_cell(page, t - 1, 0).rsplit(" ", 1)[1])
+    assert weight == pytest.approx(rolled[t - 1, 0], abs=3e-3)
+    assert "view=rollout" in page.url  # the state travels in the URL
+    page.screenshot(path=str(tmp_path / "explorer-rollout.png"))
+
+    page.select_option("#rows", "last")  # long texts: only the last token's row
+    page.locator('#heatmap[data-rows="1"]').wait_for()
+    assert heatmap.get_attribute("data-cols") == str(t)
+
+    # The entropy grid has a cell per layer and head; a click shows that head.
+    cells = page.locator("#entropy td")
+    assert cells.count() == 2 * 4
+    page.locator('#entropy td[data-layer="0"][data-head="3"]').click()
+    page.locator('#heatmap[data-view="head"]').wait_for()
+    assert (page.input_value("#layer"), page.input_value("#head")) == ("0", "3")
+    page.screenshot(path=str(tmp_path / "explorer.png"))
+    assert (tmp_path / "explorer.png").read_bytes()[:4] == b"\x89PNG"
+    assert page.elsewhere == []  # offline: nothing but the server was asked
+
+
+def test_typing_a_text_and_pressing_show(page, server):
+    page.goto(server.http_url + "/")
+    page.fill("#text", "Hello, world")
+    page.click("#show")
+    page.locator('#heatmap[data-rows="13"]').wait_for()  # <bos> + 12 bytes
+    assert "text=Hello%2C+world" in page.url
+    assert page.locator("#status").text_content().startswith("13 tokens")

@@ -1,0 +1,210 @@
+"""The HTTP transport through a real server: OpenAI's own SDK as a client of /v1/embeddings,
+the JSON mirror of Encode, health, and the error table's HTTP column."""
+
+from __future__ import annotations
+
+import base64
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from attnserve.client import build_request
+from tests.conftest import ServerThread
+from tests.service.fakes import FakeBackend
+
+TEXTS = ["The cat sat on the mat.", "Attention is all you need!"]
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    return OpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_sdk_embeddings_equal_grpc_last_token_pooling(server, client, openai_client):
+    grpc = client.encode(TEXTS, pooling="last", token_embeddings=False)
+    for encoding_format in ("float", "base64", None):  # None: the SDK asks base64, decodes
+        kwargs = {"encoding_format": encoding_format} if encoding_format else {}
+        response = openai_client.embeddings.create(model="any", input=TEXTS, **kwargs)
+        assert [d.index for d in response.data] == [0, 1]
+        for data, encoding in zip(response.data, grpc, strict=True):
+            embedding = data.embedding
+            if isinstance(embedding, str):
+                embedding = np.frombuffer(base64.b64decode(embedding), dtype="<f4")
+            np.testing.assert_allclose(embedding, encoding.pooled, atol=1e-5, rtol=0)
+        tokens = sum(len(e.token_ids) for e in grpc)
+        assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+        assert response.model == "attnserve-encoder"
+
+
+def test_every_openai_input_shape(openai_client, client):
+    ids = [257, 72, 105]
+    one_text = openai_client.embeddings.create(model="m", input=TEXTS[0]).data
+    token_array = openai_client.embeddings.create(model="m", input=ids).data
+    token_arrays = openai_client.embeddings.create(model="m", input=[ids, ids[:2]]).data
+    assert len(one_text) == 1 and len(token_array) == 1 and len(token_arrays) == 2
+    want = client.encode([ids, ids[:2]], pooling="last")
+    np.testing.assert_allclose(token_array[0].embedding, want[0].pooled, atol=1e-5)
+    np.testing.assert_allclose(token_arrays[1].embedding, want[1].pooled, atol=1e-5)
+
+
+def test_models_and_health(server):
+    models = httpx.get(server.http_url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "attnserve-encoder"
+    assert httpx.get(server.http_url + "/health").json() == {"status": "SERVING"}
+    assert httpx.get(server.http_url + "/health/live").status_code == 200
+    docs = httpx.get(server.http_url + "/openapi.json").json()
+    assert {"/v1/embeddings", "/v1/encode", "/v1/models", "/health"} <= set(docs["paths"])
+
+
+def test_encode_json_mirror_with_readable_tensors(server, client, small_runtime):
+    body = {
+        "inputs": [{"text": "The cat sat."}, {"tokenIds": {"ids": [257, 84, 104]}}],
+        "options": {"pooling": "POOLING_MEAN", "attention": {"layers": [1], "heads": [0, 3]}},
+        "request_id": "r-1",
+        "tensor_format": "list",
+    }
+    out = httpx.post(server.http_url + "/v1/encode", json=body).json()
+    assert out["requestId"] == "r-1" and len(out["results"]) == 2
+    grpc = client.encode(["The cat sat.", [257, 84, 104]], pooling="mean", layers=[1], heads=[0, 3])
+    for result, encoding in zip(out["results"], grpc, strict=True):
+        embeddings = result["embeddings"]
+        assert embeddings["dtype"] == "float32"
+        assert embeddings["shape"] == list(encoding.embeddings.shape)
+        np.testing.assert_allclose(embeddings["values"], encoding.embeddings, atol=1e-6)
+        np.testing.assert_allclose(result["pooled"]["values"], encoding.pooled, atol=1e-6)
+        attention = np.array(result["attention"]["values"])
+        assert attention.shape == (1, 2, len(encoding.token_ids), len(encoding.token_ids))
+        np.testing.assert_allclose(attention, encoding.attention, atol=1e-6)
+
+
+def test_encode_json_default_is_the_grpc_bytes(server, client):
+    request = build_request("hello", pooling="last")
+    out = httpx.post(
+        server.http_url + "/v1/encode",
+        json={"inputs": [{"text": "hello"}], "options": {"pooling": "POOLING_LAST"}},
+    ).json()
+    pooled = out["results"][0]["pooled"]
+    assert pooled["dtype"] == "DTYPE_FLOAT32"
+    values = np.frombuffer(base64.b64decode(pooled["data"]), dtype="<f4")
+    grpc = client.encode(request.inputs[0].text, pooling="last")
+    np.testing.assert_allclose(values, grpc[0].pooled, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v1/embeddings", {"model": "m", "input": [[1, 999]]}, 400, "token id 999 is outside"),
+        ("/v1/embeddings", {"model": "m", "input": []}, 400, "input: at least one input"),
+        ("/v1/embeddings", {"model": "m"}, 400, "input: Field required"),
+        ("/v1/embeddings", {"input": "x", "dimensions": 3}, 400, "dimensions: this model's"),
+        ("/v1/encode", {"inputs": [{"text": "x"}], "tensor_format": "csv"}, 400, "tensor_format"),
+        ("/v1/encode", {"inputz": []}, 400, "not an attnserve.v1.EncodeRequest"),
+        ("/v1/encode", {"inputs": [{"text": "x"}], "options": {"attention": {"layers": [7]}}},
+         400, "options.attention.layers: 7 is outside [0, 2)"),
+    ],
+)  # fmt: skip
+def test_invalid_requests_are_400_in_openai_shape(server, path, body, status, message):
+    response = httpx.post(server.http_url + path, json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert message in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert httpx.get(server.http_url + "/health").json()["status"] == "SERVING"  # still serving
+
+
+def test_body_and_answer_limits_are_413(small_model_dir, small_runtime):
+    small = ServerThread(small_model_dir, small_runtime, max_message_bytes=20_000)
+    try:
+        big = {"model": "m", "input": "x" * 30_000}
+        response = httpx.post(small.http_url + "/v1/embeddings", json=big)
+        assert response.status_code == 413
+        assert "20,000-byte message limit" in response.json()["error"]["message"]
+        attention = {"inputs": [{"text": "y" * 200}], "options": {"attention": {}}}
+        response = httpx.post(small.http_url + "/v1/encode", json=attention)
+        assert response.status_code == 413
+        assert "ATTENTION_LAYOUT_CAUSAL_PACKED" in response.json()["error"]["message"]
+    finally:
+        small.stop()
+
+
+def test_warming_up_is_503_and_a_full_queue_is_429(small_model_dir):
+    backend = FakeBackend()
+    cold = ServerThread(small_model_dir, backend, warm_up=False, max_queue=1)
+    try:
+        body = {"model": "m", "input": "hi"}
+        response = httpx.post(cold.http_url + "/v1/embeddings", json=body)
+        assert response.status_code == 503 and "warming up" in response.json()["error"]["message"]
+        assert httpx.get(cold.http_url + "/health").status_code == 503
+        cold.call(cold.running.warm_up())
+        backend.gate.clear()  # the model is stuck: one request inside it, one queued
+        with (
+            httpx.Client(base_url=cold.http_url, timeout=60) as http,
+            ThreadPoolExecutor(2) as pool,
+        ):
+            running = pool.submit(http.post, "/v1/embeddings", json=body)
+            backend.wait_calls(1)
+            queued = pool.submit(http.post, "/v1/embeddings", json=body)
+            while cold.running.batcher.depth < 1:  # wait until it is queued
+                time.sleep(0.001)
+            refused = http.post("/v1/embeddings", json=body)
+            backend.gate.set()
+            assert running.result().status_code == queued.result().status_code == 200
+        assert refused.status_code == 429
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        backend.gate.set()
+        cold.stop()
+
+
+def test_bearer_token_and_cors(small_model_dir, small_runtime):
+    secured = ServerThread(
+        small_model_dir,
+        small_runtime,
+        auth_token="s3cret",
+        http_cors_origins="https://notebook.example",
+    )
+    try:
+        body = {"model": "m", "input": "hi"}
+        refused = httpx.post(secured.http_url + "/v1/embeddings", json=body)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        headers = {"Authorization": "Bearer s3cret", "Origin": "https://notebook.example"}
+        ok = httpx.post(secured.http_url + "/v1/embeddings", json=body, headers=headers)
+        assert ok.status_code == 200
+        assert ok.headers["access-control-allow-origin"] == "https://notebook.example"
+        assert httpx.get(secured.http_url + "/health").status_code == 200  # probes need no token
+    finally:
+        secured.stop()
+
+
+def test_cors_is_off_by_default(server):
+    response = httpx.get(server.http_url + "/v1/models", headers={"Origin": "https://x.example"})
+    assert "access-control-allow-origin" not in response.headers
+
+
+def test_the_explorer_is_served_offline(server):
+    page = httpx.get(server.http_url + "/")
+    assert page.status_code == 200 and 'id="heatmap"' in page.text
+    for asset in ("/explorer/explorer.js", "/explorer/explorer.css"):
+        response = httpx.get(server.http_url + asset)
+        assert response.status_code == 200
+        assert "http://" not in response.text and "https://" not in response.text  # no CDN
+    assert "https://" not in page.text and "http://" not in page.text
+
+
+def test_an_unexpected_error_is_500_logged_and_counted(small_model_dir, caplog):
+    server = ServerThread(small_model_dir, FakeBackend())
+    server.running.dataplane.tokenizer = None  # a bug: text cannot be tokenized
+    try:
+        response = httpx.post(server.http_url + "/v1/embeddings", json={"input": "boom"})
+        assert response.status_code == 500
+        assert response.json()["error"]["type"] == "server_error"
+        assert "POST /v1/embeddings failed unexpectedly" in caplog.text
+        labels = {"method": "POST /v1/embeddings", "code": "500"}
+        assert server.metric("attnserve_requests_total", labels) == 1
+    finally:
+        server.stop()
