@@ -49,7 +49,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         "$(ls /dist/attnserve-*.whl)[cpu,export]"
 USER attnserve
 ENTRYPOINT ["attnserve", "export"]
-CMD ["--out", "/models/default", "--seed", "0", "--if-missing"]
+CMD ["--out", "/models/default", "--if-missing"]
 
 # ---- runtime: the service (last stage, so the default target)
 FROM base AS runtime

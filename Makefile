@@ -23,8 +23,10 @@ install: $(VENV)/.installed
 $(BUF):
 	npm install --silent --no-save --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
-$(MODEL_DIR)/model.onnx: | $(VENV)/.installed
-	$(VENV)/bin/attnserve export --out $(MODEL_DIR) --seed 0
+# The default model: the committed trained checkpoint (re-exported when it changes).
+DEFAULT_CHECKPOINT := model/pretrained/default.safetensors
+$(MODEL_DIR)/model.onnx: $(DEFAULT_CHECKPOINT) | $(VENV)/.installed
+	$(VENV)/bin/attnserve export --out $(MODEL_DIR)
 
 export: $(MODEL_DIR)/model.onnx
 

@@ -1,15 +1,25 @@
-"""`attnserve export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]`"""
+"""`attnserve export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]`
+
+With no source, the default model: the checkpoint trained by `attnserve train` and
+shipped in the package (attnserve/model/pretrained/, README "The model").
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from importlib import resources
 from pathlib import Path
 
 from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
 from attnserve.model.artifacts import ONNX_FILENAME
 from attnserve.model.config import ConfigError, ModelConfig
+
+# The default model's weights (trained by `attnserve train`), shipped in the package.
+DEFAULT_CHECKPOINT = Path(
+    str(resources.files("attnserve.model") / "pretrained" / "default.safetensors")
+)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -29,7 +39,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "pytorch_model.bin, tokenizer.json)",
     )
     source.add_argument(
-        "--seed", type=int, default=0, help="random weights from this seed (default 0)"
+        "--seed", type=int, help="random weights from this seed (tests, benchmarks)"
     )
     parser.add_argument(
         "--config",
@@ -65,6 +75,8 @@ def build_model(args: argparse.Namespace):
 
     if args.checkpoint:
         return load_checkpoint(args.checkpoint), {}
+    if args.seed is None and not args.config and not args.from_hf:
+        return load_checkpoint(DEFAULT_CHECKPOINT), {}
     if args.from_hf:
         from attnserve.export.hf_import import HFImportError, load_hf_gpt2
 
@@ -79,7 +91,7 @@ def build_model(args: argparse.Namespace):
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
         config = ModelConfig.from_dict({**config.to_dict(), **overrides})
-    return build_encoder(config, seed=args.seed), {}
+    return build_encoder(config, seed=args.seed or 0), {}
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -23,11 +24,19 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message says which file and tensor."""
 
 
-def save_checkpoint(model: Encoder, path: str | Path) -> Path:
-    """Write the model's weights and config to one safetensors file."""
+# Stored dtypes that load into the float32 model: float16 halves a checkpoint's size and
+# keeps ~3 significant digits, plenty for weights the float32 model then computes with.
+WIDENED_ON_LOAD = (torch.float16, torch.bfloat16)
+
+
+def save_checkpoint(model: Encoder, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write the model's weights (converted to `dtype` if given) and config to one
+    safetensors file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    tensors = {
+        name: t.detach().to(dtype or t.dtype).contiguous() for name, t in model.state_dict().items()
+    }
     save_file(tensors, str(path), metadata={CONFIG_KEY: model.config.to_json()})
     return path
 
@@ -59,6 +68,8 @@ def load_checkpoint(path: str | Path) -> Encoder:
     if mismatch := first_shape_mismatch(expected, tensors):
         raise CheckpointError(f"{path}: {mismatch}")
     for name, want in expected.items():
+        if tensors[name].dtype in WIDENED_ON_LOAD and want.dtype == torch.float32:
+            tensors[name] = tensors[name].float()
         if tensors[name].dtype != want.dtype:
             raise CheckpointError(
                 f"{path}: tensor {name} has dtype {tensors[name].dtype}, need {want.dtype}"

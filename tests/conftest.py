@@ -59,16 +59,18 @@ def small_runtime(small_model_dir):
 def default_export(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The default model, exported by the real CLI exactly as `make serve` does."""
     out = tmp_path_factory.mktemp("default_model") / "model"
-    result = run_cli("export", "--out", str(out), "--seed", "0")
+    result = run_cli("export", "--out", str(out))
     assert result.returncode == 0, result.stderr
     return out, result
 
 
 @pytest.fixture(scope="session")
 def default_model():
-    from attnserve.model.encoder import build_encoder
+    """The PyTorch model behind `default_export`: the shipped trained checkpoint."""
+    from attnserve.export.cli import DEFAULT_CHECKPOINT
+    from attnserve.model.checkpoint import load_checkpoint
 
-    return build_encoder(ModelConfig(), seed=0)
+    return load_checkpoint(DEFAULT_CHECKPOINT).eval()
 
 
 # --- servers -----------------------------------------------------------------

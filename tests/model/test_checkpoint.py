@@ -64,9 +64,17 @@ def test_shape_mismatch_names_tensor_and_shapes(small_model, tmp_path):
 
 def test_dtype_mismatch_is_named(small_model, tmp_path):
     tensors = tensors_of(small_model)
-    tensors["ln_f.weight"] = tensors["ln_f.weight"].half()
-    with pytest.raises(CheckpointError, match=r"ln_f\.weight has dtype torch\.float16"):
+    tensors["ln_f.weight"] = tensors["ln_f.weight"].to(torch.int32)
+    with pytest.raises(CheckpointError, match=r"ln_f\.weight has dtype torch\.int32"):
         load_checkpoint(write(tmp_path, tensors, SMALL_CONFIG.to_json()))
+
+
+def test_float16_checkpoints_load_widened_to_float32(small_model, tmp_path):
+    path = save_checkpoint(small_model, tmp_path / "half.safetensors", dtype=torch.float16)
+    loaded = load_checkpoint(path)
+    for name, tensor in loaded.state_dict().items():
+        assert tensor.dtype == torch.float32
+        assert torch.equal(tensor, small_model.state_dict()[name].half().float()), name
 
 
 def test_invalid_config_inside_is_reported(small_model, tmp_path):

@@ -56,6 +56,9 @@ def test_the_wheel_has_one_top_level_package(wheel):
     for package in ("v1", "model", "export", "service", "client", "bench"):
         assert f"attnserve/{package}/__init__.py" in names
     assert "attnserve/v1/wire.py" in names
+    # Data files: the explorer page, and the default model's weights (what `export` reads).
+    assert "attnserve/service/static/explorer/index.html" in names
+    assert "attnserve/model/pretrained/default.safetensors" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "attnserve = attnserve.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

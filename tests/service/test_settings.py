@@ -102,3 +102,14 @@ def test_server_settings_reach_the_components():
 def test_invalid_server_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
         Settings(model=Path("m"), **overrides)
+
+
+def test_the_readme_table_lists_every_setting_by_flag_and_variable():
+    from tests.conftest import REPO_ROOT
+
+    rows = [
+        line for line in (REPO_ROOT / "README.md").read_text().splitlines() if line[:3] == "| `"
+    ]
+    for f in fields(Settings):
+        flag, variable = "`--" + f.name.replace("_", "-") + "`", "`" + env_name(f.name) + "`"
+        assert any(flag in row and variable in row for row in rows), f.name
