@@ -1,8 +1,9 @@
 """End-to-end gRPC cost over the bare runtime, and the price of attention on the wire.
 
 The server runs as its own process (as deployed); the runtime-alone numbers
-come from an identical ORT session in this process, timed in alternating
-blocks with the gRPC calls so machine noise hits both alike.
+come from an identical ORT session in this process, and the transport's floor
+from a bare echo server moving the same bytes (bench/echo.py), all timed in
+alternating blocks so machine noise hits them alike.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from attnserve.bench.echo import EchoServer, request_for
 from attnserve.bench.timing import ROUNDS, alternate
 from attnserve.client import ClientOptions, EncoderClient
+from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
@@ -36,6 +39,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     limit = min(max_seq_len, runtime.config.max_seq_len)
     seq_lens = [t for t in (8, 16, 32, 64, 128, 256, 512) if t <= limit]
     server = spawn_server(model_dir, "--provider", "cpu")
+    echo = EchoServer()
     rng = np.random.default_rng(0)
     try:
         client = EncoderClient(server.address, ClientOptions(timeout_s=120))
@@ -52,22 +56,37 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             def grpc_call(ids=ids, server_total=server_total) -> None:
                 server_total.append(client.encode([ids[0]]).total_ns / 1e9)
 
+            # The echo moves exactly the bytes of this Encode call, both ways.
+            same_bytes = request_for(
+                build_request([ids[0]]).SerializeToString(),
+                client.encode([ids[0]]).response.ByteSize(),
+            )
             times = _alternate(
-                {"runtime": lambda ids=ids: runtime.embed(ids), "grpc": grpc_call},
+                {
+                    "runtime": lambda ids=ids: runtime.embed(ids),
+                    "grpc": grpc_call,
+                    "bare": lambda same_bytes=same_bytes: echo.call(same_bytes),
+                },
                 repeats=5 if quick else (50 if t <= 128 else 20),
             )
             row = {
                 "seq_len": t,
                 "runtime_p50_ms": round(_p50_ms(times["runtime"]), 4),
                 "grpc_p50_ms": round(_p50_ms(times["grpc"]), 4),
+                "bare_grpc_p50_ms": round(_p50_ms(times["bare"]), 4),
                 "server_total_p50_ms": round(_p50_ms(server_total), 4),
             }
             row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
+            row["overhead_to_bare"] = round(row["overhead_p50_ms"] / row["bare_grpc_p50_ms"], 2)
             overhead.append(row)
             log(
                 f"  embeddings, seq_len {t:>4}: runtime {row['runtime_p50_ms']:.2f} ms, "
-                f"gRPC {row['grpc_p50_ms']:.2f} ms, overhead {row['overhead_p50_ms']:+.2f} ms"
+                f"gRPC {row['grpc_p50_ms']:.2f} ms, overhead {row['overhead_p50_ms']:+.2f} ms "
+                f"= {row['overhead_to_bare']:.2f}x the bare round trip "
+                f"({row['bare_grpc_p50_ms']:.2f} ms)"
             )
+
+        stream = _stream_vs_unary(client, runtime.config.vocab_size, quick, log)
 
         http_rows = _http_vs_grpc(
             server, client, runtime, [t for t in (8, 128) if t <= limit], quick, log
@@ -109,14 +128,45 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             )
         client.close()
     finally:
+        echo.close()
         server.process.terminate()
         server.process.wait(30)
     return {
         "empty_rpc_p50_ms": empty_rpc_ms,
         "embeddings_overhead": overhead,
+        "stream_vs_unary": stream,
         "http_vs_grpc": http_rows,
         "attention": attention,
     }
+
+
+def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
+    """200 short requests (12 tokens) on one EncodeStream vs one Encode call after another."""
+    rng = np.random.default_rng(2)
+    inputs = [rng.integers(0, vocab_size, 12) for _ in range(200)]
+    requests = [build_request([x], request_id=str(i)) for i, x in enumerate(inputs)]
+
+    def stream() -> None:  # decoded like EncoderClient.encode decodes, so both pay for it
+        answers = [decode_response(a.response) for a in client.encode_stream(requests)]
+        assert [a.request_id for a in answers] == [r.request_id for r in requests]
+
+    def unary() -> None:
+        for x in inputs:
+            client.encode([x])
+
+    times = alternate({"stream": stream, "unary": unary}, least=3 if quick else 9, most=9)[0]
+    row = {
+        "requests": len(requests),
+        "tokens_each": 12,
+        "stream_ms": round(_p50_ms(times["stream"]), 1),
+        "unary_ms": round(_p50_ms(times["unary"]), 1),
+    }
+    row["speedup"] = round(row["unary_ms"] / row["stream_ms"], 2)
+    log(
+        f"  200 x 12 tokens: one EncodeStream {row['stream_ms']:.0f} ms, sequential Encode "
+        f"{row['unary_ms']:.0f} ms ({row['speedup']:.2f}x)"
+    )
+    return row
 
 
 def _http_vs_grpc(server, client, runtime, seq_lens, quick, log) -> list[dict]:
@@ -152,14 +202,23 @@ def markdown(result: dict) -> str:
     lines = [
         f"Empty RPC (standard health check) p50: {result['empty_rpc_p50_ms']:.2f} ms",
         "",
-        "| seq len | runtime alone p50 | gRPC Encode p50 | overhead | server-side total p50 |",
-        "|---|---|---|---|---|",
+        "| seq len | runtime alone p50 | gRPC Encode p50 | overhead | server-side total p50 "
+        "| bare gRPC, same bytes | overhead / bare |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in result["embeddings_overhead"]:
         lines.append(
             f"| {r['seq_len']} | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
-            f"| {r['overhead_p50_ms']:+.2f} ms | {r['server_total_p50_ms']:.2f} ms |"
+            f"| {r['overhead_p50_ms']:+.2f} ms | {r['server_total_p50_ms']:.2f} ms "
+            f"| {r['bare_grpc_p50_ms']:.2f} ms | {r['overhead_to_bare']:.2f}x |"
         )
+    s = result["stream_vs_unary"]
+    lines += [
+        "",
+        f"{s['requests']} requests of {s['tokens_each']} tokens: one EncodeStream "
+        f"{s['stream_ms']:.0f} ms, one Encode after another {s['unary_ms']:.0f} ms "
+        f"({s['speedup']:.2f}x).",
+    ]
     lines += [
         "",
         "| one pooled vector (last token) | runtime alone p50 | gRPC Encode p50 "

@@ -115,7 +115,51 @@ def targets(res: Results) -> list[tuple[str, str, bool | None]]:
             f"{_fmt(speedup, '.2f', 'x')}",
             speedup is not None and speedup >= 1.8,
         ),
+        *_transport_targets(res),
     ]
+
+
+def _transport_targets(res: Results) -> list[tuple[str, str, bool | None]]:
+    """The targets of "the server adds little to the transport" (where this run has them)."""
+    out = []
+    eager_8 = res.ratio("torch-eager", "ort-cpu", 8)
+    if eager_8:
+        out.append(("ORT CPU >= 4x PyTorch eager at 8 tokens", f"{eager_8:.1f}x", eager_8 >= 4))
+    floor = {t: res.ratio("ort-cpu", "matmul-only", t) for t in (128, 256, 512)}
+    floor = {t: r for t, r in floor.items() if r}
+    if floor:
+        out.append(
+            (
+                "full graph (embeddings + attention) <= 1.15x the matmul floor at 128..512",
+                ", ".join(f"{t}: {r:.2f}x" for t, r in floor.items()),
+                max(floor.values()) <= 1.15,
+            )
+        )
+    rows = [r for r in res.grpc["embeddings_overhead"] if r["seq_len"] in (8, 32, 128)]
+    if rows and all("overhead_to_bare" in r for r in rows):
+        out.append(
+            (
+                "(Encode - runtime) <= 1.5x a bare gRPC round trip of the same bytes at 8, 32, 128",
+                ", ".join(
+                    f"{r['seq_len']}: {r['overhead_to_bare']:.2f}x "
+                    f"({r['overhead_p50_ms']:.2f} / {r['bare_grpc_p50_ms']:.2f} ms)"
+                    for r in rows
+                ),
+                max(r["overhead_to_bare"] for r in rows) <= 1.5,
+            )
+        )
+    stream = res.grpc.get("stream_vs_unary")
+    if stream:
+        out.append(
+            (
+                f"a stream of {stream['requests']} short requests >= 2x faster than "
+                "sequential Encode calls",
+                f"{stream['speedup']:.2f}x ({stream['stream_ms']:.0f} vs "
+                f"{stream['unary_ms']:.0f} ms)",
+                stream["speedup"] >= 2,
+            )
+        )
+    return out
 
 
 def comparisons(res: Results) -> list[str]:

@@ -321,8 +321,13 @@ class HttpServer:
 
     def __init__(self, app: FastAPI, settings: Settings) -> None:
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        self._socket = socket.create_server((settings.host, settings.http_port), family=family)
-        self.port = self._socket.getsockname()[1]
+        self.socket = socket.create_server((settings.host, settings.http_port), family=family)
+        # Without TCP_NODELAY a keep-alive client waits out its delayed ACK (~40 ms) for every
+        # body that uvicorn writes apart from its headers. asyncio sets it only on sockets it
+        # made itself (proto IPPROTO_TCP, not create_server's 0); Linux accepted sockets
+        # inherit it from the listener.
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.port = self.socket.getsockname()[1]
         config = uvicorn.Config(
             app,
             lifespan="off",
@@ -337,8 +342,12 @@ class HttpServer:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
-            self._server.serve(sockets=[self._socket]), name="http"
+            self._server.serve(sockets=[self.socket]), name="http"
         )
+
+    def connections(self) -> list:
+        """The open HTTP connections (uvicorn protocol objects)."""
+        return list(self._server.server_state.connections)
 
     async def stop(self) -> None:
         self._server.should_exit = True

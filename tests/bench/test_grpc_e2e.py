@@ -23,6 +23,10 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
     for r in rows:
         assert r["grpc_p50_ms"] > 0 and r["runtime_p50_ms"] > 0
         assert abs(r["overhead_p50_ms"] - (r["grpc_p50_ms"] - r["runtime_p50_ms"])) < 1e-3
+        assert r["bare_grpc_p50_ms"] > 0
+        assert abs(r["overhead_to_bare"] - r["overhead_p50_ms"] / r["bare_grpc_p50_ms"]) < 0.01
+    stream = report["stream_vs_unary"]
+    assert stream["requests"] == 200 and stream["stream_ms"] > 0 and stream["unary_ms"] > 0
     full, packed = report["attention"]
     assert (full["variant"], packed["variant"]) == ("float32 full", "float16 causal-packed")
     # Same embeddings; attention 2 layers x 4 heads x (16 x 16 x 4 B) vs (136 x 2 B). The

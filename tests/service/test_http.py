@@ -4,6 +4,7 @@ the JSON mirror of Encode, health, and the error table's HTTP column."""
 from __future__ import annotations
 
 import base64
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,6 +59,22 @@ def test_models_and_health(server):
     assert httpx.get(server.http_url + "/health/live").status_code == 200
     docs = httpx.get(server.http_url + "/openapi.json").json()
     assert {"/v1/embeddings", "/v1/encode", "/v1/models", "/health"} <= set(docs["paths"])
+
+
+def test_connections_send_without_nagle(server):
+    """A keep-alive client would otherwise wait out its delayed ACK (~40 ms) whenever the
+    body goes out apart from the headers: every request, at any size."""
+    with httpx.Client(base_url=server.http_url) as http:
+        http.get("/health/live")  # the connection stays open (keep-alive)
+
+        async def accepted_sockets():
+            connections = server.running.http.connections()
+            return [c.transport.get_extra_info("socket") for c in connections]
+
+        sockets = server.call(accepted_sockets())
+        assert sockets
+        for sock in sockets:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 def test_encode_json_mirror_with_readable_tensors(server, client, small_runtime):
