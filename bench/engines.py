@@ -28,6 +28,7 @@ BASELINES = {
     "torch-eager": "torch-eager",
     "torch-compile": "torch-eager",
     "ort-cpu": "torch-eager",
+    "ort-cpu-traced": "torch-eager",
     "ort-cpu-spin": "torch-eager",
     "ort-cuda": "torch-eager",
     "torch-eager-emb": "torch-eager-emb",
@@ -40,7 +41,8 @@ BASELINES = {
 DESCRIPTIONS = {
     "torch-eager": "PyTorch eager, embeddings + all attention weights",
     "torch-compile": "torch.compile(dynamic=True) of the same model",
-    "ort-cpu": "ONNX Runtime CPU, model.onnx, the server's session settings",
+    "ort-cpu": "ONNX Runtime CPU, the served full graph (model_fused.onnx), server settings",
+    "ort-cpu-traced": "the same on model.onnx (attention op by op, as traced from PyTorch)",
     "ort-cpu-spin": "the same with intra-op spinning on",
     "ort-cuda": "ONNX Runtime CUDA, model.onnx (only where a GPU works)",
     "torch-eager-emb": "PyTorch eager, embeddings only (fused SDPA)",
@@ -56,6 +58,7 @@ DEFAULT_ENGINES = [
     "torch-eager",
     "torch-compile",
     "ort-cpu",
+    "ort-cpu-traced",
     "ort-cpu-spin",
     "ort-cuda",
     "torch-eager-emb",
@@ -137,8 +140,12 @@ def build_engines(
                 engines[name] = torch_run(compiled)
             except Exception as exc:  # no compiler, unsupported op...: report, go on
                 unavailable[name] = f"torch.compile failed: {type(exc).__name__}: {exc}"[:200]
-        elif name in ("ort-cpu", "ort-cpu-emb", "ort-cpu-spin"):
-            options = RuntimeOptions(provider="cpu", intra_op_spinning=name == "ort-cpu-spin")
+        elif name in ("ort-cpu", "ort-cpu-emb", "ort-cpu-spin", "ort-cpu-traced"):
+            options = RuntimeOptions(
+                provider="cpu",
+                intra_op_spinning=name == "ort-cpu-spin",
+                fused_attention=name != "ort-cpu-traced",
+            )
             runtime = OrtRuntime(model_dir, options)
             engines[name] = runtime.embed if name == "ort-cpu-emb" else runtime.run
         elif name == "ort-cuda":

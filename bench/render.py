@@ -199,6 +199,13 @@ def comparisons(res: Results) -> list[str]:
         + ", ".join(f"{_fmt(r, '.2f', 'x')} at {t}" for t, r in emb.items())
         + "."
     )
+    traced = {t: res.ratio("ort-cpu-traced", "ort-cpu", t) for t in lens}
+    if any(traced.values()):
+        out.append(
+            "`ort-cpu-traced` / `ort-cpu` (the traced full graph vs the fused one), batch 1: "
+            + ", ".join(f"{_fmt(r, '.2f', 'x')} at {t}" for t, r in traced.items())
+            + "."
+        )
     spin = {t: res.ratio("ort-cpu", "ort-cpu-spin", t) for t in lens if t <= 64}
     out.append(
         "`ort-cpu` / `ort-cpu-spin` (intra-op spinning off vs on), batch 1: "

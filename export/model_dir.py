@@ -12,23 +12,34 @@ from pathlib import Path
 
 from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
 from attnserve.export.fp16 import convert_to_fp16
+from attnserve.export.fused import with_attention_weights
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from attnserve.export.parity import ParityCase, check_parity
 from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
+    FUSED_ONNX_FILENAME,
     ONNX_FILENAME,
     REPORT_FILENAME,
 )
 from attnserve.model.encoder import Encoder
 
-# file -> (with attentions, the float32 file it is converted from; None: exported from PyTorch)
-GRAPHS = {
-    ONNX_FILENAME: (True, None),
-    EMBEDDINGS_ONNX_FILENAME: (False, None),
-    FP16_ONNX_FILENAME: (True, ONNX_FILENAME),
-    EMBEDDINGS_FP16_ONNX_FILENAME: (False, EMBEDDINGS_ONNX_FILENAME),
+
+@dataclass(frozen=True)
+class Graph:
+    with_attentions: bool
+    source: str | None = None  # the graph this one is made from; None: traced from PyTorch
+    derive: Callable[[Path, Path], Path] | None = None  # (source, destination) -> destination
+    fp16: bool = False  # float16 inside: checked against the float16 tolerance
+
+
+GRAPHS = {  # in the order they are made
+    ONNX_FILENAME: Graph(with_attentions=True),
+    EMBEDDINGS_ONNX_FILENAME: Graph(with_attentions=False),
+    FUSED_ONNX_FILENAME: Graph(True, EMBEDDINGS_ONNX_FILENAME, with_attention_weights),
+    FP16_ONNX_FILENAME: Graph(True, ONNX_FILENAME, convert_to_fp16, fp16=True),
+    EMBEDDINGS_FP16_ONNX_FILENAME: Graph(False, EMBEDDINGS_ONNX_FILENAME, convert_to_fp16, True),
 }
 
 
@@ -69,22 +80,22 @@ def write_model_dir(
     cases: list[ParityCase] = []
     export_seconds = parity_seconds = 0.0
     try:
-        for filename, (with_attentions, fp32_source) in GRAPHS.items():
+        for filename, graph in GRAPHS.items():
             start = time.perf_counter()
-            if fp32_source is None:
+            if graph.source is None:
                 log(
                     f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)..."
                 )
-                onnx_path = export_onnx(model, scratch / filename, with_attentions)
+                onnx_path = export_onnx(model, scratch / filename, graph.with_attentions)
             else:
-                log(f"converting {fp32_source} to {filename} (float16 inside, float32 I/O)...")
-                onnx_path = convert_to_fp16(scratch / fp32_source, scratch / filename)
+                log(f"making {filename} from {graph.source} ({graph.derive.__name__})...")
+                onnx_path = graph.derive(scratch / graph.source, scratch / filename)
             export_seconds += time.perf_counter() - start
             sizes[filename] = onnx_path.stat().st_size
             log(f"  checked: {sizes[filename] / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
 
             start = time.perf_counter()
-            gate = tolerance if fp32_source is None else fp16_tolerance
+            gate = fp16_tolerance if graph.fp16 else tolerance
             log(f"parity of {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}...")
             graph_cases = check_parity(model, onnx_path, shapes=shapes, tolerance=gate)
             parity_seconds += time.perf_counter() - start

@@ -8,7 +8,10 @@ from pathlib import Path
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
 # Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
 EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
-# The same two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
+# The full graph's outputs through the fused Attention op (export/fused.py): faster on CPU;
+# ORT's CUDA kernel cannot return the attention probabilities yet, so only CPU uses it.
+FUSED_ONNX_FILENAME = "model_fused.onnx"
+# The first two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
 # for the CUDA execution provider (precision="fp16").
 FP16_ONNX_FILENAME = "model_fp16.onnx"
 EMBEDDINGS_FP16_ONNX_FILENAME = "model_embeddings_fp16.onnx"
@@ -41,6 +44,11 @@ class ModelDirectory:
         """The full graph (attention=True) or the embeddings-only graph of a precision."""
         full, embeddings_only = graph_filenames(precision)
         return self.path / (full if attention else embeddings_only)
+
+    @property
+    def fused_graph(self) -> Path:
+        """The full graph through the fused Attention op (float32; for the CPU provider)."""
+        return self.path / FUSED_ONNX_FILENAME
 
     @property
     def tokenizer_file(self) -> Path:

@@ -43,6 +43,9 @@ class RuntimeOptions:
     # "fp16": the float16 graphs export writes beside the float32 ones (float32 in and out);
     # meant for CUDA; on CPU they run, no faster than fp32 and less exact.
     precision: str = "fp32"
+    # On CPU in float32, run the full graph through the fused Attention op
+    # (model_fused.onnx) when the directory has it; False: always the traced model.onnx.
+    fused_attention: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -55,10 +58,11 @@ class RuntimeOptions:
 class OrtRuntime:
     """A model directory in ONNX Runtime sessions; implements service.backend.Backend.
 
-    `session` runs the full graph (embeddings and attentions); `embeddings_session`
-    runs the embeddings-only graph when the directory has one (it is faster), else
-    it is the full graph too. `config` is read back from the ONNX metadata, the
-    single source of truth.
+    `session` runs the full graph (embeddings and attentions): on CPU in float32 the
+    fused one when the directory has it (the same outputs, faster), else the traced
+    one. `embeddings_session` runs the embeddings-only graph when the directory has
+    one (it is faster), else the full graph too. `config` is read back from the ONNX
+    metadata, the single source of truth.
     """
 
     def __init__(
@@ -84,17 +88,27 @@ class OrtRuntime:
         # Identifies the served weights: two exports of different models never share it.
         self.version = hashlib.sha256(model_path.read_bytes()).hexdigest()[:12]
         _check_io(self.session, self.config, model_path, with_attentions=True)
+        self.attention_graph = model_path  # the file `session` runs
+        fused = options.fused_attention and model_dir.fused_graph.is_file()
+        if fused and self.provider == "cpu" and self.precision == "fp32":
+            # ORT's CUDA Attention kernel cannot return probabilities yet: CPU only.
+            self.attention_graph = model_dir.fused_graph
+            self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file():
-            # The provider is settled by now: open the second graph on the same one.
-            self.embeddings_session, _ = _create_session(
-                fast_path, replace(options, provider=self.provider)
-            )
-            if _read_config(self.embeddings_session, fast_path) != self.config:
-                raise ModelLoadError(f"{fast_path} and {model_path} carry different configs")
-            _check_io(self.embeddings_session, self.config, fast_path, with_attentions=False)
+            self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
+
+    def _open_beside(
+        self, path: Path, options: RuntimeOptions, with_attentions: bool
+    ) -> ort.InferenceSession:
+        """Another graph of the directory, on the provider the first one settled on."""
+        session, _ = _create_session(path, replace(options, provider=self.provider))
+        if _read_config(session, path) != self.config:
+            raise ModelLoadError(f"{path} and {self.model_path} carry different configs")
+        _check_io(session, self.config, path, with_attentions)
+        return session
 
     def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """input_ids int64 (B, T) -> embeddings (B, T, D), attentions (B, L, H, T, T)."""

@@ -11,6 +11,7 @@ from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
+    FUSED_ONNX_FILENAME,
     ONNX_FILENAME,
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
@@ -23,7 +24,7 @@ from tests.conftest import SMALL_CONFIG, run_cli
 
 def test_default_export_writes_a_checked_model_directory(default_export):
     out, result = default_export
-    for filename in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME):
+    for filename in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME):
         assert f"parity of {filename}: PyTorch vs ONNX Runtime CPU" in result.stdout
         proto = onnx.load(str(out / filename))
         onnx.checker.check_model(proto, full_check=True)
@@ -38,10 +39,18 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     fused = onnx.load(str(out / EMBEDDINGS_ONNX_FILENAME))
     assert [o.name for o in fused.graph.output] == ["embeddings"]
     assert sum(n.op_type == "Attention" for n in fused.graph.node) == ModelConfig().n_layers
+    # The fused full graph: each layer's Attention op also returns its probabilities, and
+    # nothing computes scores, masks or softmaxes beside it.
+    full = onnx.load(str(out / FUSED_ONNX_FILENAME))
+    assert [o.name for o in full.graph.output] == ["embeddings", "attentions"]
+    ops = [n.op_type for n in full.graph.node]
+    assert ops.count("Attention") == ModelConfig().n_layers
+    assert not {"Softmax", "Trilu", "Where"} & set(ops)
 
     report = json.loads((out / REPORT_FILENAME).read_text())
     fp16_graphs = {FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME}
-    assert set(report["onnx_bytes"]) == {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME} | fp16_graphs
+    fp32_graphs = {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME}
+    assert set(report["onnx_bytes"]) == fp32_graphs | fp16_graphs
     assert {case["graph"] for case in report["parity"]} == set(report["onnx_bytes"])
     for case in report["parity"]:
         gate = report["fp16_tolerance"] if case["graph"] in fp16_graphs else 1e-4

@@ -10,6 +10,7 @@ from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
+    FUSED_ONNX_FILENAME,
     ONNX_FILENAME,
     REPORT_FILENAME,
 )
@@ -44,6 +45,27 @@ def test_without_the_embeddings_graph_embed_uses_the_full_one(small_model_dir, t
     assert runtime.embeddings_session is runtime.session
     ids = np.arange(9, dtype=np.int64)[None]
     np.testing.assert_array_equal(runtime.embed(ids), runtime.run(ids)[0])
+
+
+def test_on_cpu_the_full_graph_is_the_fused_one_with_the_traced_ones_numbers(
+    small_model_dir, small_runtime
+):
+    traced = OrtRuntime(small_model_dir, RuntimeOptions(provider="cpu", fused_attention=False))
+    assert small_runtime.attention_graph.name == FUSED_ONNX_FILENAME
+    assert traced.attention_graph.name == ONNX_FILENAME
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (3, 17), (2, SMALL_CONFIG.max_seq_len)]:
+        ids = rng.integers(0, SMALL_CONFIG.vocab_size, size=shape)
+        for fused, op_by_op in zip(small_runtime.run(ids), traced.run(ids), strict=True):
+            np.testing.assert_allclose(fused, op_by_op, rtol=0, atol=1e-6)
+
+
+def test_without_the_fused_graph_the_traced_one_serves(small_model_dir, tmp_path):
+    model_dir = copy_model(small_model_dir, tmp_path)
+    (model_dir / FUSED_ONNX_FILENAME).unlink()
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert runtime.attention_graph.name == ONNX_FILENAME
+    assert runtime.run(np.arange(5)[None])[1].shape == (1, 2, 4, 5, 5)
 
 
 def test_an_ort_failure_is_an_inference_error_naming_the_shape(small_runtime):
