@@ -148,6 +148,19 @@ def _transport_targets(res: Results) -> list[tuple[str, str, bool | None]]:
                 max(r["overhead_to_bare"] for r in rows) <= 1.5,
             )
         )
+    saturation = res.batching.get("saturation")
+    if saturation:
+        served, bare = saturation["server"], saturation["bare"]
+        out.append(
+            (
+                f"saturated server (closed loop x{saturation['concurrency']}, lengths "
+                f"{saturation['lengths'][0]}..{saturation['lengths'][-1]}) >= 85% of the bare "
+                "runtime's tokens/s",
+                f"{saturation['share']:.0%} ({served['tokens_per_s']:.0f} vs "
+                f"{bare['tokens_per_s']:.0f} tokens/s)",
+                saturation["share"] >= 0.85,
+            )
+        )
     stream = res.grpc.get("stream_vs_unary")
     if stream:
         out.append(
@@ -254,6 +267,27 @@ def comparisons(res: Results) -> list[str]:
     return out
 
 
+def _saturation_section(res: Results) -> str:
+    s = res.batching.get("saturation")
+    if not s:
+        return ""
+    rows = "\n".join(
+        f"| {name} | {r['tokens_per_s']:.0f} | {r['requests_per_s']:.1f} | "
+        f"{r['mean_batch_size']} | {r['errors']} |"
+        for name, r in (("server (gRPC, own process)", s["server"]), ("bare", s["bare"]))
+    )
+    return f"""
+Saturation: a closed loop of {s["concurrency"]} requests in flight, lengths drawn evenly from
+{", ".join(map(str, s["lengths"]))}, embeddings only, {s["duration_s"]:.0f} s each, against the
+server, then the same draws in-process straight on the batcher and the runtime (same
+policy and concurrency, no transport, no client process beside it).
+
+| closed loop | tokens/s | req/s | mean batch size | errors |
+|---|---|---|---|---|
+{rows}
+"""
+
+
 def render(res: Results, out: Path, plot_name: str) -> str:
     env = res.env
     unavailable = env.get("unavailable_engines", {})
@@ -331,7 +365,7 @@ server with default settings, then with `--max-batch-size 1`).
 |---|---|---|---|---|
 | batching on | {on["achieved_rate"]:.0f} | {on["latency_ms"]["p50"]:.1f} ms | {on["latency_ms"]["p99"]:.1f} ms | {on["server_ms"]["queue"]["p50"]:.1f} ms |
 | batching off | {off["achieved_rate"]:.0f} | {off["latency_ms"]["p50"]:.1f} ms | {off["latency_ms"]["p99"]:.1f} ms | {off["server_ms"]["queue"]["p50"]:.1f} ms |
-
+{_saturation_section(res)}
 {_hf_section(res)}{_containers_section(res)}## Comparisons computed from this run
 
 {chr(10).join("- " + c for c in comparisons(res))}

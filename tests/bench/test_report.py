@@ -35,9 +35,14 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
     assert len(verdicts) >= 8  # the quick run's lengths stop short of the matmul-floor target
     batching = json.loads((out / "batching.json").read_text())
     stream = json.loads((out / "grpc.json").read_text())["stream_vs_unary"]
+    saturation = batching["saturation"]
+    assert saturation["server"]["errors"] == 0 and saturation["bare"]["tokens_per_s"] > 0
+    share = saturation["server"]["tokens_per_s"] / saturation["bare"]["tokens_per_s"]
+    assert abs(saturation["share"] - share) < 1e-3
     for target, met in (
         (r"batching >= 1\.8x", batching["speedup"] >= 1.8),
         (r"a stream of 200 short requests", stream["speedup"] >= 2),
+        (r"saturated server .* >= 85%", saturation["share"] >= 0.85),
     ):
         assert re.search(target + r".* \| " + ("yes" if met else r"\*\*no\*\*") + r" \|", text)
     assert (doc.parent / "latency.png").read_bytes()[:4] == b"\x89PNG"
