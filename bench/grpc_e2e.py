@@ -261,5 +261,45 @@ def run_grpc(out: Path, model_dir: Path | None, max_seq_len: int, quick: bool) -
     (out / "grpc.json").write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)
     (out / "grpc.md").write_text(table + "\n")
+    plot_breakdown(result, out / BREAKDOWN_PLOT)
     print(table)
     return result
+
+
+BREAKDOWN_PLOT = "grpc_breakdown.png"
+
+
+def plot_breakdown(result: dict, path: Path) -> Path:
+    """Where a request's time goes, per length: medians of one run, stacked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["embeddings_overhead"] if r["seq_len"] <= 128]
+    parts = {
+        "the model (runtime alone)": [r["runtime_p50_ms"] for r in rows],
+        "in the server: queue, thread hand-off, request and answer": [
+            max(0.0, r["server_total_p50_ms"] - r["runtime_p50_ms"]) for r in rows
+        ],
+        "bare gRPC round trip of the same bytes": [r["bare_grpc_p50_ms"] for r in rows],
+        "the rest: gRPC call handling beyond a bare call, client decoding": [
+            max(0.0, r["grpc_p50_ms"] - r["server_total_p50_ms"] - r["bare_grpc_p50_ms"])
+            for r in rows
+        ],
+    }
+    labels = [str(r["seq_len"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottom = [0.0] * len(rows)
+    for name, values in parts.items():
+        ax.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.plot(labels, [r["grpc_p50_ms"] for r in rows], "k_", markersize=30, label="Encode p50")
+    ax.set_xlabel("tokens (batch 1, embeddings only)")
+    ax.set_ylabel("ms (medians, stacked)")
+    ax.set_title("Where one Encode's time goes")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

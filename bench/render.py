@@ -16,6 +16,7 @@ from pathlib import Path
 from attnserve.bench.containers import markdown as containers_markdown
 from attnserve.bench.containers import ratios as container_ratios
 from attnserve.bench.engines import DESCRIPTIONS
+from attnserve.bench.grpc_e2e import BREAKDOWN_PLOT
 from attnserve.bench.grpc_e2e import markdown as grpc_markdown
 from attnserve.bench.hf_compare import markdown as hf_markdown
 from attnserve.bench.latency import Row, markdown_table
@@ -267,6 +268,14 @@ def comparisons(res: Results) -> list[str]:
     return out
 
 
+def _breakdown_picture(out: Path) -> str:
+    if not (out / BREAKDOWN_PLOT).exists():
+        return ""
+    return f"""
+![Where one Encode's time goes: the model, the server, the transport]({BREAKDOWN_PLOT})
+"""
+
+
 def _saturation_section(res: Results) -> str:
     s = res.batching.get("saturation")
     if not s:
@@ -353,7 +362,7 @@ with the gRPC calls. One sequence per Encode, embeddings only (both use
 `model_embeddings.onnx`), through the blocking `EncoderClient`.
 
 {grpc_markdown(res.grpc)}
-
+{_breakdown_picture(out)}
 ## Dynamic batching
 
 Closed loop, {res.batching["concurrency"]} requests in flight, {res.batching["seq_len"]} tokens
@@ -431,6 +440,8 @@ def write_page(out: Path, doc: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot_name = "latency.png"
     shutil.copyfile(out / "latency.png", doc.parent / plot_name)
+    if (out / BREAKDOWN_PLOT).exists():
+        shutil.copyfile(out / BREAKDOWN_PLOT, doc.parent / BREAKDOWN_PLOT)
     generated = render(Results(rows, env, grpc, batching, hf, containers), out, plot_name)
     old = doc.read_text() if doc.exists() else ""
     by_hand = old.split(END_OF_GENERATED, 1)[1] if END_OF_GENERATED in old else ""

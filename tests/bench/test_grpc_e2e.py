@@ -35,3 +35,4 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
     saved = full["response_bytes"] - packed["response_bytes"]
     assert abs(saved - 2 * 4 * (16 * 16 * 4 - 136 * 2)) <= 12
     assert "| float16 causal-packed | 16 |" in (tmp_path / "grpc.md").read_text()
+    assert (tmp_path / "grpc_breakdown.png").read_bytes()[:4] == b"\x89PNG"

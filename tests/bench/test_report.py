@@ -47,6 +47,8 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
         assert re.search(target + r".* \| " + ("yes" if met else r"\*\*no\*\*") + r" \|", text)
     assert (doc.parent / "latency.png").read_bytes()[:4] == b"\x89PNG"
     assert "](latency.png)" in text
+    assert (doc.parent / "grpc_breakdown.png").read_bytes()[:4] == b"\x89PNG"
+    assert "](grpc_breakdown.png)" in text
     comparisons = text.split("## Comparisons computed from this run")[1]
     assert "n/a" not in comparisons  # every quoted number was measured
     # Each comparison is this run's arithmetic: the batching ratio is req/s on / off.
