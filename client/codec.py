@@ -15,20 +15,30 @@ Input = str | Sequence[int] | np.ndarray  # text, or token ids
 POOLINGS = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16}
 LAYOUTS = {"full": pb.ATTENTION_LAYOUT_FULL, "causal-packed": pb.ATTENTION_LAYOUT_CAUSAL_PACKED}
+HEAD_REDUCTIONS = {
+    "none": pb.HEAD_REDUCTION_NONE,
+    "mean": pb.HEAD_REDUCTION_MEAN,
+    "max": pb.HEAD_REDUCTION_MAX,
+}
 
 
 @dataclass
 class Encoding:
-    """One input's encoding, decoded to numpy (attention always full float32)."""
+    """One input's encoding, decoded to numpy (attention float32, causal-packed unpacked)."""
 
     token_ids: np.ndarray  # (T,) int64
     embeddings: np.ndarray | None  # (T, d_model) float32
     pooled: np.ndarray | None  # (d_model,) float32
-    attention: np.ndarray | None  # (len(layers), len(heads), T, T) float32
-    layers: list[int] = field(default_factory=list)  # attention's axis 0
-    heads: list[int] = field(default_factory=list)  # attention's axis 1
+    # (layers, heads, rows, T), or (..., rows, k) with top_k; heads is 1 after a head
+    # reduction, layers and heads are 1 for rollout.
+    attention: np.ndarray | None
+    layers: list[int] = field(default_factory=list)  # the layers selected (axis 0)
+    heads: list[int] = field(default_factory=list)  # the heads selected (or reduced)
     truncated: bool = False
     tokens: list[str] = field(default_factory=list)  # display strings, if asked for
+    rows: list[int] = field(default_factory=list)  # attention's rows: absolute positions
+    indices: np.ndarray | None = None  # int32, attention's shape: top_k key positions
+    head_entropy: np.ndarray | None = None  # float32 (layers, heads), nats
 
 
 @dataclass
@@ -72,13 +82,25 @@ def build_request(
     heads: Sequence[int] = (),
     attention_dtype: str = "float32",
     attention_layout: str = "full",
+    rows: Sequence[int] = (),
+    head_reduction: str = "none",
+    rollout: bool = False,
+    top_k: int = 0,
+    head_entropy: bool = False,
+    omit_weights: bool = False,
     pooling: str = "none",
     token_embeddings: bool = True,
     truncate: bool = False,
     return_tokens: bool = False,
     request_id: str = "",
 ) -> pb.EncodeRequest:
-    """inputs: one text, one id sequence, or a list of those."""
+    """inputs: one text, one id sequence, or a list of those.
+
+    Attention is returned when `attention` or any attention option is set: `layers`,
+    `heads` (empty: all), `rows` (query positions, negative from the end), a
+    `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, and
+    `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
+    """
     if isinstance(inputs, str) or (
         isinstance(inputs, np.ndarray | Sequence) and len(inputs) and _is_id(inputs[0])
     ):
@@ -94,11 +116,20 @@ def build_request(
     options.skip_token_embeddings = not token_embeddings
     options.truncation = pb.TRUNCATION_RIGHT if truncate else pb.TRUNCATION_NONE
     options.return_tokens = return_tokens
-    if attention or layers or heads:
-        options.attention.layers.extend(layers)
-        options.attention.heads.extend(heads)
-        options.attention.dtype = _choice("attention_dtype", attention_dtype, DTYPES)
-        options.attention.layout = _choice("attention_layout", attention_layout, LAYOUTS)
+    wanted = (layers, heads, rows, rollout, top_k, head_entropy, omit_weights)
+    if attention or any(wanted) or head_reduction != "none":
+        a = options.attention
+        a.layers.extend(layers)
+        a.heads.extend(heads)
+        a.dtype = _choice("attention_dtype", attention_dtype, DTYPES)
+        a.layout = _choice("attention_layout", attention_layout, LAYOUTS)
+        a.query_positions.extend(rows)
+        if head_reduction != "none":  # left unspecified: rollout then averages the heads
+            a.head_reduction = _choice("head_reduction", head_reduction, HEAD_REDUCTIONS)
+        a.rollout = rollout
+        a.top_k = top_k
+        a.head_entropy = head_entropy
+        a.omit_weights = omit_weights
     return request
 
 
@@ -120,15 +151,16 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
         encodings.append(
             Encoding(
                 token_ids=ids,
-                embeddings=from_tensor(result.embeddings)
-                if result.HasField("embeddings")
-                else None,
-                pooled=from_tensor(result.pooled) if result.HasField("pooled") else None,
+                embeddings=_optional(result, "embeddings"),
+                pooled=_optional(result, "pooled"),
                 attention=attention,
                 layers=list(result.attention_layers),
                 heads=list(result.attention_heads),
                 truncated=result.truncated,
                 tokens=list(result.tokens),
+                rows=list(result.attention_rows),
+                indices=_optional(result, "attention_indices"),
+                head_entropy=_optional(result, "head_entropy"),
             )
         )
     t = response.timings
@@ -141,3 +173,7 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
         response.request_id,
         response,
     )
+
+
+def _optional(result: pb.EncodeResult, name: str) -> np.ndarray | None:
+    return from_tensor(getattr(result, name)) if result.HasField(name) else None

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.service.attention import AttentionOutput, AttentionSelection
 
 
 class Backend(Protocol):
@@ -34,8 +35,11 @@ class Backend(Protocol):
     def precision(self) -> str:
         """ "fp32" or "fp16" (what is computed inside; inputs and outputs stay float32)."""
 
-    def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """int64 (B, T) -> embeddings float32 (B, T, D), attentions float32 (B, L, H, T, T)."""
+    def attend(
+        self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]
+    ) -> tuple[np.ndarray, list[AttentionOutput]]:
+        """int64 (B, T), right-padded -> embeddings float32 (B, T, D) and, per row, the
+        attention its selection asks for (the full T x T weights stay inside)."""
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""

@@ -20,10 +20,12 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
+from attnserve.service.attention import AttentionOutput, AttentionSelection
 from attnserve.service.backend import Backend
 from attnserve.service.errors import (
     AttnserveError,
@@ -48,7 +50,7 @@ class BatcherOptions:
 @dataclass(frozen=True)
 class SequenceResult:
     embeddings: np.ndarray  # (T, D)
-    attentions: np.ndarray | None  # (L, H, T, T), only when asked for
+    attention: AttentionOutput | None  # only when asked for
     queue_ns: int  # time waiting for the batch
     inference_ns: int  # the batch's backend call
 
@@ -74,7 +76,7 @@ class MonotonicClock:
 @dataclass(eq=False)
 class _Item:
     ids: np.ndarray  # (T,) int64
-    with_attention: bool
+    selection: AttentionSelection | None  # None: embeddings only
     deadline: float | None  # clock time after which the work is useless
     enqueued: float  # clock time
     future: asyncio.Future[SequenceResult]
@@ -83,6 +85,10 @@ class _Item:
     @property
     def length(self) -> int:
         return len(self.ids)
+
+    @property
+    def with_attention(self) -> bool:
+        return self.selection is not None
 
 
 class Batcher:
@@ -127,16 +133,21 @@ class Batcher:
         return len(self._pending)
 
     async def encode(
-        self, sequences: list[np.ndarray], with_attention: bool, timeout: float | None = None
+        self,
+        sequences: list[np.ndarray],
+        attention: list[AttentionSelection] | None = None,
+        timeout: float | None = None,
     ) -> list[SequenceResult]:
         """Run every sequence (validated int64 ids) and return their results in order.
+
+        `attention`: one selection per sequence, or None for embeddings only.
 
         All are queued or none (QueueFullError). If one fails, or the caller is
         cancelled, the request's other sequences leave the queue unrun.
         `timeout`: seconds from now after which queued work is dropped unrun
         (DeadlineExceededError).
         """
-        items = self._admit(sequences, with_attention, timeout)
+        items = self._admit(sequences, attention, timeout)
         try:
             return list(await asyncio.gather(*(item.future for item in items)))
         except BaseException:
@@ -146,7 +157,10 @@ class Batcher:
             raise
 
     def _admit(
-        self, sequences: list[np.ndarray], with_attention: bool, timeout: float | None
+        self,
+        sequences: list[np.ndarray],
+        attention: list[AttentionSelection] | None,
+        timeout: float | None,
     ) -> list[_Item]:
         if self._closing:
             raise NotReadyError("the server is shutting down; retry on another replica")
@@ -159,9 +173,10 @@ class Batcher:
         deadline = None if timeout is None else now + timeout
         loop = asyncio.get_running_loop()
         request = object()
+        selections = attention or [None] * len(sequences)
         items = [
-            _Item(ids, with_attention, deadline, now, loop.create_future(), request)
-            for ids in sequences
+            _Item(ids, selection, deadline, now, loop.create_future(), request)
+            for ids, selection in zip(sequences, selections, strict=True)
         ]
         self._set_pending(self._pending + items)
         self._arrived.set()
@@ -242,9 +257,13 @@ class Batcher:
             ids[row, : item.length] = item.ids  # right padding: exact for a causal model
         with_attention = batch[0].with_attention
         start = self.clock.now()
-        run = self.backend.run if with_attention else self.backend.embed
+        if with_attention:
+            lengths = [item.length for item in batch]
+            run = partial(self.backend.attend, ids, lengths, [i.selection for i in batch])
+        else:
+            run = partial(self.backend.embed, ids)
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, run, ids)
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, run)
         except Exception as exc:
             if isinstance(exc, AttnserveError):
                 log.error("batch of %d sequences %s failed: %s", len(batch), ids.shape, exc)
@@ -261,7 +280,7 @@ class Batcher:
                 if item.request in failed:
                     item.future.cancel()
             return
-        embeddings, attentions = outputs if with_attention else (outputs, None)
+        embeddings, attentions = outputs if with_attention else (outputs, [None] * len(batch))
         inference_s = self.clock.now() - start
 
         m = self.metrics
@@ -279,7 +298,7 @@ class Batcher:
             item.future.set_result(
                 SequenceResult(
                     embeddings=embeddings[row, :n],
-                    attentions=attentions[row, :, :, :n, :n] if attentions is not None else None,
+                    attention=attentions[row],
                     queue_ns=int(queue_s * 1e9),
                     inference_ns=int(inference_s * 1e9),
                 )

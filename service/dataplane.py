@@ -74,7 +74,7 @@ class DataPlane:
             config = self.backend.config
             plan = plan_request(request, config, self.tokenizer)
             check_response_size(plan, config, self.max_message_bytes)
-            results = await self.batcher.encode(plan.sequences, plan.attention is not None, timeout)
+            results = await self.batcher.encode(plan.sequences, plan.attention, timeout)
             response = build_response(
                 plan, results, self.tokenizer, self.backend.version, request.request_id
             )

@@ -48,8 +48,14 @@ log = logging.getLogger(__name__)
 EXPLORER = resources.files("attnserve.service") / "static" / "explorer"
 POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
 # EncodeResult's tensors: their name in protobuf's JSON mapping -> the field.
-TENSOR_FIELDS = {"embeddings": "embeddings", "pooled": "pooled", "attention": "attention"}
-DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16"}
+TENSOR_FIELDS = {
+    "embeddings": "embeddings",
+    "pooled": "pooled",
+    "attention": "attention",
+    "attentionIndices": "attention_indices",
+    "headEntropy": "head_entropy",
+}
+DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16", pb.DTYPE_INT32: "int32"}
 # OpenAI's error "type" for each HTTP status the API answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -6,7 +6,7 @@ from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.batcher import SequenceResult
 from attnserve.service.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import NUMPY_DTYPES, fill_tensor, pack_causal
+from attnserve.v1.wire import fill_tensor
 
 
 def build_response(
@@ -19,9 +19,9 @@ def build_response(
     """One result per planned sequence, in order; timings.total_ns is left to the caller,
     who alone knows when the request arrived."""
     response = pb.EncodeResponse(model_version=model_version, request_id=request_id)
-    for ids, truncated, result in zip(plan.sequences, plan.truncated, results, strict=True):
+    for index, result in enumerate(results):
         out = response.results.add()
-        _fill_result(out, ids.tolist(), truncated, result, plan)
+        _fill_result(out, index, result, plan)
         if plan.return_tokens:
             out.tokens[:] = tokenizer.token_strings(out.token_ids)
     response.timings.queue_ns = max(r.queue_ns for r in results)
@@ -30,32 +30,26 @@ def build_response(
 
 
 def _fill_result(
-    out: pb.EncodeResult,
-    ids: list[int],
-    truncated: bool,
-    result: SequenceResult,
-    plan: EncodePlan,
+    out: pb.EncodeResult, index: int, result: SequenceResult, plan: EncodePlan
 ) -> None:
-    """Write one input's result into `out` (built in place: no copies of large bytes)."""
-    out.token_ids[:] = ids
-    out.truncated = truncated
+    """Write input `index`'s result into `out` (built in place: no copies of large bytes)."""
+    out.token_ids[:] = plan.sequences[index].tolist()
+    out.truncated = plan.truncated[index]
     if plan.token_embeddings:
         fill_tensor(out.embeddings, result.embeddings)
     if plan.pooling == pb.POOLING_MEAN:
         fill_tensor(out.pooled, result.embeddings.mean(axis=0))
     elif plan.pooling == pb.POOLING_LAST:
         fill_tensor(out.pooled, result.embeddings[-1])
-    if plan.attention and result.attentions is not None:
-        a = plan.attention
-        weights = result.attentions  # (L, H, T, T)
-        if a.layers != list(range(weights.shape[0])):
-            weights = weights.take(a.layers, axis=0)
-        if a.heads != list(range(weights.shape[1])):
-            weights = weights.take(a.heads, axis=1)  # (L', H', T, T)
-        # Narrow the dtype first: packing and copying then move half the bytes.
-        weights = weights.astype(NUMPY_DTYPES[a.dtype], copy=False)
-        if a.packed:
-            weights = pack_causal(weights)  # (L', H', T (T + 1) / 2)
-        fill_tensor(out.attention, weights, a.dtype)
-        out.attention_layers[:] = a.layers
-        out.attention_heads[:] = a.heads
+    if result.attention is not None:
+        selection, a = plan.attention[index], result.attention
+        if a.weights is not None:
+            dtype = pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32
+            fill_tensor(out.attention, a.weights, dtype)
+        if a.indices is not None:
+            fill_tensor(out.attention_indices, a.indices, pb.DTYPE_INT32)
+        if a.entropy is not None:
+            fill_tensor(out.head_entropy, a.entropy)
+        out.attention_layers[:] = selection.layers
+        out.attention_heads[:] = selection.heads
+        out.attention_rows[:] = a.rows.tolist()

@@ -18,6 +18,7 @@ import onnxruntime as ort
 
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory, graph_filenames
 from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.service.attention import AttentionOutput, AttentionReducer, AttentionSelection
 from attnserve.service.errors import InferenceError, ModelLoadError, ProviderUnavailableError
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,10 @@ class OrtRuntime:
             self.attention_graph = model_dir.fused_graph
             self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
+        # Attention options run on the same provider as the model (service/attention_graph.py).
+        providers = [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if self.provider == "cuda" else [CPU_EP]
+        self.reducer = AttentionReducer(providers, self.config.n_layers, self.config.n_heads)
+
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file():
@@ -114,6 +119,24 @@ class OrtRuntime:
         """input_ids int64 (B, T) -> embeddings (B, T, D), attentions (B, L, H, T, T)."""
         c = self.config
         return tuple(self._run(self.session, [c.embeddings_name, c.attentions_name], input_ids))
+
+    def attend(
+        self,
+        input_ids: np.ndarray,
+        lengths: list[int],
+        selections: list[AttentionSelection],
+    ) -> tuple[np.ndarray, list[AttentionOutput]]:
+        """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) and, per row, what its
+        selection asks of the row's first `lengths[row]` positions."""
+        embeddings, attentions = self.run(input_ids)
+        try:
+            outputs = [
+                self.reducer(attentions[row], n, selection)
+                for row, (n, selection) in enumerate(zip(lengths, selections, strict=True))
+            ]
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on the attention options: {exc}") from exc
+        return embeddings, outputs
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""

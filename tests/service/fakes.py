@@ -8,6 +8,7 @@ import threading
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.service.attention import AttentionOutput, AttentionSelection
 from attnserve.service.errors import InferenceError
 
 FAKE_CONFIG = ModelConfig(n_layers=2, n_heads=2, d_model=4, d_ff=8, max_seq_len=64)
@@ -38,9 +39,17 @@ class FakeBackend:
         self._enter("embed", input_ids)
         return self._embeddings(input_ids)
 
-    def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self._enter("run", input_ids)
-        return self._embeddings(input_ids), self._attentions(input_ids)
+    def attend(
+        self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]
+    ) -> tuple[np.ndarray, list[AttentionOutput]]:
+        """Each row's full weights (selections are ORT's business, not the batcher's)."""
+        self._enter("attend", input_ids)
+        weights = self._attentions(input_ids)
+        outputs = [
+            AttentionOutput(np.arange(n), weights[row, :, :, :n, :n], None, None)
+            for row, n in enumerate(lengths)
+        ]
+        return self._embeddings(input_ids), outputs
 
     def warmup(self) -> None:
         pass

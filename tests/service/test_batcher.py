@@ -11,6 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from attnserve.service.attention import AttentionSelection
 from attnserve.service.batcher import Batcher, BatcherOptions
 from attnserve.service.errors import (
     DeadlineExceededError,
@@ -19,7 +20,11 @@ from attnserve.service.errors import (
     QueueFullError,
 )
 from attnserve.service.metrics import Metrics
-from tests.service.fakes import FakeBackend, FakeClock
+from tests.service.fakes import FAKE_CONFIG, FakeBackend, FakeClock
+
+ALL_HEADS = AttentionSelection(
+    tuple(range(FAKE_CONFIG.n_layers)), tuple(range(FAKE_CONFIG.n_heads))
+)
 
 
 def ids(n: int, start: int = 1) -> np.ndarray:
@@ -39,12 +44,13 @@ class Scenario:
     async def hold(self) -> asyncio.Task:
         """Occupy the model with one 1-token sequence and wait until it is inside."""
         self.backend.gate.clear()
-        blocker = asyncio.ensure_future(self.batcher.encode([ids(1)], False))
+        blocker = asyncio.ensure_future(self.batcher.encode([ids(1)]))
         await asyncio.to_thread(self.backend.wait_calls, len(self.backend.calls) + 1)
         return blocker
 
     def queue(self, *sequences: np.ndarray, attention: bool = False, **kw) -> asyncio.Task:
-        return asyncio.ensure_future(self.batcher.encode(list(sequences), attention, **kw))
+        selections = [ALL_HEADS] * len(sequences) if attention else None
+        return asyncio.ensure_future(self.batcher.encode(list(sequences), selections, **kw))
 
     async def settle(self) -> None:
         """Let queued tasks reach the batcher (one turn of the event loop each)."""
@@ -120,9 +126,9 @@ def test_attention_and_embeddings_only_work_never_share_a_batch():
         return s.batches(), results
 
     batches, results = run(scenario)
-    assert batches == [("embed", (2, 4)), ("run", (1, 4))]
-    assert results[2][0].attentions.shape == (2, 2, 4, 4)
-    assert results[1][0].attentions is None
+    assert batches == [("embed", (2, 4)), ("attend", (1, 4))]
+    assert results[2][0].attention.weights.shape == (2, 2, 4, 4)
+    assert results[1][0].attention is None
 
 
 def test_max_delay_holds_a_lone_sequence_until_company_or_time():
@@ -208,7 +214,7 @@ def test_admission_is_all_or_nothing():
         one = s.queue(ids(2))
         await s.settle()
         with pytest.raises(QueueFullError, match="1 sequences waiting, this request adds 3"):
-            await s.batcher.encode([ids(2), ids(2), ids(2)], False)
+            await s.batcher.encode([ids(2), ids(2), ids(2)])
         depth = s.batcher.depth
         s.release()
         await asyncio.gather(blocker, one)
@@ -231,15 +237,15 @@ def test_right_padding_gives_each_sequence_its_numbers_alone():
         s.release()
         await blocker
         together = [(await b)[0] for b in batched]
-        alone = [(await s.batcher.encode([seq], True))[0] for seq in sequences]
+        alone = [(await s.batcher.encode([seq], [ALL_HEADS]))[0] for seq in sequences]
         return s, together, alone
 
     s, together, alone = run(scenario)
     assert len(s.batches()) < 2 * len(lengths)  # some really ran together, padded
     for n, a, b in zip(lengths, together, alone, strict=True):
-        assert a.embeddings.shape == (n, 4) and a.attentions.shape == (2, 2, n, n)
+        assert a.embeddings.shape == (n, 4) and a.attention.weights.shape == (2, 2, n, n)
         np.testing.assert_array_equal(a.embeddings, b.embeddings)
-        np.testing.assert_array_equal(a.attentions, b.attentions)
+        np.testing.assert_array_equal(a.attention.weights, b.attention.weights)
 
 
 def test_a_failed_batch_fails_its_requests_only_and_drops_their_other_sequences():
@@ -271,7 +277,7 @@ def test_stop_finishes_queued_work_then_refuses_new():
         stopping = asyncio.ensure_future(s.batcher.stop())
         await s.settle()
         with pytest.raises(NotReadyError, match="shutting down"):
-            await s.batcher.encode([ids(2)], False)
+            await s.batcher.encode([ids(2)])
         s.release()
         await stopping
         return await blocker, await queued

@@ -46,6 +46,52 @@ INVALID = {
         "options.attention.dtype: 7 is not DTYPE_FLOAT32 or DTYPE_FLOAT16",
     ),
     "bad layout": (with_attention(layout=9), "options.attention.layout: 9 is not one of"),
+    "int32 weights": (
+        with_attention(dtype=pb.DTYPE_INT32),
+        "options.attention.dtype: 3 is not DTYPE_FLOAT32 or DTYPE_FLOAT16",
+    ),
+    "top_k of 0 keys": (
+        with_attention(top_k=-1),
+        "options.attention.top_k: -1 is outside [1, max_seq_len=300]",
+    ),
+    "top_k over max_seq_len": (
+        with_attention(top_k=301),
+        "options.attention.top_k: 301 is outside [1, max_seq_len=300]",
+    ),
+    "row past the end": (
+        with_attention(query_positions=[0, 4]),
+        "options.attention.query_positions: 4 is outside [-4, 4) for inputs[0], which has 4",
+    ),
+    "row before the start": (
+        with_attention(query_positions=[-5]),
+        "options.attention.query_positions: -5 is outside [-4, 4)",
+    ),
+    "the same row twice": (
+        with_attention(query_positions=[-1, 3]),
+        "options.attention.query_positions: [-1, 3] name the same row twice in inputs[0]",
+    ),
+    "packed top_k": (
+        with_attention(layout=pb.ATTENTION_LAYOUT_CAUSAL_PACKED, top_k=2),
+        "options.attention.layout: ATTENTION_LAYOUT_CAUSAL_PACKED cannot hold "
+        "options.attention.top_k",
+    ),
+    "packed rows": (
+        with_attention(layout=pb.ATTENTION_LAYOUT_CAUSAL_PACKED, query_positions=[-1]),
+        "ATTENTION_LAYOUT_CAUSAL_PACKED needs every row; leave options.attention.query_positions",
+    ),
+    "rollout of separate heads": (
+        with_attention(rollout=True, head_reduction=pb.HEAD_REDUCTION_NONE),
+        "options.attention.rollout needs the heads combined",
+    ),
+    "bad head_reduction": (
+        with_attention(head_reduction=8),
+        "options.attention.head_reduction: 8 is not one of",
+    ),
+    "nothing left to return": (
+        with_attention(omit_weights=True),
+        "options.attention.omit_weights leaves nothing to return: set "
+        "options.attention.head_entropy or options.attention.top_k too",
+    ),
     "bad pooling": (
         raw_request(inputs=[pb.Input(text="x")], options=pb.EncodeOptions(pooling=5)),
         "options.pooling: 5 is not one of",

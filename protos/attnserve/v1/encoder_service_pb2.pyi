@@ -12,6 +12,7 @@ class Dtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_UNSPECIFIED: _ClassVar[Dtype]
     DTYPE_FLOAT32: _ClassVar[Dtype]
     DTYPE_FLOAT16: _ClassVar[Dtype]
+    DTYPE_INT32: _ClassVar[Dtype]
 
 class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,13 @@ class AttentionLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTENTION_LAYOUT_FULL: _ClassVar[AttentionLayout]
     ATTENTION_LAYOUT_CAUSAL_PACKED: _ClassVar[AttentionLayout]
 
+class HeadReduction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEAD_REDUCTION_UNSPECIFIED: _ClassVar[HeadReduction]
+    HEAD_REDUCTION_NONE: _ClassVar[HeadReduction]
+    HEAD_REDUCTION_MEAN: _ClassVar[HeadReduction]
+    HEAD_REDUCTION_MAX: _ClassVar[HeadReduction]
+
 class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
@@ -34,6 +42,7 @@ class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 DTYPE_UNSPECIFIED: Dtype
 DTYPE_FLOAT32: Dtype
 DTYPE_FLOAT16: Dtype
+DTYPE_INT32: Dtype
 POOLING_UNSPECIFIED: Pooling
 POOLING_NONE: Pooling
 POOLING_MEAN: Pooling
@@ -41,6 +50,10 @@ POOLING_LAST: Pooling
 ATTENTION_LAYOUT_UNSPECIFIED: AttentionLayout
 ATTENTION_LAYOUT_FULL: AttentionLayout
 ATTENTION_LAYOUT_CAUSAL_PACKED: AttentionLayout
+HEAD_REDUCTION_UNSPECIFIED: HeadReduction
+HEAD_REDUCTION_NONE: HeadReduction
+HEAD_REDUCTION_MEAN: HeadReduction
+HEAD_REDUCTION_MAX: HeadReduction
 TRUNCATION_UNSPECIFIED: Truncation
 TRUNCATION_NONE: Truncation
 TRUNCATION_RIGHT: Truncation
@@ -70,16 +83,28 @@ class Input(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class AttentionRequest(_message.Message):
-    __slots__ = ("layers", "heads", "dtype", "layout")
+    __slots__ = ("layers", "heads", "dtype", "layout", "query_positions", "head_reduction", "rollout", "top_k", "head_entropy", "omit_weights")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    QUERY_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_REDUCTION_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    OMIT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedScalarFieldContainer[int]
     heads: _containers.RepeatedScalarFieldContainer[int]
     dtype: Dtype
     layout: AttentionLayout
-    def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ...) -> None: ...
+    query_positions: _containers.RepeatedScalarFieldContainer[int]
+    head_reduction: HeadReduction
+    rollout: bool
+    top_k: int
+    head_entropy: bool
+    omit_weights: bool
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ..., query_positions: _Optional[_Iterable[int]] = ..., head_reduction: _Optional[_Union[HeadReduction, str]] = ..., rollout: _Optional[bool] = ..., top_k: _Optional[int] = ..., head_entropy: _Optional[bool] = ..., omit_weights: _Optional[bool] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
     __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens")
@@ -106,7 +131,7 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +140,9 @@ class EncodeResult(_message.Message):
     ATTENTION_HEADS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_INDICES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -123,7 +151,10 @@ class EncodeResult(_message.Message):
     attention_heads: _containers.RepeatedScalarFieldContainer[int]
     truncated: bool
     tokens: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
+    attention_rows: _containers.RepeatedScalarFieldContainer[int]
+    attention_indices: Tensor
+    head_entropy: Tensor
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ns", "inference_ns", "total_ns")

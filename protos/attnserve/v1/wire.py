@@ -10,7 +10,11 @@ import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
 
-NUMPY_DTYPES = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_FLOAT16: np.dtype("<f2")}
+NUMPY_DTYPES = {
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_FLOAT16: np.dtype("<f2"),
+    pb.DTYPE_INT32: np.dtype("<i4"),
+}
 
 
 def fill_tensor(tensor: pb.Tensor, array: np.ndarray, dtype: int = pb.DTYPE_FLOAT32) -> None:
