@@ -36,6 +36,13 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     grpc.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
     grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
     grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
+    attention = commands.add_parser(
+        "attention",
+        help="each attention option's bytes and time on the wire; RSS under a burst",
+    )
+    attention.add_argument("--out", type=Path, required=True, help="for attention.json/.md")
+    attention.add_argument("--model", type=Path, required=True, help="model directory")
+    attention.add_argument("--quick", action="store_true", help="short lengths (smoke)")
     load = commands.add_parser("load", help="load-test a running server (open or closed loop)")
     load.add_argument(
         "--target",
@@ -149,6 +156,11 @@ def run_bench(args: argparse.Namespace) -> int:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
         results = run_containers(args.out, args.duration, log)
         return 1 if results.get("skipped") else 0
+    if command == "attention":
+        from attnserve.bench.attention import run_attention
+
+        run_attention(args.out, args.model, args.quick)
+        return 0
     if command == "hf":
         from attnserve.bench.hf_compare import run_hf_compare
 

@@ -1,4 +1,4 @@
-"""End-to-end gRPC cost over the bare runtime, and the price of attention on the wire.
+"""End-to-end gRPC cost over the bare runtime (attention on the wire: bench/attention.py).
 
 The server runs as its own process (as deployed); the runtime-alone numbers
 come from an identical ORT session in this process, and the transport's floor
@@ -92,40 +92,6 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             server, client, runtime, [t for t in (8, 128) if t <= limit], quick, log
         )
 
-        t = seq_lens[-1]
-        ids = rng.integers(0, runtime.config.vocab_size, size=(1, t), dtype=np.int64)
-        variants = {
-            "float32 full": dict(attention_dtype="float32", attention_layout="full"),
-            "float16 causal-packed": dict(
-                attention_dtype="float16", attention_layout="causal-packed"
-            ),
-        }
-        wire = {
-            name: client.encode([ids[0]], attention=True, **kw).wire_bytes
-            for name, kw in variants.items()
-        }
-        calls = {"runtime": lambda: runtime.run(ids)}
-        for name, kw in variants.items():
-            calls[name] = lambda kw=kw: client.encode([ids[0]], attention=True, **kw)
-        times = _alternate(calls, repeats=3 if quick else 10)
-        runtime_ms = _p50_ms(times["runtime"])
-        attention = []
-        for name in variants:
-            p50 = _p50_ms(times[name])
-            attention.append(
-                {
-                    "seq_len": t,
-                    "variant": name,
-                    "response_bytes": wire[name],
-                    "grpc_p50_ms": round(p50, 3),
-                    "runtime_p50_ms": round(runtime_ms, 3),
-                    "ratio_to_runtime": round(p50 / runtime_ms, 2),
-                }
-            )
-            log(
-                f"  attention at {t}, {name}: {wire[name] / 1e6:.1f} MB, {p50:.1f} ms "
-                f"({p50 / runtime_ms:.2f}x the runtime's {runtime_ms:.1f} ms)"
-            )
         client.close()
     finally:
         echo.close()
@@ -136,7 +102,6 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
         "embeddings_overhead": overhead,
         "stream_vs_unary": stream,
         "http_vs_grpc": http_rows,
-        "attention": attention,
     }
 
 
@@ -230,18 +195,6 @@ def markdown(result: dict) -> str:
             f"| {r['seq_len']} tokens | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
             f"| {r['http_p50_ms']:.2f} ms | {r['http-base64_p50_ms']:.2f} ms "
             f"| {r['http_p50_ms'] / r['grpc_p50_ms']:.2f}x |"
-        )
-    lines += [
-        "",
-        "| attention, all layers and heads | seq len | response bytes | gRPC Encode p50 "
-        "| runtime alone p50 | ratio |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in result["attention"]:
-        lines.append(
-            f"| {r['variant']} | {r['seq_len']} | {r['response_bytes'] / 1e6:.1f} MB "
-            f"| {r['grpc_p50_ms']:.1f} ms | {r['runtime_p50_ms']:.1f} ms "
-            f"| {r['ratio_to_runtime']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -14,6 +14,8 @@ import json
 import shutil
 from pathlib import Path
 
+from attnserve.bench.attention import BURST_LENGTH, BURST_REQUESTS
+from attnserve.bench.attention import markdown as attention_markdown
 from attnserve.bench.containers import markdown as containers_markdown
 from attnserve.bench.containers import ratios as container_ratios
 from attnserve.bench.engines import DESCRIPTIONS
@@ -137,12 +139,30 @@ server with default settings, then with `--max-batch-size 1`).
 | batching on | {on["achieved_rate"]:.0f} | {on["latency_ms"]["p50"]:.1f} ms | {on["latency_ms"]["p99"]:.1f} ms | {on["server_ms"]["queue"]["p50"]:.1f} ms |
 | batching off | {off["achieved_rate"]:.0f} | {off["latency_ms"]["p50"]:.1f} ms | {off["latency_ms"]["p99"]:.1f} ms | {off["server_ms"]["queue"]["p50"]:.1f} ms |
 {_saturation_section(res)}
-{_hf_section(res)}{_containers_section(res)}## Comparisons computed from this run
+{_attention_section(res)}{_hf_section(res)}{_containers_section(res)}## Comparisons computed from this run
 
 {chr(10).join("- " + c for c in comparisons(res))}
 
 {END_OF_GENERATED}
 """  # noqa: E501
+
+
+def _attention_section(res: Results) -> str:
+    if not res.attention:
+        return ""
+    return f"""## Attention options and the memory budget
+
+`attnserve bench attention` (part of `make benchmarks`). First, each attention option
+for one sequence of every layer's and head's weights, reduced as named, through gRPC
+Encode and decoded by the client (token embeddings included), against the full graph
+in-process, alternating. Then a burst: {BURST_REQUESTS} requests of {BURST_LENGTH} tokens
+at once, each asking for every layer's and head's weights in float16 causal-packed form,
+against a server process with default settings but for the flags named; RSS read from
+/proc every 10 ms.
+
+{attention_markdown(res.attention)}
+
+"""
 
 
 def _hf_section(res: Results) -> str:
@@ -195,16 +215,17 @@ def write_page(out: Path, doc: Path) -> None:
         json.loads((out / f"{name}.json").read_text())
         for name in ("environment", "grpc", "batching")
     )
-    hf, containers = (
+    hf, containers, attention = (
         json.loads(f.read_text()) if f.exists() else None
-        for f in (out / "hf.json", out / "containers.json")
+        for f in (out / "hf.json", out / "containers.json", out / "attention.json")
     )
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot_name = "latency.png"
     shutil.copyfile(out / "latency.png", doc.parent / plot_name)
     if (out / BREAKDOWN_PLOT).exists():
         shutil.copyfile(out / BREAKDOWN_PLOT, doc.parent / BREAKDOWN_PLOT)
-    generated = render(Results(rows, env, grpc, batching, hf, containers), out, plot_name)
+    results = Results(rows, env, grpc, batching, hf, containers, attention)
+    generated = render(results, out, plot_name)
     old = doc.read_text() if doc.exists() else ""
     by_hand = old.split(END_OF_GENERATED, 1)[1] if END_OF_GENERATED in old else ""
     doc.write_text(generated + ("\n" + by_hand.lstrip("\n") if by_hand else ""))

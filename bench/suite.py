@@ -7,6 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attnserve.bench.attention import run_attention
 from attnserve.bench.batching import run_batching
 from attnserve.bench.containers import run_containers
 from attnserve.bench.grpc_e2e import run_grpc
@@ -26,6 +27,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
         run_grpc(out, model_dir, 64 if quick else 512, quick)
         run_batching(out, model_dir, 2.0 if quick else 10.0, log)
+        run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
         run_hf_compare(out)
         run_containers(out, 10.0, log)

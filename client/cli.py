@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import ClientOptions, EncoderClient
-from attnserve.client.heatmap import render_heatmap
+from attnserve.client.heatmap import render_entropy_grid, render_heatmap
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -43,15 +43,38 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     encode.add_argument("--heads", type=int, nargs="*", default=[], help="attention heads")
     encode.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     encode.add_argument("--layout", choices=["full", "causal-packed"], default="full")
+    _attention_options(encode)
+    encode.add_argument("--top-k", type=int, default=0, help="k largest weights per row")
+    encode.add_argument("--entropy", action="store_true", help="each head's mean row entropy")
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
 
-    heatmap = command("heatmap", "attention of one layer/head as a PNG", _heatmap)
+    heatmap = command(
+        "heatmap",
+        "attention as a PNG: one head, a layer's heads reduced, rollout, or an entropy grid",
+        _heatmap,
+    )
     heatmap.add_argument("--text", required=True)
     heatmap.add_argument("--layer", type=int, default=0)
     heatmap.add_argument("--head", type=int, default=0)
+    _attention_options(heatmap)
+    heatmap.add_argument(
+        "--entropy",
+        action="store_true",
+        help="instead: each layer's and head's mean row entropy as a grid (picks heads to view)",
+    )
     heatmap.add_argument("--out", type=Path, default=Path("attention.png"))
+
+
+def _attention_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rows", type=int, nargs="*", default=[], help="query positions (-1: the last token)"
+    )
+    parser.add_argument(
+        "--head-reduction", choices=["none", "mean", "max"], default="none", help="combine heads"
+    )
+    parser.add_argument("--rollout", action="store_true", help="attention rollout over the layers")
 
 
 def _with_client(args: argparse.Namespace, run) -> int:
@@ -87,6 +110,11 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         heads=args.heads,
         attention_dtype=args.dtype,
         attention_layout=args.layout,
+        rows=args.rows,
+        head_reduction=args.head_reduction,
+        rollout=args.rollout,
+        top_k=args.top_k,
+        head_entropy=args.entropy,
         truncate=args.truncate,
         return_tokens=args.tokens,
     )
@@ -103,13 +131,14 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
                     "results": [
                         {
                             "token_ids": e.token_ids.tolist(),
-                            "embeddings": e.embeddings.tolist()
-                            if e.embeddings is not None
-                            else None,
-                            "pooled": e.pooled.tolist() if e.pooled is not None else None,
-                            "attention": e.attention.tolist() if e.attention is not None else None,
+                            "embeddings": _list(e.embeddings),
+                            "pooled": _list(e.pooled),
+                            "attention": _list(e.attention),
                             "attention_layers": e.layers,
                             "attention_heads": e.heads,
+                            "attention_rows": e.rows,
+                            "attention_indices": _list(e.indices),
+                            "head_entropy": _list(e.head_entropy),
                             "truncated": e.truncated,
                             "tokens": e.tokens,
                         }
@@ -136,20 +165,51 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         if e.pooled is not None:
             print(f"    pooled {e.pooled.shape}, first values {np.round(e.pooled[:4], 4)}")
         if e.attention is not None:
-            print(f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads}")
+            print(
+                f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads} "
+                f"rows {e.rows if len(e.rows) < 8 else f'{e.rows[:4]}...'}"
+            )
+        if e.indices is not None:
+            print(f"    top-{e.indices.shape[-1]} key positions, last row {e.indices[..., -1, :]}")
+        if e.head_entropy is not None:
+            print(f"    head entropy (nats, layers x heads)\n{np.round(e.head_entropy, 3)}")
     return 0
 
 
+def _list(array: np.ndarray | None) -> list | None:
+    return None if array is None else array.tolist()
+
+
 def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
-    info = client.model_info()
-    out = client.encode(args.text, layers=[args.layer], heads=[args.head], return_tokens=True)
+    name = client.model_info()["name"]
+    if args.entropy:
+        out = client.encode(args.text, rows=args.rows, head_entropy=True, omit_weights=True)
+        e = out[0]
+        path = render_entropy_grid(
+            e.head_entropy, e.layers, e.heads, args.out, title=f"{name}: head entropy (nats)"
+        )
+        print(f"wrote {path} ({len(e.layers)} layers x {len(e.heads)} heads)")
+        return 0
+    if args.rollout:
+        what = {"rollout": True}
+        title = f"rollout over all layers, heads {args.head_reduction.replace('none', 'mean')}"
+    elif args.head_reduction != "none":
+        what = {"layers": [args.layer], "head_reduction": args.head_reduction}
+        title = f"layer {args.layer}, {args.head_reduction} of its heads"
+    else:
+        what = {"layers": [args.layer], "heads": [args.head]}
+        title = f"layer {args.layer}, head {args.head}"
+    if args.rollout and args.head_reduction != "none":
+        what["head_reduction"] = args.head_reduction
+    out = client.encode(args.text, rows=args.rows, return_tokens=True, **what)
     encoding = out[0]
     tokens = encoding.tokens  # the server's tokenizer says what each token is
     path = render_heatmap(
         encoding.attention[0, 0],
         tokens,
         args.out,
-        title=f"{info['name']}: layer {args.layer}, head {args.head}",
+        title=f"{name}: {title}",
+        row_tokens=[tokens[r] for r in encoding.rows],
     )
-    print(f"wrote {path} ({len(tokens)} tokens, layer {args.layer}, head {args.head})")
+    print(f"wrote {path} ({len(encoding.rows)} x {len(tokens)} tokens, {title})")
     return 0

@@ -50,8 +50,16 @@ class AttentionOutput:
 class AttentionReducer:
     """Runs selections on a provider; one ORT session per recipe, the most recent kept."""
 
-    def __init__(self, providers: list, n_layers: int, n_heads: int, max_sessions: int = 32):
+    def __init__(
+        self,
+        providers: list,
+        session_options: ort.SessionOptions,
+        n_layers: int,
+        n_heads: int,
+        max_sessions: int = 32,
+    ) -> None:
         self._providers = providers
+        self._session_options = session_options
         self._all_layers = tuple(range(n_layers))
         self._all_heads = tuple(range(n_heads))
         self._max_sessions = max_sessions
@@ -97,12 +105,18 @@ class AttentionReducer:
             weights = pack_causal(weights)  # (L', H', T (T + 1) / 2)
         return AttentionOutput(rows, weights, out.get("indices"), out.get("entropy"))
 
+    def close_sessions(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+
     def _session(self, recipe: Recipe) -> ort.InferenceSession:
         with self._lock:
             session = self._sessions.get(recipe)
             if session is None:
                 session = ort.InferenceSession(
-                    build_graph(recipe).SerializeToString(), providers=self._providers
+                    build_graph(recipe).SerializeToString(),
+                    self._session_options,
+                    providers=self._providers,
                 )
                 self._sessions[recipe] = session
                 if len(self._sessions) > self._max_sessions:

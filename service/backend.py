@@ -44,5 +44,8 @@ class Backend(Protocol):
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""
 
+    def release_memory(self) -> None:
+        """Give memory freed since the last batch back to the OS (called when idle)."""
+
     def warmup(self) -> None:
         """Run a few shapes once so that first requests skip allocation and setup."""

@@ -127,6 +127,17 @@ class Batcher:
             await self._task
         self._executor.shutdown(wait=True)
 
+    async def release_memory(self) -> None:
+        """Between batches (on the backend's own thread), let it give freed memory back."""
+        if self._closing:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.backend.release_memory
+            )
+        except Exception:  # only memory stays high; requests are not affected
+            log.exception("giving memory back failed")
+
     @property
     def depth(self) -> int:
         """Sequences waiting for a batch."""

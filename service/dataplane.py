@@ -15,12 +15,17 @@ import time
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.backend import Backend
 from attnserve.service.batcher import Batcher
+from attnserve.service.budget import ByteBudget, request_bytes
 from attnserve.service.errors import NotReadyError
 from attnserve.service.metrics import Metrics
-from attnserve.service.plan import check_response_size, plan_request
+from attnserve.service.plan import EncodePlan, check_response_size, plan_request
 from attnserve.service.response import build_response
 from attnserve.v1 import encoder_service_pb2 as pb
 
+# Give memory back once the server has been idle this long after at least this much work
+# came and went (not after every request: the next one would pay to allocate it again).
+TRIM_AFTER_BYTES = 256 * 1024 * 1024
+TRIM_AFTER_IDLE_S = 2.0
 WARMING_UP = "the model is warming up; retry shortly"
 SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
@@ -33,12 +38,19 @@ class DataPlane:
         tokenizer: Tokenizer,
         metrics: Metrics,
         max_message_bytes: int,
+        max_inflight_bytes: int = 0,
+        release_memory: bool = True,
     ) -> None:
         self.backend = backend
         self.batcher = batcher
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
+        self.budget = ByteBudget(max_inflight_bytes, on_change=self._budget_changed)
+        self.release_memory = release_memory
+        self._released_since_trim = 0
+        self._release_timer: asyncio.TimerHandle | None = None
+        self._releasing: asyncio.Task | None = None
         # Why new work is refused (UNAVAILABLE), or None while serving.
         self.refusal: str | None = WARMING_UP
         self._in_flight = 0  # requests between admission and answer
@@ -74,10 +86,7 @@ class DataPlane:
             config = self.backend.config
             plan = plan_request(request, config, self.tokenizer)
             check_response_size(plan, config, self.max_message_bytes)
-            results = await self.batcher.encode(plan.sequences, plan.attention, timeout)
-            response = build_response(
-                plan, results, self.tokenizer, self.backend.version, request.request_id
-            )
+            response = await self._run(plan, request.request_id, timeout)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.set(self._in_flight)
@@ -85,6 +94,43 @@ class DataPlane:
                 self._idle.set()
         response.timings.total_ns = time.perf_counter_ns() - start
         return response
+
+    async def _run(
+        self, plan: EncodePlan, request_id: str, timeout: float | None
+    ) -> pb.EncodeResponse:
+        """Within the memory budget: wait for room, run, answer, give the room back."""
+        reserved = request_bytes(plan, self.backend.config)
+        self._cancel_release()  # not idle after all
+        deadline = None if timeout is None else time.monotonic() + timeout
+        await self.budget.acquire(reserved, timeout)
+        try:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            results = await self.batcher.encode(plan.sequences, plan.attention, left)
+            return build_response(plan, results, self.tokenizer, self.backend.version, request_id)
+        finally:
+            self.budget.release(reserved)
+            self._released_since_trim += reserved
+            idle = self.budget.used == 0 and not self.budget.waiting
+            if self.release_memory and idle and self._released_since_trim >= TRIM_AFTER_BYTES:
+                self._cancel_release()
+                loop = asyncio.get_running_loop()
+                self._release_timer = loop.call_later(TRIM_AFTER_IDLE_S, self._release)
+
+    def _cancel_release(self) -> None:
+        if self._release_timer:
+            self._release_timer.cancel()
+            self._release_timer = None
+
+    def _release(self) -> None:
+        """A burst has ended: hand its freed buffers back to the OS."""
+        self._release_timer = None
+        self._released_since_trim = 0
+        if self._releasing is None or self._releasing.done():
+            self._releasing = asyncio.ensure_future(self.batcher.release_memory())
+
+    def _budget_changed(self, budget: ByteBudget) -> None:
+        self.metrics.inflight_bytes.set(budget.used)
+        self.metrics.budget_waiting.set(budget.waiting)
 
     def model_info(self) -> pb.GetModelInfoResponse:
         c = self.backend.config

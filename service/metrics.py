@@ -60,6 +60,14 @@ class Metrics:
         self.queue_depth = Gauge(
             "attnserve_queue_depth", "Sequences waiting for a batch", registry=r
         )
+        self.inflight_bytes = Gauge(
+            "attnserve_inflight_bytes",
+            "Bytes of the memory budget reserved by admitted requests",
+            registry=r,
+        )
+        self.budget_waiting = Gauge(
+            "attnserve_budget_waiting", "Requests waiting for room in the memory budget", registry=r
+        )
 
     def serve(self, port: int, host: str = "0.0.0.0"):
         """Expose /metrics over HTTP on a thread; returns the server (its .server_port is bound)."""

@@ -189,8 +189,8 @@ def _indices(name: str, values, limit: int) -> list[int]:
     return chosen
 
 
-def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> None:
-    """Refuse, before any work, an answer that would not fit in one gRPC message."""
+def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
+    """About what the serialised answer to `plan` will weigh."""
     total = _OVERHEAD_BYTES
     for index, ids in enumerate(plan.sequences):
         t = len(ids)
@@ -201,6 +201,12 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
             total += config.d_model * 4
         if plan.attention:
             total += attention_bytes(plan.attention[index], t)
+    return total
+
+
+def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> None:
+    """Refuse, before any work, an answer that would not fit in one gRPC message."""
+    total = response_bytes(plan, config)
     if total > limit:
         advice = (
             "request fewer options.attention.layers/heads/query_positions, a head_reduction, "

@@ -20,6 +20,7 @@ from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory, graph
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.service.attention import AttentionOutput, AttentionReducer, AttentionSelection
 from attnserve.service.errors import InferenceError, ModelLoadError, ProviderUnavailableError
+from attnserve.service.memory import give_back_memory
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,9 @@ class OrtRuntime:
 
         # Attention options run on the same provider as the model (service/attention_graph.py).
         providers = [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if self.provider == "cuda" else [CPU_EP]
-        self.reducer = AttentionReducer(providers, self.config.n_layers, self.config.n_heads)
+        self.reducer = AttentionReducer(
+            providers, _session_options(options), self.config.n_layers, self.config.n_heads
+        )
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
@@ -151,6 +154,19 @@ class OrtRuntime:
             raise InferenceError(
                 f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
             ) from exc
+
+    def release_memory(self) -> None:
+        """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
+        1-token run per session that asks ORT to shrink its arenas when it ends (after a
+        burst of long requests the CPU arena otherwise keeps their peak, GiBs)."""
+        shrink = ort.RunOptions()
+        arenas = "cpu:0;gpu:0" if self.provider == "cuda" else "cpu:0"
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", arenas)
+        ids = np.full((1, 1), self.config.bos_id, dtype=np.int64)
+        for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
+            session.run(None, {self.config.input_name: ids}, shrink)
+        self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
+        give_back_memory()
 
     def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:
         """Run each length once per graph so first requests skip allocation and setup."""

@@ -118,7 +118,15 @@ async def start_server(
     tokenizer = get_tokenizer(backend.config, model_dir)
     metrics = Metrics()
     batcher = Batcher(backend, settings.batcher_options, metrics)
-    dataplane = DataPlane(backend, batcher, tokenizer, metrics, settings.max_message_bytes)
+    dataplane = DataPlane(
+        backend,
+        batcher,
+        tokenizer,
+        metrics,
+        settings.max_message_bytes,
+        settings.max_inflight_bytes,
+        settings.release_memory,
+    )
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),

@@ -99,6 +99,20 @@ class Settings:
         default=64 * 1024 * 1024,
         metadata=_opt(int, "largest gRPC request or response"),
     )
+    max_inflight_bytes: int = field(
+        default=1024**3,
+        metadata=_opt(
+            int,
+            "memory budget: bytes that admitted requests may hold (answers and attention "
+            "weights); more waits in the queue; 0: no budget",
+        ),
+    )
+    release_memory: bool = field(
+        default=True,
+        metadata=_opt(
+            parse_bool, "after a burst, give freed memory back (ORT arena shrink, malloc_trim)"
+        ),
+    )
     grace_seconds: float = field(
         default=10.0,
         metadata=_opt(float, "on SIGTERM, time for in-flight requests"),
@@ -135,6 +149,8 @@ class Settings:
             raise ValueError("port must be >= 0")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if self.max_inflight_bytes < 0:
+            raise ValueError(f"max_inflight_bytes must be >= 0, got {self.max_inflight_bytes}")
         if self.max_batch_size < 0:
             raise ValueError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
         if self.grace_seconds < 0:

@@ -27,12 +27,4 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
         assert abs(r["overhead_to_bare"] - r["overhead_p50_ms"] / r["bare_grpc_p50_ms"]) < 0.01
     stream = report["stream_vs_unary"]
     assert stream["requests"] == 200 and stream["stream_ms"] > 0 and stream["unary_ms"] > 0
-    full, packed = report["attention"]
-    assert (full["variant"], packed["variant"]) == ("float32 full", "float16 causal-packed")
-    # Same embeddings; attention 2 layers x 4 heads x (16 x 16 x 4 B) vs (136 x 2 B). The
-    # timings (queue, inference, total ns) are varints whose length varies per response by a
-    # few bytes, so the sizes agree to within those.
-    saved = full["response_bytes"] - packed["response_bytes"]
-    assert abs(saved - 2 * 4 * (16 * 16 * 4 - 136 * 2)) <= 12
-    assert "| float16 causal-packed | 16 |" in (tmp_path / "grpc.md").read_text()
     assert (tmp_path / "grpc_breakdown.png").read_bytes()[:4] == b"\x89PNG"

@@ -27,6 +27,7 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
         "### Batch 8",
         "## End to end through gRPC",
         "## Dynamic batching",
+        "## Attention options and the memory budget",
         "## Comparisons computed from this run",
     ):
         assert section in text
@@ -39,7 +40,24 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
     assert saturation["server"]["errors"] == 0 and saturation["bare"]["tokens_per_s"] > 0
     share = saturation["server"]["tokens_per_s"] / saturation["bare"]["tokens_per_s"]
     assert abs(saturation["share"] - share) < 1e-3
+    attention = json.loads((out / "attention.json").read_text())
+    modes = {r["mode"]: r for r in attention["modes"]}
+    # Every layer and head at 64 tokens (default config: 4 x 8): f32 full vs f16 packed bytes.
+    saved = (
+        modes["all heads, f32 full"]["response_bytes"]
+        - modes["all heads, f16 packed"]["response_bytes"]
+    )
+    assert abs(saved - 4 * 8 * (64 * 64 * 4 - 2080 * 2)) <= 12  # timings' varints vary
+    assert modes["last row"]["response_bytes"] < modes["all heads, f16 packed"]["response_bytes"]
+    burst = attention["burst"][-1]
+    assert "(default)" in burst["variant"] and burst["requests"] == 4
+    burst_met = (
+        burst["errors"] == 0
+        and burst["peak_over_baseline_mib"] <= 1536
+        and burst["after_over_baseline_mib"] <= 300
+    )
     for target, met in (
+        (r"burst of 4 x 64 tokens", burst_met),
         (r"batching >= 1\.8x", batching["speedup"] >= 1.8),
         (r"a stream of 200 short requests", stream["speedup"] >= 2),
         (r"saturated server .* >= 85%", saturation["share"] >= 0.85),

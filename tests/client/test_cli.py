@@ -108,3 +108,39 @@ def test_heatmap_writes_a_png(cli_server, tmp_path):
     header = out.read_bytes()[:8]
     assert header == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
+
+
+def test_encode_with_attention_options_as_json(cli_server, small_runtime):
+    ids = [5, 6, 7, 8, 9]
+    result = run_cli(
+        "encode", "--target", cli_server.address, "--ids", ",".join(map(str, ids)),
+        "--rows", "-1", "--top-k", "2", "--entropy", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)["results"][0]
+    weights = small_runtime.run(np.array([ids]))[1][0]  # (L, H, T, T)
+    last = weights[:, :, 4]  # (L, H, T)
+    order = np.argsort(-last, axis=-1)[..., :2]
+    assert answer["attention_rows"] == [4]
+    np.testing.assert_array_equal(np.array(answer["attention_indices"])[:, :, 0], order)
+    np.testing.assert_allclose(
+        np.array(answer["attention"])[:, :, 0], np.take_along_axis(last, order, -1), atol=2e-5
+    )
+    assert np.array(answer["head_entropy"]).shape == weights.shape[:2]
+
+
+def test_heatmap_of_a_rollout_a_head_mean_and_the_entropy_grid(cli_server, tmp_path):
+    pictures = {
+        "rollout": (["--rollout", "--rows", "-3", "-2", "-1"], "3 x 24 tokens, rollout over all"),
+        "mean": (["--layer", "1", "--head-reduction", "mean"], "layer 1, mean of its heads"),
+        "entropy": (["--entropy"], "(2 layers x 4 heads)"),
+    }
+    for name, (flags, says) in pictures.items():
+        out = tmp_path / f"{name}.png"
+        result = run_cli(
+            "heatmap", "--target", cli_server.address, "--text", "The cat sat on the mat.",
+            *flags, "--out", str(out),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert says in result.stdout
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -33,6 +33,7 @@ class FakeBackend:
         self.calls: list[tuple[str, np.ndarray]] = []  # (method, input_ids), in call order
         self.gate = threading.Event()
         self.gate.set()
+        self.released = threading.Event()  # set once release_memory was called
         self._called = threading.Condition()
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
@@ -53,6 +54,9 @@ class FakeBackend:
 
     def warmup(self) -> None:
         pass
+
+    def release_memory(self) -> None:
+        self.released.set()
 
     def wait_calls(self, n: int, timeout: float = 30) -> None:
         """Block until at least n calls have entered the backend."""

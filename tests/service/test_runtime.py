@@ -199,3 +199,11 @@ def test_fp16_precision_without_fp16_graphs_says_how_to_get_them(small_model_dir
         OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
     with pytest.raises(ValueError, match="precision must be one of"):
         RuntimeOptions(precision="fp8")
+
+
+def test_giving_memory_back_keeps_the_answers(small_runtime):
+    ids = np.arange(1, 200)[None]
+    before = small_runtime.run(ids)
+    small_runtime.release_memory()  # empties ORT's arenas: the next run allocates afresh
+    for a, b in zip(before, small_runtime.run(ids), strict=True):
+        np.testing.assert_array_equal(a, b)
