@@ -117,7 +117,7 @@ async def _bare_closed_loop(model_dir: Path, concurrency: int, duration: float) 
         nonlocal tokens, requests
         while time.perf_counter() < until:
             ids = data[int(rng.choice(len(data), p=uniform))]  # LoadGenerator's draw
-            await batcher.encode([ids], with_attention=False)
+            await batcher.encode([ids])  # embeddings only
             tokens, requests = tokens + len(ids), requests + 1
 
     def batch_stats() -> list[float]:  # [sequences, batches] run so far
