@@ -24,7 +24,12 @@ HEAD_REDUCTIONS = {
 
 @dataclass
 class Encoding:
-    """One input's encoding, decoded to numpy (attention float32, causal-packed unpacked)."""
+    """One input's encoding, decoded to numpy (causal-packed attention unpacked).
+
+    Attention keeps the dtype it was asked for: float16 stays float16, half the
+    memory, and widening it is the caller's choice (numpy's float16 -> float32
+    conversion costs more than unpacking: 9 vs 5 ms for 4 x 8 heads at 512 tokens).
+    """
 
     token_ids: np.ndarray  # (T,) int64
     embeddings: np.ndarray | None  # (T, d_model) float32
@@ -144,10 +149,8 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
         attention = None
         if result.HasField("attention"):
             weights = from_tensor(result.attention)
-            if weights.ndim == 3:  # causal-packed: (L, H, T (T + 1) / 2)
-                attention = unpack_causal(weights, len(ids))
-            else:
-                attention = weights.astype(np.float32, copy=False)
+            packed = weights.ndim == 3  # (L, H, T (T + 1) / 2)
+            attention = unpack_causal(weights, len(ids)) if packed else weights
         encodings.append(
             Encoding(
                 token_ids=ids,

@@ -29,6 +29,7 @@ from attnserve.service.backend import Backend
 from attnserve.service.batcher import Batcher
 from attnserve.service.dataplane import DataPlane
 from attnserve.service.http import HttpServer, create_app
+from attnserve.service.memory import keep_freed_heap
 from attnserve.service.metrics import Metrics
 from attnserve.service.runtime import OrtRuntime
 from attnserve.service.servicer import EncoderServicer
@@ -113,6 +114,8 @@ async def start_server(
 ) -> RunningServer:
     """Load the model (unless a backend is given), listen (NOT_SERVING), then warm up and
     report SERVING."""
+    if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
+        keep_freed_heap()
     model_dir = ModelDirectory(settings.model)
     backend = backend or OrtRuntime(model_dir, settings.runtime_options)
     tokenizer = get_tokenizer(backend.config, model_dir)

@@ -110,7 +110,9 @@ class Settings:
     release_memory: bool = field(
         default=True,
         metadata=_opt(
-            parse_bool, "after a burst, give freed memory back (ORT arena shrink, malloc_trim)"
+            parse_bool,
+            "keep freed heap for the next answer; after a burst, give memory back "
+            "(ORT arena shrink, malloc_trim)",
         ),
     )
     grace_seconds: float = field(

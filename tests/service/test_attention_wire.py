@@ -1,4 +1,5 @@
-"""Attention over the wire: float16 and causal-packed decode to the full float32 weights."""
+"""Attention over the wire: float16 and causal-packed decode to the full weights, in the
+dtype asked for."""
 
 import numpy as np
 import pytest
@@ -15,13 +16,15 @@ from attnserve.v1.wire import packed_length
         ("float16", "causal-packed", 5e-4, 4),
     ],
 )
-def test_every_encoding_decodes_to_full_float32(client, small_runtime, dtype, layout, atol, shrink):
+def test_every_encoding_decodes_to_the_full_weights(
+    client, small_runtime, dtype, layout, atol, shrink
+):
     ids = list(range(1, 120))
     _, attentions = small_runtime.run(np.array([ids]))
     full = client.encode([ids], attention=True)
     out = client.encode([ids], attention=True, attention_dtype=dtype, attention_layout=layout)
     attention = out[0].attention
-    assert attention.dtype == np.float32 and attention.shape == (2, 4, 119, 119)
+    assert attention.dtype == np.dtype(dtype) and attention.shape == (2, 4, 119, 119)
     np.testing.assert_allclose(attention, attentions[0], atol=atol, rtol=0)
     assert (attention[..., np.triu_indices(119, 1)[0], np.triu_indices(119, 1)[1]] == 0).all()
     # What went over the wire shrank as promised (embeddings are the same in both).

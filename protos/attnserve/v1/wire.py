@@ -69,13 +69,13 @@ def pack_causal(attention: np.ndarray) -> np.ndarray:
 
 
 def unpack_causal(packed: np.ndarray, seq_len: int) -> np.ndarray:
-    """(..., T (T + 1) / 2) -> (..., T, T) float32, zeros above the diagonal."""
+    """(..., T (T + 1) / 2) -> (..., T, T) in packed's dtype, zeros above the diagonal."""
     if packed.shape[-1] != packed_length(seq_len):
         raise ValueError(
             f"packed attention has {packed.shape[-1]} entries per head, "
             f"a length of {seq_len} needs {packed_length(seq_len)}"
         )
-    full = np.zeros((*packed.shape[:-1], seq_len, seq_len), dtype=np.float32)
+    full = np.zeros((*packed.shape[:-1], seq_len, seq_len), dtype=packed.dtype)
     start = 0
     for row in range(seq_len):
         full[..., row, : row + 1] = packed[..., start : start + row + 1]
