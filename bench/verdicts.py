@@ -105,12 +105,12 @@ def _attention_targets(res: Results) -> list[tuple[str, str, bool | None]]:
     for mode, limit in (("all heads, f16 packed", 1.5), ("last row", 1.1), ("rollout", 1.2)):
         row = attention_mode(res, mode, 512)
         if row:
+            ratio = row["grpc_p50_ms"] / row["runtime_p50_ms"]  # unrounded: 1.204 is over 1.2
             out.append(
                 (
                     f"attention at 512 tokens, {mode} (all layers): Encode <= {limit}x the runtime",
-                    f"{row['ratio_to_runtime']:.2f}x ({row['grpc_p50_ms']:.1f} / "
-                    f"{row['runtime_p50_ms']:.1f} ms)",
-                    row["ratio_to_runtime"] <= limit,
+                    f"{ratio:.3f}x ({row['grpc_p50_ms']:.1f} / {row['runtime_p50_ms']:.1f} ms)",
+                    ratio <= limit,
                 )
             )
     burst = next(
