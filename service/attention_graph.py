@@ -172,7 +172,7 @@ def _lower_matmul(b: _Builder, x: str, y: str, blocks: int = 4) -> str:
     x[jw:, jw:] @ y[jw:, jw:(j+1)w]: with 4 blocks 47% of a dense product's work.
     """
     size = b.op("Shape", x, start=0, end=1)  # (1,) = [T]
-    width = b.op("Div", b.op("Add", size, b.ints(blocks - 1)), b.ints(blocks))  # ceil(T / 4)
+    width = b.op("Div", b.op("Add", size, b.ints(blocks - 1)), b.ints(blocks))  # ceil(T / blocks)
     end = b.ints(2**62)
     columns = []
     for j in range(blocks):
