@@ -33,3 +33,24 @@ def test_rollout_of_every_row_equals_the_dense_product(rollout_session, t):
     assert got.shape == (1, 1, t, t)
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert (got[0, 0][np.triu_indices(t, 1)] == 0).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "max"])
+@pytest.mark.parametrize("n_layers", [1, 2, 4])
+@pytest.mark.parametrize("rows", [None, [0, 5, 10]])
+def test_rollout_combines_heads_and_layers_as_numpy_does(reduction, n_layers, rows):
+    """The mean's scale is divided out once at the end, the max's rows every layer: both
+    must still be the per-layer renormalised product, whatever the layers and rows."""
+    t = 11
+    full = causal_softmax(np.random.default_rng(n_layers), (n_layers, 3, t, t))
+    recipe = Recipe(reduction=reduction, rollout_layers=n_layers, pick_rows=rows is not None)
+    session = ort.InferenceSession(
+        build_graph(recipe).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    feeds = {"attention": full}
+    if rows is not None:
+        feeds["rows"] = np.array(rows, dtype=np.int64)
+    (got,) = session.run(["weights"], feeds)
+    want = ref.rollout(full, range(n_layers), range(3), rows or range(t), reduction)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, atol=1e-5)
