@@ -29,7 +29,7 @@ BASELINES = {
     "torch-compile": "torch-eager",
     "ort-cpu": "torch-eager",
     "ort-cpu-traced": "torch-eager",
-    "ort-cpu-spin": "torch-eager",
+    "ort-cpu-nospin": "torch-eager",
     "ort-cuda": "torch-eager",
     "torch-eager-emb": "torch-eager-emb",
     "ort-cpu-emb": "torch-eager-emb",
@@ -43,7 +43,7 @@ DESCRIPTIONS = {
     "torch-compile": "torch.compile(dynamic=True) of the same model",
     "ort-cpu": "ONNX Runtime CPU, the served full graph (model_fused.onnx), server settings",
     "ort-cpu-traced": "the same on model.onnx (attention op by op, as traced from PyTorch)",
-    "ort-cpu-spin": "the same with intra-op spinning on",
+    "ort-cpu-nospin": "the same with intra-op spinning off (workers sleep between operators)",
     "ort-cuda": "ONNX Runtime CUDA, model.onnx (only where a GPU works)",
     "torch-eager-emb": "PyTorch eager, embeddings only (fused SDPA)",
     "ort-cpu-emb": "ONNX Runtime CPU, model_embeddings.onnx (fused Attention op)",
@@ -59,7 +59,7 @@ DEFAULT_ENGINES = [
     "torch-compile",
     "ort-cpu",
     "ort-cpu-traced",
-    "ort-cpu-spin",
+    "ort-cpu-nospin",
     "ort-cuda",
     "torch-eager-emb",
     "ort-cpu-emb",
@@ -140,10 +140,10 @@ def build_engines(
                 engines[name] = torch_run(compiled)
             except Exception as exc:  # no compiler, unsupported op...: report, go on
                 unavailable[name] = f"torch.compile failed: {type(exc).__name__}: {exc}"[:200]
-        elif name in ("ort-cpu", "ort-cpu-emb", "ort-cpu-spin", "ort-cpu-traced"):
+        elif name in ("ort-cpu", "ort-cpu-emb", "ort-cpu-nospin", "ort-cpu-traced"):
             options = RuntimeOptions(
                 provider="cpu",
-                intra_op_spinning=name == "ort-cpu-spin",
+                intra_op_spinning=name != "ort-cpu-nospin",
                 fused_attention=name != "ort-cpu-traced",
             )
             runtime = OrtRuntime(model_dir, options)

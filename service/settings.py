@@ -79,8 +79,8 @@ class Settings:
     )
     threads: int = field(default=0, metadata=_opt(int, "ORT threads per batch; 0 = one per core"))
     intra_op_spinning: bool = field(
-        default=False,
-        metadata=_opt(parse_bool, "ORT workers busy-wait between ops"),
+        default=True,
+        metadata=_opt(parse_bool, "ORT workers busy-wait between the ops of a run, never after"),
     )
     max_batch_tokens: int = field(
         default=4096,

@@ -1,6 +1,9 @@
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -207,3 +210,43 @@ def test_giving_memory_back_keeps_the_answers(small_runtime):
     small_runtime.release_memory()  # empties ORT's arenas: the next run allocates afresh
     for a, b in zip(before, small_runtime.run(ids), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# Warms up and runs the model, then reports the CPU time (ns, from each thread's schedstat)
+# that the process's other threads, ORT's workers, used in the 0.3 s after the last run.
+IDLE_PROBE = """
+import os, sys, threading, time
+import numpy as np
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+
+def others_ns():
+    me, total = threading.get_native_id(), 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            try:
+                total += int(open(f"/proc/self/task/{tid}/schedstat").read().split()[0])
+            except FileNotFoundError:  # the thread ended meanwhile
+                pass
+    return total
+
+runtime = OrtRuntime(sys.argv[1], RuntimeOptions(provider="cpu"))
+runtime.warmup()  # as the server does: every session has run (new pools spin at first)
+for _ in range(5):
+    runtime.embed(np.zeros((1, 8), dtype=np.int64))
+before = others_ns()
+time.sleep(0.3)
+print(others_ns() - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
+def test_workers_spin_during_a_run_but_not_after_it(small_model_dir):
+    """ORT's default keeps workers spinning after a run (tens of ms of CPU here); the
+    server's settings stop them when the run ends, so an idle server uses no CPU."""
+    out = subprocess.run(
+        [sys.executable, "-c", IDLE_PROBE, str(small_model_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(out.stdout) < 5_000_000  # ns of CPU: waking up to park, not spinning
