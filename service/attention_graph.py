@@ -148,21 +148,19 @@ def _rollout(b: _Builder, x: str, recipe: Recipe) -> str:
     Multiplied from the left, starting with the last layer's requested rows: R x T
     times T x T per layer, so a few rows cost a few rows, not a T x T product.
     """
+    # With a mean, each head's rows sum to 1 and so do the mean's: 0.5 mean + 0.5 I needs
+    # no renormalising, and its scale can wait. The heads' sum (ReduceSum is cheaper than
+    # ReduceMean) + H' I has rows summing to 2 H' in every layer, divided out at the end.
+    a = b.reduce("max" if recipe.reduction == "max" else "sum", x, axis=1, keepdims=0)
     # The residual stream carries each token's own state past the attention: half identity.
+    eye = b.op("EyeLike", b.op("Gather", a, b.scalar_int(0), axis=0))  # (T, T)
     if recipe.reduction == "max":
-        a = b.reduce("max", x, axis=1, keepdims=0)  # (L', T, T)
-        eye = b.op("EyeLike", b.op("Gather", a, b.scalar_int(0), axis=0))  # (T, T)
         # 0.5 A + 0.5 I with rows renormalised is (A + I) / rowsum(A + I).
-        a = b.op("Add", a, eye)
+        a = b.op("Add", a, eye)  # (L', T, T)
         a = b.op("Div", a, b.reduce("sum", a, axis=2, keepdims=1))  # rows sum to 1 again
     else:
-        # The mean's rows already sum to 1 (each head's do), so 0.5 mean + 0.5 I needs no
-        # renormalising, and its scale can wait: sum over the H' heads + H' I has rows
-        # summing to 2 H' in every layer, divided out once at the end.
-        a = b.reduce("sum", x, axis=1, keepdims=0)  # (L', T, T); cheaper than ReduceMean
-        eye = b.op("EyeLike", b.op("Gather", a, b.scalar_int(0), axis=0))  # (T, T)
         n_heads = b.op("Cast", b.op("Shape", x, start=1, end=2), to=TensorProto.FLOAT)
-        a = b.op("Add", a, b.op("Mul", eye, n_heads))
+        a = b.op("Add", a, b.op("Mul", eye, n_heads))  # (L', T, T)
     n = recipe.rollout_layers
     parts = b.op("Split", a, axis=0, num_outputs=n, outputs=n)
     layer = [b.op("Squeeze", part, b.ints(0)) for part in ([parts] if n == 1 else parts)]
