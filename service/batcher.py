@@ -115,6 +115,7 @@ class Batcher:
         # One worker: ORT already spreads a batch over the cores; two concurrent
         # batches would only fight for them.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
+        metrics.queue_depth.set_function(lambda: len(self._pending))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
@@ -164,7 +165,7 @@ class Batcher:
         except BaseException:
             for item in items:  # no-op on those already answered
                 item.future.cancel()
-            self._set_pending([i for i in self._pending if not i.future.done()])
+            self._pending = [i for i in self._pending if not i.future.done()]
             raise
 
     def _admit(
@@ -189,13 +190,9 @@ class Batcher:
             _Item(ids, selection, deadline, now, loop.create_future(), request)
             for ids, selection in zip(sequences, selections, strict=True)
         ]
-        self._set_pending(self._pending + items)
+        self._pending += items
         self._arrived.set()
         return items
-
-    def _set_pending(self, items: list[_Item]) -> None:
-        self._pending = items
-        self.metrics.queue_depth.set(len(items))
 
     async def _loop(self) -> None:
         while self._pending or not self._closing:
@@ -226,7 +223,7 @@ class Batcher:
                 continue
             live.append(item)
         if len(live) != len(self._pending):
-            self._set_pending(live)
+            self._pending = live
 
     def _time_to_wait(self) -> float:
         """Seconds the oldest sequence should still wait for company (<= 0: run now)."""
@@ -257,7 +254,7 @@ class Batcher:
             batch.append(item)
             longest = new_longest
         chosen = set(map(id, batch))
-        self._set_pending([i for i in self._pending if id(i) not in chosen])
+        self._pending = [i for i in self._pending if id(i) not in chosen]
         return batch
 
     async def _execute(self, batch: list[_Item]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
 
 from attnserve.model.config import ModelConfig
 from attnserve.service.errors import DeadlineExceededError
@@ -33,11 +32,10 @@ def request_bytes(plan: EncodePlan, config: ModelConfig) -> int:
 class ByteBudget:
     """Reservations of bytes under `limit` (0: no limit), granted in arrival order."""
 
-    def __init__(self, limit: int, on_change: Callable[[ByteBudget], None] | None = None):
+    def __init__(self, limit: int):
         self.limit = limit
         self.used = 0
         self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        self._on_change = on_change or (lambda _: None)
 
     def _fits(self, n: int) -> bool:
         # An empty budget takes anything: a request larger than it runs alone.
@@ -47,12 +45,10 @@ class ByteBudget:
         """Reserve n bytes; DeadlineExceededError if `timeout` seconds pass first."""
         if not self._waiting and self._fits(n):
             self.used += n
-            self._on_change(self)
             return
         grant = asyncio.get_running_loop().create_future()
         entry = (n, grant)
         self._waiting.append(entry)
-        self._on_change(self)
         try:
             await asyncio.wait_for(asyncio.shield(grant), timeout)
         except BaseException as exc:
@@ -78,7 +74,6 @@ class ByteBudget:
             n, grant = self._waiting.popleft()
             self.used += n
             grant.set_result(None)
-        self._on_change(self)
 
     @property
     def waiting(self) -> int:

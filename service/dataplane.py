@@ -46,7 +46,7 @@ class DataPlane:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
-        self.budget = ByteBudget(max_inflight_bytes, on_change=self._budget_changed)
+        self.budget = ByteBudget(max_inflight_bytes)
         self.release_memory = release_memory
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
@@ -56,6 +56,10 @@ class DataPlane:
         self._in_flight = 0  # requests between admission and answer
         self._idle = asyncio.Event()
         self._idle.set()
+        # Gauges read the state when scraped: nothing to update per request.
+        metrics.in_flight.set_function(lambda: self._in_flight)
+        metrics.inflight_bytes.set_function(lambda: self.budget.used)
+        metrics.budget_waiting.set_function(lambda: self.budget.waiting)
 
     def start_serving(self) -> None:
         self.refusal = None
@@ -80,7 +84,6 @@ class DataPlane:
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1
-        self.metrics.in_flight.set(self._in_flight)
         self._idle.clear()
         try:
             config = self.backend.config
@@ -89,7 +92,6 @@ class DataPlane:
             response = await self._run(plan, request.request_id, timeout)
         finally:
             self._in_flight -= 1
-            self.metrics.in_flight.set(self._in_flight)
             if not self._in_flight:
                 self._idle.set()
         response.timings.total_ns = time.perf_counter_ns() - start
@@ -127,10 +129,6 @@ class DataPlane:
         self._released_since_trim = 0
         if self._releasing is None or self._releasing.done():
             self._releasing = asyncio.ensure_future(self.batcher.release_memory())
-
-    def _budget_changed(self, budget: ByteBudget) -> None:
-        self.metrics.inflight_bytes.set(budget.used)
-        self.metrics.budget_waiting.set(budget.waiting)
 
     def model_info(self) -> pb.GetModelInfoResponse:
         c = self.backend.config

@@ -88,7 +88,7 @@ def plan_request(
 
 
 def _enum_field(name: str, value: int, enum, default: int) -> int:
-    if value not in enum.values():
+    if value not in enum.DESCRIPTOR.values_by_number:
         raise InvalidInputError(f"{name}: {value} is not one of {list(enum.keys())}")
     return value or default
 

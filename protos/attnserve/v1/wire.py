@@ -6,6 +6,8 @@ client decodes with them, so the format is defined once.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -42,7 +44,7 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
         raise ValueError(f"unsupported tensor dtype {tensor.dtype}")
     dtype = NUMPY_DTYPES[tensor.dtype]
     shape = tuple(tensor.shape)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # math.prod: exact, and no numpy call
     if len(tensor.data) != expected:
         raise ValueError(f"tensor of shape {shape} needs {expected} bytes, has {len(tensor.data)}")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
