@@ -115,7 +115,7 @@ class Batcher:
         # One worker: ORT already spreads a batch over the cores; two concurrent
         # batches would only fight for them.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
-        metrics.queue_depth.set_function(lambda: len(self._pending))
+        metrics.queue_depth.set_function(lambda: self.depth)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
