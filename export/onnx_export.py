@@ -12,6 +12,7 @@ import onnx
 import torch
 from torch import nn
 
+from attnserve.export.head_fold import fold_head_transposes
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
 from attnserve.model.encoder import Encoder
 
@@ -67,6 +68,8 @@ def export_onnx(model: Encoder, path: str | Path, with_attentions: bool = True) 
             verbose=False,
         )
     proto = program.model_proto
+    if not with_attentions:  # the traced full graph has no Attention op to fold into
+        proto = fold_head_transposes(proto, config.n_heads)
     onnx.helper.set_model_props(
         proto,
         {

@@ -38,14 +38,21 @@ def test_default_export_writes_a_checked_model_directory(default_export):
 
     fused = onnx.load(str(out / EMBEDDINGS_ONNX_FILENAME))
     assert [o.name for o in fused.graph.output] == ["embeddings"]
-    assert sum(n.op_type == "Attention" for n in fused.graph.node) == ModelConfig().n_layers
+    attention = [n for n in fused.graph.node if n.op_type == "Attention"]
+    assert len(attention) == ModelConfig().n_layers
+    # The Attention ops take the (B, T, D) projections: no per-head reshapes or transposes.
+    n_heads = ModelConfig().n_heads
+    for node in attention:
+        heads = {a.name: a.i for a in node.attribute if a.name.endswith("num_heads")}
+        assert heads == {"q_num_heads": n_heads, "kv_num_heads": n_heads}
+    assert not {"Reshape", "Transpose"} & {n.op_type for n in fused.graph.node}
     # The fused full graph: each layer's Attention op also returns its probabilities, and
     # nothing computes scores, masks or softmaxes beside it.
     full = onnx.load(str(out / FUSED_ONNX_FILENAME))
     assert [o.name for o in full.graph.output] == ["embeddings", "attentions"]
     ops = [n.op_type for n in full.graph.node]
     assert ops.count("Attention") == ModelConfig().n_layers
-    assert not {"Softmax", "Trilu", "Where"} & set(ops)
+    assert not {"Softmax", "Trilu", "Where", "Transpose"} & set(ops)
 
     report = json.loads((out / REPORT_FILENAME).read_text())
     fp16_graphs = {FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME}
