@@ -6,8 +6,9 @@ then the output transposed and reshaped back to (B, T, D). ONNX's `Attention`
 (opset 23) takes the 3-D projections itself when told the number of heads
 (`q_num_heads`, `kv_num_heads`) and answers in 3-D, so those eight nodes per
 layer are only copies and operator dispatches: 8-9% of an 8-token run on CPU,
-12% of the fused full graph at 128 tokens, bit-identical outputs. ORT's CPU and
-CUDA kernels both accept 3-D inputs.
+12% of the fused full graph at 128 tokens, bit-identical outputs. ORT's CPU
+kernel runs it; its CUDA kernel reads 3-D inputs too (its source transposes
+them itself; not yet run on a GPU here).
 
 The rewrite is a pattern rule of onnxscript (the exporter's own rewriter); the
 export's parity gate checks the graph it produces like any other.
