@@ -44,7 +44,9 @@ def fold_head_transposes(model: onnx.ModelProto, n_heads: int) -> onnx.ModelProt
 
     def on_3d_inputs(op, q, k, v, y, **_):
         attributes = {a.name: a.value for a in y.producer().attributes.values()}
-        return op.Attention(q, k, v, q_num_heads=n_heads, kv_num_heads=n_heads, **attributes)
+        # The head counts replace any the traced node carried (4-D inputs ignore them).
+        attributes |= {"q_num_heads": n_heads, "kv_num_heads": n_heads}
+        return op.Attention(q, k, v, **attributes)
 
     rule = pattern.RewriteRule(_per_head_attention, on_3d_inputs)
     return rewriter.rewrite(model, pattern_rewrite_rules=[rule])
