@@ -222,8 +222,7 @@ class Batcher:
                 )
                 continue
             live.append(item)
-        if len(live) != len(self._pending):
-            self._pending = live
+        self._pending = live
 
     def _time_to_wait(self) -> float:
         """Seconds the oldest sequence should still wait for company (<= 0: run now)."""
