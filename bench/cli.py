@@ -1,4 +1,5 @@
-"""`attnserve bench {latency,grpc,load,hf,containers,report}`: benchmarks and the load generator."""
+"""`attnserve bench {latency,grpc,profile,load,hf,containers,report}`: benchmarks and the load
+generator."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     grpc.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
     grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
     grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
+    profile = commands.add_parser(
+        "profile", help="py-spy: where a short Encode's time goes in the server and the client"
+    )
+    profile.add_argument("--out", type=Path, required=True, help="for profile.json/.md, SVGs")
+    profile.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
+    profile.add_argument("--tokens", type=int, default=8, help="tokens per Encode call (8)")
+    profile.add_argument("--seconds", type=int, default=5, help="each recording's length (5)")
     attention = commands.add_parser(
         "attention",
         help="each attention option's bytes and time on the wire; RSS under a burst",
@@ -160,6 +168,11 @@ def run_bench(args: argparse.Namespace) -> int:
         from attnserve.bench.attention import run_attention
 
         run_attention(args.out, args.model, args.quick)
+        return 0
+    if command == "profile":
+        from attnserve.bench.profile import run_profile
+
+        run_profile(args.out, args.model, args.tokens, args.seconds)
         return 0
     if command == "hf":
         from attnserve.bench.hf_compare import run_hf_compare

@@ -23,6 +23,8 @@ from attnserve.bench.grpc_e2e import BREAKDOWN_PLOT
 from attnserve.bench.grpc_e2e import markdown as grpc_markdown
 from attnserve.bench.hf_compare import markdown as hf_markdown
 from attnserve.bench.latency import Row, markdown_table
+from attnserve.bench.profile import FLAMES
+from attnserve.bench.profile import markdown as profile_markdown
 from attnserve.bench.verdicts import Results, comparisons, targets
 
 COMMAND = (
@@ -37,6 +39,21 @@ def _breakdown_picture(out: Path) -> str:
         return ""
     return f"""
 ![Where one Encode's time goes: the model, the server, the transport]({BREAKDOWN_PLOT})
+"""
+
+
+def _profile_section(out: Path) -> str:
+    if not (out / "profile.json").exists():
+        return ""
+    pictures = " and ".join(f"[{process}]({file})" for process, file in FLAMES.items())
+    return f"""
+### Inside the two processes
+
+`attnserve bench profile --out bench-results` (part of `make benchmarks`): the server and
+the blocking client, kernel CPU accounting per thread, then py-spy's flame graphs of the
+same calls: {pictures}.
+
+{profile_markdown(json.loads((out / "profile.json").read_text()))}
 """
 
 
@@ -126,7 +143,7 @@ with the gRPC calls. One sequence per Encode, embeddings only (both use
 `model_embeddings.onnx`), through the blocking `EncoderClient`.
 
 {grpc_markdown(res.grpc)}
-{_breakdown_picture(out)}
+{_breakdown_picture(out)}{_profile_section(out)}
 ## Dynamic batching
 
 Closed loop, {res.batching["concurrency"]} requests in flight, {res.batching["seq_len"]} tokens
@@ -222,8 +239,9 @@ def write_page(out: Path, doc: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot_name = "latency.png"
     shutil.copyfile(out / "latency.png", doc.parent / plot_name)
-    if (out / BREAKDOWN_PLOT).exists():
-        shutil.copyfile(out / BREAKDOWN_PLOT, doc.parent / BREAKDOWN_PLOT)
+    for picture in (BREAKDOWN_PLOT, *FLAMES.values()):
+        if (out / picture).exists():
+            shutil.copyfile(out / picture, doc.parent / picture)
     results = Results(rows, env, grpc, batching, hf, containers, attention)
     generated = render(results, out, plot_name)
     old = doc.read_text() if doc.exists() else ""

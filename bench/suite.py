@@ -13,6 +13,7 @@ from attnserve.bench.containers import run_containers
 from attnserve.bench.grpc_e2e import run_grpc
 from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
+from attnserve.bench.profile import run_profile
 from attnserve.export.model_dir import write_model_dir
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
@@ -26,6 +27,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         model_dir = Path(tmp)
         write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
         run_grpc(out, model_dir, 64 if quick else 512, quick)
+        run_profile(out, model_dir, tokens=8, seconds=1 if quick else 5)
         run_batching(out, model_dir, 2.0 if quick else 10.0, log)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run

@@ -245,6 +245,16 @@ def comparisons(res: Results) -> list[str]:
         f"{min(per_floor):.1f}x-{max(per_floor):.1f}x the empty RPC's "
         f"{g['empty_rpc_p50_ms']:.2f} ms."
     )
+    least = [r for r in g["embeddings_overhead"] if "least_overhead_to_bare" in r]
+    if least:
+        out.append(
+            "The least any server could add here (the bare round trip plus the runtime's "
+            "slowdown after a pause of one empty RPC), over the bare round trip: "
+            + ", ".join(f"{r['least_overhead_to_bare']:.2f}x at {r['seq_len']}" for r in least)
+            + "; this server: "
+            + ", ".join(f"{r['overhead_to_bare']:.2f}x" for r in least)
+            + "."
+        )
     http = g.get("http_vs_grpc") or []
     if http:
         out.append(

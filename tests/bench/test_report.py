@@ -26,6 +26,7 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
         "## Latency across sequence lengths",
         "### Batch 8",
         "## End to end through gRPC",
+        "### Inside the two processes",
         "## Dynamic batching",
         "## Attention options and the memory budget",
         "## Comparisons computed from this run",
@@ -67,6 +68,8 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
     assert "](latency.png)" in text
     assert (doc.parent / "grpc_breakdown.png").read_bytes()[:4] == b"\x89PNG"
     assert "](grpc_breakdown.png)" in text
+    for flame in ("profile_server.svg", "profile_client.svg"):
+        assert "<svg" in (doc.parent / flame).read_text() and f"]({flame})" in text
     comparisons = text.split("## Comparisons computed from this run")[1]
     assert "n/a" not in comparisons  # every quoted number was measured
     # Each comparison is this run's arithmetic: the batching ratio is req/s on / off.
