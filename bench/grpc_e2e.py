@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +17,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
-from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.bench.timing import ROUNDS, alternate, timed
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
@@ -126,9 +126,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
 def _after_pause(pause_s: float, fn: Callable, *args: object) -> float:
     """Sleep `pause_s`, then return how long fn(*args) took (seconds, the pause left out)."""
     time.sleep(pause_s)
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
+    return timed(fn, *args)
 
 
 def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
@@ -235,14 +233,7 @@ def markdown(result: dict) -> str:
 
 def run_grpc(out: Path, model_dir: Path | None, max_seq_len: int, quick: bool) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    with tempfile.TemporaryDirectory() as tmp:
-        if model_dir is None:
-            from attnserve.export.model_dir import write_model_dir
-            from attnserve.model.config import ModelConfig
-            from attnserve.model.encoder import build_encoder
-
-            model_dir = Path(tmp)
-            write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
+    with model_dir_or_default(model_dir, log) as model_dir:
         result = measure(model_dir, max_seq_len, quick, log)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grpc.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -26,13 +26,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
 
@@ -169,14 +169,7 @@ def markdown(result: dict) -> str:
 def run_profile(out: Path, model_dir: Path | None, tokens: int, seconds: int) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        if model_dir is None:
-            from attnserve.export.model_dir import write_model_dir
-            from attnserve.model.config import ModelConfig
-            from attnserve.model.encoder import build_encoder
-
-            model_dir = Path(tmp)
-            write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
+    with model_dir_or_default(model_dir, log) as model_dir:
         result = measure(model_dir, tokens, seconds, out, log)
     (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)

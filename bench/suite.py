@@ -4,28 +4,24 @@ folder of results (bench/render.py turns them into docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from attnserve.bench.attention import run_attention
 from attnserve.bench.batching import run_batching
 from attnserve.bench.containers import run_containers
+from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.grpc_e2e import run_grpc
 from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
 from attnserve.bench.profile import run_profile
-from attnserve.export.model_dir import write_model_dir
 from attnserve.model.config import ModelConfig
-from attnserve.model.encoder import build_encoder
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
     """Run every benchmark into `out`. quick: short lengths and runs, no heavy ones (smoke)."""
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     run_latency(out, ModelConfig(), 128 if quick else None, [1, 8], quick)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp)
-        write_model_dir(build_encoder(ModelConfig()), model_dir, shapes=[(1, 1)], log=log)
+    with model_dir_or_default(None, log) as model_dir:
         run_grpc(out, model_dir, 64 if quick else 512, quick)
         run_profile(out, model_dir, tokens=8, seconds=1 if quick else 5)
         run_batching(out, model_dir, 2.0 if quick else 10.0, log)
