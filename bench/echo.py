@@ -1,13 +1,20 @@
-"""The Python gRPC floor: a bare grpc.aio server that answers any call with N fixed bytes.
+"""The Python gRPC floors: bare grpc.aio servers that answer with N bytes.
 
-It parses nothing and computes nothing, so a round trip to it costs what the
-transport alone costs for the bytes an Encode call moves. `bench grpc` runs it
-as its own process, like the real server, and compares:
+`Echo` parses nothing and computes nothing, so a round trip to it costs what
+the transport alone costs for the bytes an Encode call moves. `Model` (served
+with --model) is the least a Python server that runs the model can do: it reads
+the token ids of an EncodeRequest, runs the embeddings graph on a worker thread
+(as any grpc.aio server must, to keep its event loop free) and answers with the
+embeddings' bytes; no validation, queue, batching, metrics or protobuf answer.
+`bench grpc` runs it as its own process, like the real server, and compares:
 
-    python -m attnserve.bench.echo --ready-file F   # writes {"port": P}, serves until killed
+    python -m attnserve.bench.echo --ready-file F [--model DIR]   # writes {"port": P}
 
-A call's method name is ignored; the request's first 4 bytes (little-endian)
-say how many bytes to answer, so one server answers every sequence length.
+The request's first 4 bytes (little-endian) say how many bytes to answer, so
+one server answers every sequence length; the rest is the payload. An answer's
+first 16 bytes are the handler's start and end (two little-endian int64 of
+`time.perf_counter_ns`, the machine's monotonic clock, the same in every
+process): the caller splits the round trip into its legs.
 """
 
 from __future__ import annotations
@@ -15,15 +22,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 
-METHOD = "/attnserve.bench.Echo/Echo"
+SERVICE = "attnserve.bench.Echo"
+_STAMPS = struct.Struct("<qq")  # the handler's start and end, ns
 
 
 def request_for(payload: bytes, response_bytes: int) -> bytes:
@@ -31,31 +43,72 @@ def request_for(payload: bytes, response_bytes: int) -> bytes:
     return response_bytes.to_bytes(4, "little") + payload
 
 
-async def _answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-    return bytes(int.from_bytes(request[:4], "little"))
+def _answer_size(request: bytes) -> int:
+    return int.from_bytes(request[:4], "little")
 
 
-async def _serve(ready_file: Path) -> None:
-    handler = grpc.method_handlers_generic_handler(
-        "attnserve.bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_answer)}
-    )
+def _stamped(answer: bytes, start_ns: int, size: int) -> bytes:
+    """`answer` sized to `size` bytes (at least the stamps), its first 16 the stamps."""
+    stamps = _STAMPS.pack(start_ns, time.perf_counter_ns())
+    return stamps + answer[_STAMPS.size : size].ljust(size - _STAMPS.size, b"\0")
+
+
+async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    return _stamped(b"", time.perf_counter_ns(), _answer_size(request))
+
+
+class _ModelAnswer:
+    """The `Model` method: payload = a serialized EncodeRequest of one token-id input."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+        from attnserve.v1 import encoder_service_pb2 as pb
+
+        self.runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+        self.runtime.warmup()
+        self.parse = pb.EncodeRequest.FromString
+        self.executor = ThreadPoolExecutor(max_workers=1)
+
+    async def answer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        start_ns = time.perf_counter_ns()
+        ids = np.asarray(self.parse(request[4:]).inputs[0].token_ids.ids, dtype=np.int64)
+        loop = asyncio.get_running_loop()
+        embeddings = await loop.run_in_executor(self.executor, self.runtime.embed, ids[None])
+        return _stamped(embeddings.tobytes(), start_ns, _answer_size(request))
+
+
+async def _serve(ready_file: Path, model_dir: Path | None) -> None:
+    methods = {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+    if model_dir is not None:
+        methods["Model"] = grpc.unary_unary_rpc_method_handler(_ModelAnswer(model_dir).answer)
     server = grpc.aio.server(
         options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
     )
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     ready_file.write_text(json.dumps({"port": port}))
     await server.wait_for_termination()
 
 
-class EchoServer:
-    """The echo server as a child process, and a blocking stub to call it with."""
+@dataclass(frozen=True)
+class Legs:
+    """One call's round trip in three parts (seconds)."""
 
-    def __init__(self, timeout: float = 30) -> None:
+    to_handler: float  # from the caller's call to the handler's start
+    in_handler: float
+    back: float  # from the handler's end to the call's return
+
+
+class EchoServer:
+    """The echo server as a child process, and blocking calls to it: `echo` and, when
+    started with a model directory, `model`; each returns the call's Legs."""
+
+    def __init__(self, model_dir: Path | None = None, timeout: float = 60) -> None:
         ready = Path(tempfile.mkdtemp(prefix="attnserve-echo-")) / "ready.json"
+        model = ["--model", str(model_dir)] if model_dir else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "attnserve.bench.echo", "--ready-file", str(ready)]
+            [sys.executable, "-m", "attnserve.bench.echo", "--ready-file", str(ready), *model]
         )
         deadline = time.monotonic() + timeout
         while not ready.exists():
@@ -67,7 +120,14 @@ class EchoServer:
         self.channel = grpc.insecure_channel(
             f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)]
         )
-        self.call = self.channel.unary_unary(METHOD)  # bytes in, bytes out
+        self._echo = self.channel.unary_unary(f"/{SERVICE}/Echo")  # bytes in, bytes out
+        self._model = self.channel.unary_unary(f"/{SERVICE}/Model")
+
+    def echo(self, request: bytes) -> Legs:
+        return _legs(self._echo, request)
+
+    def model(self, request: bytes) -> Legs:
+        return _legs(self._model, request)
 
     def close(self) -> None:
         if hasattr(self, "channel"):
@@ -76,10 +136,20 @@ class EchoServer:
         self.process.wait(30)
 
 
+def _legs(call: grpc.UnaryUnaryMultiCallable, request: bytes) -> Legs:
+    sent = time.perf_counter_ns()
+    answer = call(request)
+    returned = time.perf_counter_ns()
+    start, end = _STAMPS.unpack_from(answer)
+    return Legs((start - sent) / 1e9, (end - start) / 1e9, (returned - end) / 1e9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ready-file", type=Path, required=True)
-    asyncio.run(_serve(parser.parse_args().ready_file))
+    parser.add_argument("--model", type=Path, help="also serve Model: run this model directory")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.ready_file, args.model))
 
 
 if __name__ == "__main__":

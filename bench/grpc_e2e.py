@@ -1,16 +1,17 @@
 """End-to-end gRPC cost over the bare runtime (attention on the wire: bench/attention.py).
 
 The server runs as its own process (as deployed); the runtime-alone numbers
-come from an identical ORT session in this process, and the transport's floor
-from a bare echo server moving the same bytes (bench/echo.py), all timed in
-alternating blocks so machine noise hits them alike.
+come from an identical ORT session in this process, the transport's floor
+from a bare echo server moving the same bytes, and the least a Python server
+that runs the model can do from the same echo server's `Model` method
+(bench/echo.py), all timed in alternating blocks so machine noise hits them
+alike.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
-from attnserve.bench.timing import ROUNDS, alternate, timed
+from attnserve.bench.timing import ROUNDS, alternate
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
@@ -42,7 +43,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     limit = min(max_seq_len, runtime.config.max_seq_len)
     seq_lens = [t for t in (8, 16, 32, 64, 128, 256, 512) if t <= limit]
     server = spawn_server(model_dir, "--provider", "cpu")
-    echo = EchoServer()
+    echo = EchoServer(model_dir)
     rng = np.random.default_rng(0)
     try:
         client = EncoderClient(server.address, ClientOptions(timeout_s=120))
@@ -51,16 +52,13 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
         floor = _alternate({"health": client.health}, repeats=10 if quick else 100)
         empty_rpc_ms = round(_p50_ms(floor["health"]), 4)
         log(f"  empty RPC (health check) p50: {empty_rpc_ms:.2f} ms")
-        # Even a server with no work of its own keeps its model idle for at least one empty
-        # round trip between back-to-back calls: the runtime is also timed after such a pause.
-        pause_s = empty_rpc_ms / 1e3
         overhead = []
         for t in seq_lens:
             ids = rng.integers(0, runtime.config.vocab_size, size=(1, t), dtype=np.int64)
-            # The server's own timings of each call; the paused runtime's time without its pause.
-            served: dict[str, list] = {"grpc": [], "paused": []}
+            # The server's own timings of each call; the echo server's legs of each call.
+            served: dict[str, list] = {"grpc": [], "bare": [], "minimal": []}
 
-            # The echo moves exactly the bytes of this Encode call, both ways.
+            # The echo servers move exactly the bytes of this Encode call, both ways.
             same_bytes = request_for(
                 build_request([ids[0]]).SerializeToString(),
                 client.encode([ids[0]]).response.ByteSize(),
@@ -68,9 +66,9 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             times = _alternate(
                 {
                     "runtime": lambda ids=ids: runtime.embed(ids),
-                    "paused": lambda ids=ids: _after_pause(pause_s, runtime.embed, ids),
                     "grpc": lambda ids=ids: client.encode([ids[0]]),
-                    "bare": lambda same_bytes=same_bytes: echo.call(same_bytes),
+                    "bare": lambda same_bytes=same_bytes: echo.echo(same_bytes),
+                    "minimal": lambda same_bytes=same_bytes: echo.model(same_bytes),
                 },
                 repeats=5 if quick else (50 if t <= 128 else 20),
                 answers=served,
@@ -78,9 +76,9 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             row = {
                 "seq_len": t,
                 "runtime_p50_ms": round(_p50_ms(times["runtime"]), 4),
-                "runtime_after_pause_p50_ms": round(_p50_ms(served["paused"]), 4),
                 "grpc_p50_ms": round(_p50_ms(times["grpc"]), 4),
                 "bare_grpc_p50_ms": round(_p50_ms(times["bare"]), 4),
+                "minimal_server_p50_ms": round(_p50_ms(times["minimal"]), 4),
                 "server_total_p50_ms": round(
                     _p50_ms([a.total_ns / 1e9 for a in served["grpc"]]), 4
                 ),
@@ -89,19 +87,29 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                     _p50_ms([a.inference_ns / 1e9 for a in served["grpc"]]), 4
                 ),
             }
+            for name in ("bare", "minimal"):  # the transport's legs, with and without the model
+                for leg in ("to_handler", "back"):
+                    legs = [getattr(legs, leg) for legs in served[name]]
+                    row[f"{name}_{leg}_p50_ms"] = round(_p50_ms(legs), 4)
             row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
             row["overhead_to_bare"] = round(row["overhead_p50_ms"] / row["bare_grpc_p50_ms"], 2)
-            # The least any server could add here: the transport, and its model's slowdown.
-            least = row["bare_grpc_p50_ms"] + row["runtime_after_pause_p50_ms"]
-            row["least_overhead_to_bare"] = round(
-                (least - row["runtime_p50_ms"]) / row["bare_grpc_p50_ms"], 2
+            # What a Python server that only runs the model adds, on the same scale.
+            row["minimal_overhead_to_bare"] = round(
+                (row["minimal_server_p50_ms"] - row["runtime_p50_ms"]) / row["bare_grpc_p50_ms"], 2
+            )
+            # The transport alone, once the model runs in between, on the same scale.
+            row["minimal_legs_to_bare"] = round(
+                (row["minimal_to_handler_p50_ms"] + row["minimal_back_p50_ms"])
+                / row["bare_grpc_p50_ms"],
+                2,
             )
             overhead.append(row)
             log(
                 f"  embeddings, seq_len {t:>4}: runtime {row['runtime_p50_ms']:.2f} ms, "
                 f"gRPC {row['grpc_p50_ms']:.2f} ms, overhead {row['overhead_p50_ms']:+.2f} ms "
                 f"= {row['overhead_to_bare']:.2f}x the bare round trip "
-                f"({row['bare_grpc_p50_ms']:.2f} ms)"
+                f"({row['bare_grpc_p50_ms']:.2f} ms); minimal server "
+                f"{row['minimal_server_p50_ms']:.2f} ms ({row['minimal_overhead_to_bare']:.2f}x)"
             )
 
         stream = _stream_vs_unary(client, runtime.config.vocab_size, quick, log)
@@ -121,12 +129,6 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
         "stream_vs_unary": stream,
         "http_vs_grpc": http_rows,
     }
-
-
-def _after_pause(pause_s: float, fn: Callable, *args: object) -> float:
-    """Sleep `pause_s`, then return how long fn(*args) took (seconds, the pause left out)."""
-    time.sleep(pause_s)
-    return timed(fn, *args)
 
 
 def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
@@ -192,25 +194,41 @@ def markdown(result: dict) -> str:
         f"Empty RPC (standard health check) p50: {result['empty_rpc_p50_ms']:.2f} ms",
         "",
         "| seq len | runtime alone p50 | gRPC Encode p50 | overhead | server-side total p50 "
-        "| ORT inside the server p50 | runtime alone after a pause p50 | bare gRPC, same bytes "
-        "| overhead / bare | least possible / bare |",
+        "| ORT inside the server p50 | bare gRPC, same bytes | minimal server p50 "
+        "| overhead / bare | minimal server's / bare |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["embeddings_overhead"]:
         lines.append(
             f"| {r['seq_len']} | {r['runtime_p50_ms']:.2f} ms | {r['grpc_p50_ms']:.2f} ms "
             f"| {r['overhead_p50_ms']:+.2f} ms | {r['server_total_p50_ms']:.2f} ms "
-            f"| {r['server_inference_p50_ms']:.2f} ms | {r['runtime_after_pause_p50_ms']:.2f} ms "
-            f"| {r['bare_grpc_p50_ms']:.2f} ms | {r['overhead_to_bare']:.2f}x "
-            f"| {r['least_overhead_to_bare']:.2f}x |"
+            f"| {r['server_inference_p50_ms']:.2f} ms | {r['bare_grpc_p50_ms']:.2f} ms "
+            f"| {r['minimal_server_p50_ms']:.2f} ms | {r['overhead_to_bare']:.2f}x "
+            f"| {r['minimal_overhead_to_bare']:.2f}x |"
         )
     s = result["stream_vs_unary"]
     lines += [
         "",
-        "Runtime alone after a pause: the same in-process ORT run, timed after sleeping one "
-        f"empty RPC ({result['empty_rpc_p50_ms']:.2f} ms), the least time a server's model "
-        "waits between back-to-back calls. Least possible / bare: (bare + that - runtime "
-        "alone) / bare, what a server with no work of its own would add.",
+        "Minimal server: a bare grpc.aio server that reads the request's token ids, runs "
+        "the same embeddings graph on a worker thread and answers its bytes (bench/echo.py), "
+        "the least a Python server that runs the model adds. Overhead / bare: (Encode - "
+        "runtime alone) / bare; minimal server's / bare: (minimal - runtime alone) / bare.",
+        "",
+        "The same echo server's legs (its handler stamps its start and end on the machine's "
+        "monotonic clock): from the client's call to the handler, and from the handler back, "
+        "without the model (bare) and with it (minimal).",
+        "",
+        "| seq len | bare: to the handler | bare: back | minimal: to the handler "
+        "| minimal: back | minimal's legs / bare round trip |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["embeddings_overhead"]:
+        lines.append(
+            f"| {r['seq_len']} | {r['bare_to_handler_p50_ms']:.2f} ms "
+            f"| {r['bare_back_p50_ms']:.2f} ms | {r['minimal_to_handler_p50_ms']:.2f} ms "
+            f"| {r['minimal_back_p50_ms']:.2f} ms | {r['minimal_legs_to_bare']:.2f}x |"
+        )
+    lines += [
         "",
         f"{s['requests']} requests of {s['tokens_each']} tokens: one EncodeStream "
         f"{s['stream_ms']:.0f} ms, one Encode after another {s['unary_ms']:.0f} ms "
@@ -278,6 +296,13 @@ def plot_breakdown(result: dict, path: Path) -> Path:
         ax.bar(labels, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.plot(labels, [r["grpc_p50_ms"] for r in rows], "k_", markersize=30, label="Encode p50")
+    ax.plot(
+        labels,
+        [r["minimal_server_p50_ms"] for r in rows],
+        "rx",
+        markersize=10,
+        label="a minimal server that only runs the model, p50",
+    )
     ax.set_xlabel("tokens (batch 1, embeddings only)")
     ax.set_ylabel("ms (medians, stacked)")
     ax.set_title("Where one Encode's time goes")
