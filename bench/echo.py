@@ -93,10 +93,9 @@ async def _serve(ready_file: Path, model_dir: Path | None) -> None:
 
 @dataclass(frozen=True)
 class Legs:
-    """One call's round trip in three parts (seconds)."""
+    """One call's round trip outside its handler (seconds)."""
 
     to_handler: float  # from the caller's call to the handler's start
-    in_handler: float
     back: float  # from the handler's end to the call's return
 
 
@@ -141,7 +140,7 @@ def _legs(call: grpc.UnaryUnaryMultiCallable, request: bytes) -> Legs:
     answer = call(request)
     returned = time.perf_counter_ns()
     start, end = _STAMPS.unpack_from(answer)
-    return Legs((start - sent) / 1e9, (end - start) / 1e9, (returned - end) / 1e9)
+    return Legs((start - sent) / 1e9, (returned - end) / 1e9)
 
 
 def main() -> None:

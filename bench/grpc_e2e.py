@@ -284,7 +284,7 @@ def plot_breakdown(result: dict, path: Path) -> Path:
             for r, m in zip(rows, model_in_server, strict=True)
         ],
         "bare gRPC round trip of the same bytes": [r["bare_grpc_p50_ms"] for r in rows],
-        "the rest: gRPC call handling beyond a bare call, client decoding": [
+        "the rest: the transport slower after a model run, gRPC call handling, client decoding": [
             max(0.0, r["grpc_p50_ms"] - r["server_total_p50_ms"] - r["bare_grpc_p50_ms"])
             for r in rows
         ],
