@@ -89,8 +89,8 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             }
             for name in ("bare", "minimal"):  # the transport's legs, with and without the model
                 for leg in ("to_handler", "back"):
-                    legs = [getattr(legs, leg) for legs in served[name]]
-                    row[f"{name}_{leg}_p50_ms"] = round(_p50_ms(legs), 4)
+                    seconds = [getattr(call, leg) for call in served[name]]
+                    row[f"{name}_{leg}_p50_ms"] = round(_p50_ms(seconds), 4)
             row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
             row["overhead_to_bare"] = round(row["overhead_p50_ms"] / row["bare_grpc_p50_ms"], 2)
             # What a Python server that only runs the model adds, on the same scale.
