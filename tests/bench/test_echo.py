@@ -1,10 +1,11 @@
 """The echo servers' handlers: the answer is sized as asked and stamped with the handler's
-start and end; the Model method answers the embeddings of the model it really ran."""
+start and end; each way of running the model answers the embeddings it really ran."""
 
 import asyncio
 import struct
 
 import numpy as np
+import pytest
 
 from attnserve.bench.echo import _echo, _ModelAnswer, request_for
 from attnserve.client.codec import build_request
@@ -21,12 +22,30 @@ def test_echo_answers_the_asked_size_stamped():
     assert 0 < start <= end
 
 
-def test_model_answers_the_embeddings_it_ran(small_model_dir, small_runtime):
+@pytest.fixture(scope="module")
+def model_answer(small_model_dir):
+    return _ModelAnswer(small_model_dir)
+
+
+async def _in_a_loop(handler, request):  # the aio handlers run on an event loop
+    return await handler(request, None)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda m, request: asyncio.run(_in_a_loop(m.answer, request)),  # Model: a worker thread
+        lambda m, request: asyncio.run(_in_a_loop(m.answer_inline, request)),  # ModelInline
+        lambda m, request: m.answer_here(request, None),  # Model of the --sync server
+    ],
+    ids=["worker-thread", "event-loop", "handler-thread"],
+)
+def test_model_answers_the_embeddings_it_ran(model_answer, small_runtime, run):
     ids = np.array([3, 1, 4, 1, 5, 9], dtype=np.int64)
     expected = small_runtime.embed(ids[None]).ravel()
     size = expected.nbytes - 8  # cut to the size asked for
     request = request_for(build_request([ids]).SerializeToString(), size)
-    answer = asyncio.run(_ModelAnswer(small_model_dir).answer(request, None))
+    answer = run(model_answer, request)
     assert len(answer) == size
     # After the 16 bytes of stamps (4 floats): the embeddings, but for the last 2 floats cut.
     np.testing.assert_allclose(np.frombuffer(answer[16:], np.float32), expected[4:-2], atol=1e-6)

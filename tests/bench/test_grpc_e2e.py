@@ -26,8 +26,12 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
         assert r["bare_grpc_p50_ms"] > 0
         assert 0 < r["server_inference_p50_ms"] <= r["server_total_p50_ms"]
         assert abs(r["overhead_to_bare"] - r["overhead_p50_ms"] / r["bare_grpc_p50_ms"]) < 0.01
-        minimal = r["minimal_server_p50_ms"] - r["runtime_p50_ms"]
-        assert abs(r["minimal_overhead_to_bare"] - minimal / r["bare_grpc_p50_ms"]) < 0.01
+        for shape in ("minimal", "inline", "sync"):  # the Python servers that only run the model
+            only_model = r[f"{shape}_server_p50_ms"] - r["runtime_p50_ms"]
+            assert abs(r[f"{shape}_overhead_to_bare"] - only_model / r["bare_grpc_p50_ms"]) < 0.01
+        assert r["best_python_overhead_to_bare"] == min(
+            r[f"{shape}_overhead_to_bare"] for shape in ("minimal", "inline", "sync")
+        )
         # Each leg is a part of its own calls, so its median is within theirs.
         for name, round_trip in (("bare", "bare_grpc"), ("minimal", "minimal_server")):
             for leg in ("to_handler", "back"):
