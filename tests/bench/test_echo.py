@@ -27,15 +27,11 @@ def model_answer(small_model_dir):
     return _ModelAnswer(small_model_dir)
 
 
-async def _in_a_loop(handler, request):  # the aio handlers run on an event loop
-    return await handler(request, None)
-
-
 @pytest.mark.parametrize(
     "run",
     [
-        lambda m, request: asyncio.run(_in_a_loop(m.answer, request)),  # Model: a worker thread
-        lambda m, request: asyncio.run(_in_a_loop(m.answer_inline, request)),  # ModelInline
+        lambda m, request: asyncio.run(m.answer(request, None)),  # Model: a worker thread
+        lambda m, request: asyncio.run(m.answer_inline(request, None)),  # ModelInline
         lambda m, request: m.answer_here(request, None),  # Model of the --sync server
     ],
     ids=["worker-thread", "event-loop", "handler-thread"],
