@@ -27,9 +27,13 @@ from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
-# Python servers that only run the model (bench/echo.py), each a way to run it: on a worker
-# thread as this server does, on the event loop, in a thread-pool server's handler thread.
-_SHAPES = ("minimal", "inline", "sync")
+# Python servers that only run the model (bench/echo.py): each row field's prefix, and where
+# that server runs the model.
+SHAPES = {
+    "minimal": "on a worker thread",  # grpc.aio, as this server does
+    "inline": "on the event loop",  # grpc.aio, no hand-off
+    "sync": "in a thread-pool server's handler thread",  # grpc's sync server
+}
 
 
 def _p50_ms(samples: list[float]) -> float:
@@ -92,7 +96,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 "runtime_p50_ms": round(_p50_ms(times["runtime"]), 4),
                 "grpc_p50_ms": round(_p50_ms(times["grpc"]), 4),
                 "bare_grpc_p50_ms": round(_p50_ms(times["bare"]), 4),
-                **{f"{name}_server_p50_ms": round(_p50_ms(times[name]), 4) for name in _SHAPES},
+                **{f"{name}_server_p50_ms": round(_p50_ms(times[name]), 4) for name in SHAPES},
                 "server_total_p50_ms": round(
                     _p50_ms([a.total_ns / 1e9 for a in served["grpc"]]), 4
                 ),
@@ -108,14 +112,14 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
             row["overhead_to_bare"] = round(row["overhead_p50_ms"] / row["bare_grpc_p50_ms"], 2)
             # What a Python server that only runs the model adds, on the same scale.
-            for name in _SHAPES:
+            for name in SHAPES:
                 row[f"{name}_overhead_to_bare"] = round(
                     (row[f"{name}_server_p50_ms"] - row["runtime_p50_ms"])
                     / row["bare_grpc_p50_ms"],
                     2,
                 )
             row["best_python_overhead_to_bare"] = min(
-                row[f"{name}_overhead_to_bare"] for name in _SHAPES
+                row[f"{name}_overhead_to_bare"] for name in SHAPES
             )
             # The transport alone, once the model runs in between, on the same scale.
             row["minimal_legs_to_bare"] = round(
@@ -132,7 +136,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 + ", ".join(
                     f"{name} {row[f'{name}_server_p50_ms']:.2f} ms "
                     f"({row[f'{name}_overhead_to_bare']:.2f}x)"
-                    for name in _SHAPES
+                    for name in SHAPES
                 )
             )
 
@@ -238,14 +242,15 @@ def markdown(result: dict) -> str:
         "(grpc.aio; it stalls every other call meanwhile, so no real server can), or in the "
         "thread gRPC's thread-pool server runs the handler on.",
         "",
-        "| seq len | worker thread p50 | / bare | event loop p50 | / bare "
-        "| thread-pool server p50 | / bare | best / bare |",
-        "|---|---|---|---|---|---|---|---|",
+        "| seq len | "
+        + " | ".join(f"{way}: p50 | / bare" for way in SHAPES.values())
+        + " | best / bare |",
+        "|---|" + "---|---|" * len(SHAPES) + "---|",
     ]
     for r in result["embeddings_overhead"]:
         shapes = " | ".join(
             f"{r[f'{name}_server_p50_ms']:.2f} ms | {r[f'{name}_overhead_to_bare']:.2f}x"
-            for name in _SHAPES
+            for name in SHAPES
         )
         lines.append(f"| {r['seq_len']} | {shapes} | {r['best_python_overhead_to_bare']:.2f}x |")
     lines += [
@@ -335,7 +340,7 @@ def plot_breakdown(result: dict, path: Path) -> Path:
     ax.plot(labels, [r["grpc_p50_ms"] for r in rows], "k_", markersize=30, label="Encode p50")
     ax.plot(
         labels,
-        [min(r[f"{name}_server_p50_ms"] for name in _SHAPES) for r in rows],
+        [min(r[f"{name}_server_p50_ms"] for name in SHAPES) for r in rows],
         "rx",
         markersize=10,
         label="the fastest Python server that only runs the model, p50",

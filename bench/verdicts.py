@@ -3,6 +3,7 @@ engines, computed from that run's results only (bench/render.py lays them out)."
 
 from __future__ import annotations
 
+from attnserve.bench.grpc_e2e import SHAPES
 from attnserve.bench.latency import Row
 
 
@@ -251,23 +252,18 @@ def comparisons(res: Results) -> list[str]:
         f"{min(per_floor):.1f}x-{max(per_floor):.1f}x the empty RPC's "
         f"{g['empty_rpc_p50_ms']:.2f} ms."
     )
-    minimal = [r for r in g["embeddings_overhead"] if "best_python_overhead_to_bare" in r]
-    if minimal:
-        shapes = {
-            "on a worker thread": "minimal",
-            "on the event loop": "inline",
-            "in a thread-pool server's handler thread": "sync",
-        }
+    rows = [r for r in g["embeddings_overhead"] if "best_python_overhead_to_bare" in r]
+    if rows:
         out.append(
             "(Encode - runtime alone) / bare round trip, this server: "
-            + ", ".join(f"{r['overhead_to_bare']:.2f}x at {r['seq_len']}" for r in minimal)
+            + ", ".join(f"{r['overhead_to_bare']:.2f}x at {r['seq_len']}" for r in rows)
             + "; Python servers that only run the model, "
             + "; ".join(
-                f"{way}: " + ", ".join(f"{r[f'{name}_overhead_to_bare']:.2f}x" for r in minimal)
-                for way, name in shapes.items()
+                f"{way}: " + ", ".join(f"{r[f'{name}_overhead_to_bare']:.2f}x" for r in rows)
+                for name, way in SHAPES.items()
             )
             + "; the worker-thread one's two legs alone, over the bare round trip: "
-            + ", ".join(f"{r['minimal_legs_to_bare']:.2f}x" for r in minimal)
+            + ", ".join(f"{r['minimal_legs_to_bare']:.2f}x" for r in rows)
             + "."
         )
     http = g.get("http_vs_grpc") or []

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -313,7 +314,7 @@ class Batcher:
             )
 
 
-def _timed(run: partial) -> tuple[object, float]:
+def _timed(run: Callable[[], object]) -> tuple[object, float]:
     """On the worker thread: what `run` returns, and the seconds the backend call itself
     took (without the hand-offs to and from the thread)."""
     start = time.perf_counter()
