@@ -101,7 +101,7 @@ class OrtRuntime:
         # Attention options run on the same provider as the model (service/attention_graph.py).
         providers = [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if self.provider == "cuda" else [CPU_EP]
         self.reducer = AttentionReducer(
-            providers, _session_options(options), self.config.n_layers, self.config.n_heads
+            providers, session_options(options), self.config.n_layers, self.config.n_heads
         )
 
         self.embeddings_session = self.session
@@ -177,7 +177,7 @@ class OrtRuntime:
             self.embed(ids)
 
 
-def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
+def session_options(options: RuntimeOptions) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = options.intra_op_threads
@@ -194,7 +194,7 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
 
 def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceSession, str]:
     """Open the session on the requested provider; returns it and the provider really used."""
-    so = _session_options(options)
+    so = session_options(options)
     if options.provider == "cpu":
         return _open(path, so, [CPU_EP]), "cpu"
 

@@ -72,6 +72,7 @@ def test_report_regenerates_the_benchmarks_page(quick_report):
         assert "<svg" in (doc.parent / flame).read_text() and f"]({flame})" in text
     comparisons = text.split("## Comparisons computed from this run")[1]
     assert "n/a" not in comparisons  # every quoted number was measured
+    assert "`ort-cpu` / `ort-matmul-only`" in comparisons  # ORT's own floor ran too
     # Each comparison is this run's arithmetic: the batching ratio is req/s on / off.
     on, off = (batching["variants"][k]["achieved_rate"] for k in ("batching on", "batching off"))
     assert f"{on:.0f} / {off:.0f} req/s ({batching['speedup']:.2f}x)" in comparisons
