@@ -56,7 +56,7 @@ DESCRIPTIONS = {
     "matmul-only": "only the model's matrix products at its shapes (torch): a floor",
     "ort-matmul-only": "the same products, each one MatMul node of ONNX Runtime: ORT's own floor",
 }
-FLOORS = ("matmul-only", "ort-matmul-only")
+FLOORS = {"matmul-only": "--", "ort-matmul-only": ":"}  # floor -> its line style in plots
 
 
 DEFAULT_ENGINES = [

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from attnserve.bench.engines import (
     BASELINES,
     DEFAULT_ENGINES,
+    FLOORS,
     GRPC_MESSAGE_LIMIT,
     Engine,
     TooLarge,
@@ -183,8 +184,10 @@ def plot(rows: list[Row], batch_sizes: list[int], path: Path) -> Path:
                 for r in rows
                 if r.engine == engine and r.batch == batch and r.p50_ms
             )
+            # The floors in black, each in its own line style, apart from the engines' colours.
+            style = {"linestyle": FLOORS[engine], "color": "black"} if engine in FLOORS else {}
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
+                ax.plot(*zip(*points, strict=True), marker="o", label=engine, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length (tokens)")
