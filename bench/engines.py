@@ -80,7 +80,9 @@ Activations = dict[str, tuple[int | str, ...]]
 Products = list[tuple[str, str | tuple[int, int]]]
 
 
-def model_products(config: ModelConfig, batch: int | str, seq_len: int | str):
+def model_products(
+    config: ModelConfig, batch: int | str, seq_len: int | str
+) -> tuple[Activations, Products]:
     """One layer's matrix products: the activations' shapes by name, and each product as
     (left activation, right activation or the shape of a weight). Sizes may be names."""
     b, t, d, h = batch, seq_len, config.d_model, config.n_heads
@@ -169,10 +171,9 @@ def ort_matmul_only(config: ModelConfig) -> Engine:
         batch, t = ids.shape
         if (batch, t) not in bindings:
             binding, arrays = session.io_binding(), []
-            for arg in session.get_inputs():
-                shape = [{"B": batch, "T": t}.get(dim, dim) for dim in arg.shape]
+            for name, shape in model_products(config, batch, t)[0].items():
                 arrays.append(rng.standard_normal(shape, dtype=np.float32))
-                binding.bind_cpu_input(arg.name, arrays[-1])  # no copy: keep the array
+                binding.bind_cpu_input(name, arrays[-1])  # no copy: keep the array
             for arg in session.get_outputs():
                 binding.bind_output(arg.name, "cpu")
             session.run_with_iobinding(binding)  # ORT allocates the outputs once...

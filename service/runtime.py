@@ -178,6 +178,7 @@ class OrtRuntime:
 
 
 def session_options(options: RuntimeOptions) -> ort.SessionOptions:
+    """The server's ORT session settings (bench/engines.py opens its floor with them too)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = options.intra_op_threads
