@@ -1,5 +1,5 @@
-"""`attnserve bench {latency,grpc,profile,load,hf,containers,report}`: benchmarks and the load
-generator."""
+"""`attnserve bench {latency,grpc,before-after,profile,load,hf,containers,report}`: benchmarks
+and the load generator."""
 
 from __future__ import annotations
 
@@ -37,6 +37,16 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     grpc.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
     grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
     grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
+    before_after = commands.add_parser(
+        "before-after",
+        help="this checkout's server against an earlier commit's, alternating (needs git)",
+    )
+    before_after.add_argument("--out", type=Path, required=True, help="for before_after.*")
+    before_after.add_argument(
+        "--ref", help="the earlier commit (default: the last one before issue 12's work)"
+    )
+    before_after.add_argument("--max-seq-len", type=int, default=128, help="longest length (128)")
+    before_after.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
     profile = commands.add_parser(
         "profile", help="py-spy: where a short Encode's time goes in the server and the client"
     )
@@ -168,6 +178,15 @@ def run_bench(args: argparse.Namespace) -> int:
         from attnserve.bench.attention import run_attention
 
         run_attention(args.out, args.model, args.quick)
+        return 0
+    if command == "before-after":
+        from attnserve.bench.before_after import ISSUE_12_BASE, run_before_after
+
+        try:
+            run_before_after(args.out, args.ref or ISSUE_12_BASE, args.max_seq_len, args.quick)
+        except RuntimeError as exc:  # no such commit, or its code failed to export or serve
+            print(f"attnserve bench before-after: {exc}", file=sys.stderr)
+            return 1
         return 0
     if command == "profile":
         from attnserve.bench.profile import run_profile

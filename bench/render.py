@@ -14,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+from attnserve.bench import before_after
 from attnserve.bench.attention import BURST_LENGTH, BURST_REQUESTS
 from attnserve.bench.attention import markdown as attention_markdown
 from attnserve.bench.containers import markdown as containers_markdown
@@ -39,6 +40,28 @@ def _breakdown_picture(out: Path) -> str:
         return ""
     return f"""
 ![Where one Encode's time goes: the model, the server, the transport]({BREAKDOWN_PLOT})
+"""
+
+
+def before_after_section(out: Path) -> str:
+    """The before/after table and picture, when the run has them (`bench before-after`)."""
+    if not (out / "before_after.json").exists():
+        return ""
+    result = json.loads((out / "before_after.json").read_text())
+    ref = result["ref"]
+    which = " (the last commit before issue 12's work)" if ref == before_after.ISSUE_12_BASE else ""
+    return f"""
+### Before and after: {ref[:7]} and this checkout
+
+`attnserve bench before-after --out bench-results` (part of `make benchmarks`): the server
+of {ref[:7]}{which}, its default model exported by its own code, against this checkout's,
+Encode calls alternating in blocks with a bare echo of the same bytes. Each server's own
+timing splits a call into inside the server (request received to answer ready, the
+model's run included) and outside it (transport, gRPC call handling, client decoding).
+
+{before_after.markdown(result)}
+
+![Where one Encode's time goes, {ref[:7]} and this checkout]({before_after.PLOT})
 """
 
 
@@ -143,7 +166,7 @@ with the gRPC calls. One sequence per Encode, embeddings only (both use
 `model_embeddings.onnx`), through the blocking `EncoderClient`.
 
 {grpc_markdown(res.grpc)}
-{_breakdown_picture(out)}{_profile_section(out)}
+{_breakdown_picture(out)}{before_after_section(out)}{_profile_section(out)}
 ## Dynamic batching
 
 Closed loop, {res.batching["concurrency"]} requests in flight, {res.batching["seq_len"]} tokens
@@ -239,7 +262,7 @@ def write_page(out: Path, doc: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     plot_name = "latency.png"
     shutil.copyfile(out / "latency.png", doc.parent / plot_name)
-    for picture in (BREAKDOWN_PLOT, *FLAMES.values()):
+    for picture in (BREAKDOWN_PLOT, before_after.PLOT, *FLAMES.values()):
         if (out / picture).exists():
             shutil.copyfile(out / picture, doc.parent / picture)
     results = Results(rows, env, grpc, batching, hf, containers, attention)

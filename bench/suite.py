@@ -8,6 +8,7 @@ from pathlib import Path
 
 from attnserve.bench.attention import run_attention
 from attnserve.bench.batching import run_batching
+from attnserve.bench.before_after import ISSUE_12_BASE, run_before_after
 from attnserve.bench.containers import run_containers
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.grpc_e2e import run_grpc
@@ -27,5 +28,6 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_batching(out, model_dir, 2.0 if quick else 10.0, log)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
+        run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history
         run_hf_compare(out)
         run_containers(out, 10.0, log)

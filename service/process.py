@@ -38,10 +38,15 @@ class ServerProcess:
 
 
 def spawn_server(
-    model_dir: Path, *extra: str, cwd: Path | None = None, timeout: float = 120
+    model_dir: Path,
+    *extra: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
 ) -> ServerProcess:
     """The server on 127.0.0.1, any free ports (metrics off unless `extra` turns them on),
-    returned once it is SERVING. RuntimeError, with its log, if it exits or times out first."""
+    returned once it is SERVING. RuntimeError, with its log, if it exits or times out first.
+    `env`: the child's whole environment (default: this process's)."""
     scratch = Path(tempfile.mkdtemp(prefix="attnserve-"))
     ready_file, log_path = scratch / "ready.json", scratch / "server.log"
     with log_path.open("w") as log:
@@ -66,6 +71,7 @@ def spawn_server(
                 *extra,
             ],
             cwd=cwd,
+            env=env,
             stderr=log,
         )
     deadline = time.monotonic() + timeout
