@@ -49,15 +49,16 @@ def before_after_section(out: Path) -> str:
         return ""
     result = json.loads((out / "before_after.json").read_text())
     ref = result["ref"]
-    which = " (the last commit before issue 12's work)" if ref == before_after.ISSUE_12_BASE else ""
+    which = "the last commit before issue 12's work, " if ref == before_after.ISSUE_12_BASE else ""
     return f"""
 ### Before and after: {ref[:7]} and this checkout
 
-`attnserve bench before-after --out bench-results` (part of `make benchmarks`): the server
-of {ref[:7]}{which}, its default model exported by its own code, against this checkout's,
-Encode calls alternating in blocks with a bare echo of the same bytes. Each server's own
-timing splits a call into inside the server (request received to answer ready, the
-model's run included) and outside it (transport, gRPC call handling, client decoding).
+`attnserve bench before-after --out bench-results` (part of `make benchmarks`): the
+server of {ref[:7]} ({which}its default model exported by its own code) against this
+checkout's, Encode calls alternating in blocks with a bare echo of the same bytes. Each
+server's own timing splits a call into inside the server (request received to answer
+ready, the model's run included) and outside it (transport, gRPC call handling, client
+decoding).
 
 {before_after.markdown(result)}
 
