@@ -11,9 +11,7 @@ memory budget: its RSS before, at the peak and ten seconds after, errors and tim
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from attnserve.bench.results import progress, save
 from attnserve.bench.timing import alternate
 from attnserve.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
@@ -193,17 +192,12 @@ def markdown(result: dict) -> str:
 
 
 def run_attention(out: Path, model_dir: Path, quick: bool) -> dict:
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     lengths = [64] if quick else [512, 1024]
     result = {
-        "modes": measure_modes(model_dir, lengths, quick, log),
+        "modes": measure_modes(model_dir, lengths, quick, progress),
         "burst": measure_burst(
-            model_dir, 4 if quick else BURST_REQUESTS, 64 if quick else BURST_LENGTH, log
+            model_dir, 4 if quick else BURST_REQUESTS, 64 if quick else BURST_LENGTH, progress
         ),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "attention.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "attention.md").write_text(table + "\n")
-    print(table)
+    save(out, "attention", result, markdown(result))
     return result

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import os
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.echo import EchoServer, request_for
+from attnserve.bench.results import progress, save
 from attnserve.bench.timing import ROUNDS, alternate
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request
@@ -209,13 +209,8 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def run_before_after(out: Path, ref: str, max_seq_len: int, quick: bool) -> dict:
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"before ({ref[:12]}) and after (this checkout), alternating")
-    result = measure(ref, max_seq_len, quick, log)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "before_after.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "before_after.md").write_text(table + "\n")
+    progress(f"before ({ref[:12]}) and after (this checkout), alternating")
+    result = measure(ref, max_seq_len, quick, progress)
+    save(out, "before_after", result, markdown(result))
     plot(result, out / PLOT)
-    print(table)
     return result

@@ -170,9 +170,9 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     if command == "containers":
         from attnserve.bench.containers import run_containers
+        from attnserve.bench.results import progress
 
-        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-        results = run_containers(args.out, args.duration, log)
+        results = run_containers(args.out, args.duration, progress)
         return 1 if results.get("skipped") else 0
     if command == "attention":
         from attnserve.bench.attention import run_attention

@@ -11,8 +11,6 @@ alike.
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
+from attnserve.bench.results import progress, save
 from attnserve.bench.timing import ROUNDS, alternate
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
@@ -292,15 +291,10 @@ def markdown(result: dict) -> str:
 
 
 def run_grpc(out: Path, model_dir: Path | None, max_seq_len: int, quick: bool) -> dict:
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    with model_dir_or_default(model_dir, log) as model_dir:
-        result = measure(model_dir, max_seq_len, quick, log)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grpc.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "grpc.md").write_text(table + "\n")
+    with model_dir_or_default(model_dir, progress) as model_dir:
+        result = measure(model_dir, max_seq_len, quick, progress)
+    save(out, "grpc", result, markdown(result))
     plot_breakdown(result, out / BREAKDOWN_PLOT)
-    print(table)
     return result
 
 

@@ -30,6 +30,7 @@ from attnserve.bench.engines import (
     TooLarge,
     build_engines,
 )
+from attnserve.bench.results import progress
 from attnserve.bench.timing import alternate, timed
 from attnserve.client import EncoderClient
 from attnserve.export.model_dir import write_model_dir
@@ -247,7 +248,6 @@ def run_latency(
     quick: bool = False,
     engine_names: list[str] | None = None,
 ) -> list[Row]:
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     batch_sizes = batch_sizes or [1, 8]
     limit = min(max_seq_len or config.max_seq_len, config.max_seq_len)
     seq_lens = [t for t in SEQ_LENS if t <= limit]
@@ -255,7 +255,7 @@ def run_latency(
     model = build_encoder(config, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
-        write_model_dir(model, model_dir, shapes=[(1, 1), (1, limit)], log=log)
+        write_model_dir(model, model_dir, shapes=[(1, 1), (1, limit)], log=progress)
         server = None
         if any(n.startswith("grpc-") for n in names):
             server = spawn_server(
@@ -264,12 +264,13 @@ def run_latency(
             EncoderClient(server.address).wait_until_serving(120)
         try:
             engines, unavailable = build_engines(
-                model, model_dir, names, server.address if server else None, log
+                model, model_dir, names, server.address if server else None, progress
             )
             for name, reason in unavailable.items():
-                log(f"skipping {name}: {reason}")
+                progress(f"skipping {name}: {reason}")
             peak = matmul_peak_gflops()
-            log(f"matmul peak (fp32 2048^2): {peak:.0f} GFLOP/s, {torch.get_num_threads()} threads")
+            threads = torch.get_num_threads()
+            progress(f"matmul peak (fp32 2048^2): {peak:.0f} GFLOP/s, {threads} threads")
             rows = sweep(model, engines, seq_lens, batch_sizes, peak, quick)
         finally:
             if server:

@@ -20,7 +20,6 @@ Linux only (schedstat); py-spy needs the right to ptrace the server.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
+from attnserve.bench.results import progress, save
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
 
@@ -167,12 +167,8 @@ def markdown(result: dict) -> str:
 
 
 def run_profile(out: Path, model_dir: Path | None, tokens: int, seconds: int) -> dict:
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
-    with model_dir_or_default(model_dir, log) as model_dir:
-        result = measure(model_dir, tokens, seconds, out, log)
-    (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "profile.md").write_text(table + "\n")
-    print(table)
+    with model_dir_or_default(model_dir, progress) as model_dir:
+        result = measure(model_dir, tokens, seconds, out, progress)
+    save(out, "profile", result, markdown(result))
     return result

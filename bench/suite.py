@@ -3,7 +3,6 @@ folder of results (bench/render.py turns them into docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from attnserve.bench.attention import run_attention
@@ -15,19 +14,19 @@ from attnserve.bench.grpc_e2e import run_grpc
 from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
 from attnserve.bench.profile import run_profile
+from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
     """Run every benchmark into `out`. quick: short lengths and runs, no heavy ones (smoke)."""
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     run_latency(out, ModelConfig(), 128 if quick else None, [1, 8], quick)
-    with model_dir_or_default(None, log) as model_dir:
+    with model_dir_or_default(None, progress) as model_dir:
         run_grpc(out, model_dir, 64 if quick else 512, quick)
         run_profile(out, model_dir, tokens=8, seconds=1 if quick else 5)
-        run_batching(out, model_dir, 2.0 if quick else 10.0, log)
+        run_batching(out, model_dir, 2.0 if quick else 10.0, progress)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
         run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history
         run_hf_compare(out)
-        run_containers(out, 10.0, log)
+        run_containers(out, 10.0, progress)
