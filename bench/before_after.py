@@ -36,7 +36,7 @@ import numpy as np
 
 from attnserve.bench.echo import EchoServer, request_for
 from attnserve.bench.results import progress, save
-from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request
 from attnserve.service.process import spawn_server
@@ -87,10 +87,6 @@ def export_default_model(src: Path | None, out: Path, log: Callable[[str], None]
     return out
 
 
-def _p50_ms(samples: list[float]) -> float:
-    return round(float(np.median(samples)) * 1e3, 4)
-
-
 def measure(ref: str, max_seq_len: int, quick: bool, log: Callable[[str], None]) -> dict:
     rows = []
     with contextlib.ExitStack() as stack:
@@ -121,17 +117,15 @@ def measure(ref: str, max_seq_len: int, quick: bool, log: Callable[[str], None])
             )
             served: dict[str, list] = {name: [] for name in VERSIONS}
             calls = {name: functools.partial(c.encode, [ids]) for name, c in clients.items()}
-            repeats = 5 if quick else 50
-            times, _ = alternate(
+            times = repeated(
                 {**calls, "bare": functools.partial(echo.call, "Echo", same_bytes)},
-                least=repeats * ROUNDS,
-                most=repeats * ROUNDS,
+                repeats=5 if quick else 50,
                 answers=served,
             )
-            row = {"seq_len": t, "bare_grpc_p50_ms": _p50_ms(times["bare"])}
+            row = {"seq_len": t, "bare_grpc_p50_ms": round(p50_ms(times["bare"]), 4)}
             for name in VERSIONS:
-                encode = _p50_ms(times[name])
-                inside = _p50_ms([a.total_ns / 1e9 for a in served[name]])
+                encode = round(p50_ms(times[name]), 4)
+                inside = round(p50_ms([a.total_ns / 1e9 for a in served[name]]), 4)
                 row[name] = {
                     "encode_p50_ms": encode,
                     "inside_p50_ms": inside,

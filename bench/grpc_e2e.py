@@ -11,7 +11,6 @@ alike.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import numpy as np
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
 from attnserve.bench.results import progress, save
-from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.bench.timing import alternate, p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
@@ -33,17 +32,6 @@ SHAPES = {
     "inline": "on the event loop",  # grpc.aio, no hand-off
     "sync": "in a thread-pool server's handler thread",  # grpc's sync server
 }
-
-
-def _p50_ms(samples: list[float]) -> float:
-    return float(np.median(samples)) * 1e3
-
-
-def _alternate(
-    calls: dict[str, Callable[[], object]], repeats: int, answers: dict[str, list] | None = None
-) -> dict[str, list[float]]:
-    """Each call `repeats` times per round, alternating in blocks."""
-    return alternate(calls, least=repeats * ROUNDS, most=repeats * ROUNDS, answers=answers)[0]
 
 
 def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
@@ -64,8 +52,8 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
         client = EncoderClient(server.address, ClientOptions(timeout_s=120))
         client.wait_until_serving(120)
         # The floor under any RPC here: a health check does no work at all.
-        floor = _alternate({"health": client.health}, repeats=10 if quick else 100)
-        empty_rpc_ms = round(_p50_ms(floor["health"]), 4)
+        floor = repeated({"health": client.health}, repeats=10 if quick else 100)
+        empty_rpc_ms = round(p50_ms(floor["health"]), 4)
         log(f"  empty RPC (health check) p50: {empty_rpc_ms:.2f} ms")
         overhead = []
         for t in seq_lens:
@@ -78,7 +66,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 build_request([ids[0]]).SerializeToString(),
                 client.encode([ids[0]]).response.ByteSize(),
             )
-            times = _alternate(
+            times = repeated(
                 {
                     "runtime": lambda ids=ids: runtime.embed(ids),
                     "grpc": lambda ids=ids: client.encode([ids[0]]),
@@ -92,22 +80,20 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
             )
             row = {
                 "seq_len": t,
-                "runtime_p50_ms": round(_p50_ms(times["runtime"]), 4),
-                "grpc_p50_ms": round(_p50_ms(times["grpc"]), 4),
-                "bare_grpc_p50_ms": round(_p50_ms(times["bare"]), 4),
-                **{f"{name}_server_p50_ms": round(_p50_ms(times[name]), 4) for name in SHAPES},
-                "server_total_p50_ms": round(
-                    _p50_ms([a.total_ns / 1e9 for a in served["grpc"]]), 4
-                ),
+                "runtime_p50_ms": round(p50_ms(times["runtime"]), 4),
+                "grpc_p50_ms": round(p50_ms(times["grpc"]), 4),
+                "bare_grpc_p50_ms": round(p50_ms(times["bare"]), 4),
+                **{f"{name}_server_p50_ms": round(p50_ms(times[name]), 4) for name in SHAPES},
+                "server_total_p50_ms": round(p50_ms([a.total_ns / 1e9 for a in served["grpc"]]), 4),
                 # The same ORT run inside the server, which waits a round trip between calls.
                 "server_inference_p50_ms": round(
-                    _p50_ms([a.inference_ns / 1e9 for a in served["grpc"]]), 4
+                    p50_ms([a.inference_ns / 1e9 for a in served["grpc"]]), 4
                 ),
             }
             for name in ("bare", "minimal"):  # the transport's legs, with and without the model
                 for leg in ("to_handler", "back"):
                     seconds = [getattr(call, leg) for call in served[name]]
-                    row[f"{name}_{leg}_p50_ms"] = round(_p50_ms(seconds), 4)
+                    row[f"{name}_{leg}_p50_ms"] = round(p50_ms(seconds), 4)
             row["overhead_p50_ms"] = round(row["grpc_p50_ms"] - row["runtime_p50_ms"], 4)
             row["overhead_to_bare"] = round(row["overhead_p50_ms"] / row["bare_grpc_p50_ms"], 2)
             # What a Python server that only runs the model adds, on the same scale.
@@ -177,8 +163,8 @@ def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
     row = {
         "requests": len(requests),
         "tokens_each": 12,
-        "stream_ms": round(_p50_ms(times["stream"]), 1),
-        "unary_ms": round(_p50_ms(times["unary"]), 1),
+        "stream_ms": round(p50_ms(times["stream"]), 1),
+        "unary_ms": round(p50_ms(times["unary"]), 1),
     }
     row["speedup"] = round(row["unary_ms"] / row["stream_ms"], 2)
     log(
@@ -207,8 +193,8 @@ def _http_vs_grpc(server, client, runtime, seq_lens, quick, log) -> list[dict]:
                     "/v1/embeddings", json={**body, "encoding_format": "base64"}
                 ).json(),
             }
-            times = _alternate(calls, repeats=5 if quick else 50)
-            row = {"seq_len": t, **{f"{k}_p50_ms": round(_p50_ms(v), 4) for k, v in times.items()}}
+            times = repeated(calls, repeats=5 if quick else 50)
+            row = {"seq_len": t, **{f"{k}_p50_ms": round(p50_ms(v), 4) for k, v in times.items()}}
             rows.append(row)
             log(
                 f"  pooled, seq_len {t:>4}: gRPC {row['grpc_p50_ms']:.2f} ms, HTTP "

@@ -10,6 +10,7 @@ lasts at least WARMUP_S. Torch-free.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -63,6 +64,18 @@ def alternate(
                 spent += elapsed
                 taken += 1
     return samples, skipped
+
+
+def repeated(
+    calls: dict[str, Callable[[], object]], repeats: int, answers: dict[str, list] | None = None
+) -> dict[str, list[float]]:
+    """Samples (s) per call: each call `repeats` times per round, alternating in blocks."""
+    return alternate(calls, least=repeats * ROUNDS, most=repeats * ROUNDS, answers=answers)[0]
+
+
+def p50_ms(samples: list[float]) -> float:
+    """The median of `samples` (seconds), in milliseconds."""
+    return statistics.median(samples) * 1e3
 
 
 def _warm_up(call: Callable[[], object]) -> None:

@@ -1,6 +1,6 @@
 import itertools
 
-from attnserve.bench.timing import ROUNDS, alternate
+from attnserve.bench.timing import ROUNDS, alternate, p50_ms, repeated
 
 
 def test_alternate_keeps_the_answers_of_timed_calls_only():
@@ -27,3 +27,11 @@ def test_alternate_drops_a_call_that_raises_skip_on():
     )
     assert skipped == {"big": "over the limit"}
     assert len(samples["ok"]) == 3 and samples["big"] == []
+
+
+def test_repeated_times_each_call_repeats_times_a_round_and_p50_is_in_ms():
+    answers = {"b": []}
+    samples = repeated({"a": lambda: 1, "b": lambda: 2}, repeats=4, answers=answers)
+    assert {name: len(s) for name, s in samples.items()} == {"a": 4 * ROUNDS, "b": 4 * ROUNDS}
+    assert answers["b"] == [2] * (4 * ROUNDS)
+    assert p50_ms([0.003, 0.001, 0.002, 0.010]) == 2.5  # the mean of the middle two, in ms
