@@ -11,6 +11,7 @@ alike.
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ import numpy as np
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
 from attnserve.bench.results import progress, save
-from attnserve.bench.timing import alternate, p50_ms, repeated
+from attnserve.bench.timing import alternate, p50_ms, repeated, timed
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
@@ -32,6 +33,9 @@ SHAPES = {
     "inline": "on the event loop",  # grpc.aio, no hand-off
     "sync": "in a thread-pool server's handler thread",  # grpc's sync server
 }
+# Pauses before an 8-token run in this process (ms): a server's run always follows one (it
+# waits at least a round trip for its next request); the runtime alone runs back to back.
+PAUSES_MS = (0.0, 0.5, 2.0, 10.0)
 
 
 def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
@@ -125,6 +129,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 )
             )
 
+        after_pause = _after_pause(runtime, quick, log)
         stream = _stream_vs_unary(client, runtime.config.vocab_size, quick, log)
 
         http_rows = _http_vs_grpc(
@@ -140,9 +145,36 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     return {
         "empty_rpc_p50_ms": empty_rpc_ms,
         "embeddings_overhead": overhead,
+        "runtime_after_pause": after_pause,
         "stream_vs_unary": stream,
         "http_vs_grpc": http_rows,
     }
+
+
+def _after_pause(runtime: OrtRuntime, quick: bool, log) -> list[dict]:
+    """The same 8-token run, in this process and without gRPC, timed alone after each pause:
+    how much of "ORT inside the server" is the wait before it, not the server."""
+    ids = np.random.default_rng(3).integers(0, runtime.config.vocab_size, (1, 8), dtype=np.int64)
+
+    def run_after(pause_s: float) -> float:
+        if pause_s:
+            time.sleep(pause_s)
+        return timed(runtime.embed, ids)
+
+    runs: dict[str, list] = {f"{p:g}": [] for p in PAUSES_MS}
+    repeated(
+        {f"{p:g}": functools.partial(run_after, p / 1e3) for p in PAUSES_MS},
+        repeats=5 if quick else 100,
+        answers=runs,
+    )
+    rows = [{"pause_ms": p, "runtime_p50_ms": round(p50_ms(runs[f"{p:g}"]), 4)} for p in PAUSES_MS]
+    for row in rows:
+        row["to_back_to_back"] = round(row["runtime_p50_ms"] / rows[0]["runtime_p50_ms"], 2)
+    log(
+        "  8 tokens in process after a pause: "
+        + ", ".join(f"{r['runtime_p50_ms']:.2f} ms after {r['pause_ms']:g} ms" for r in rows)
+    )
+    return rows
 
 
 def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
@@ -254,6 +286,20 @@ def markdown(result: dict) -> str:
             f"| {r['bare_back_p50_ms']:.2f} ms | {r['minimal_to_handler_p50_ms']:.2f} ms "
             f"| {r['minimal_back_p50_ms']:.2f} ms | {r['minimal_legs_to_bare']:.2f}x |"
         )
+    pauses = result.get("runtime_after_pause", [])
+    if pauses:
+        lines += [
+            "",
+            "The same 8-token run in this process, without gRPC, timed alone after a pause "
+            "(sleeping, as a server waits for its next request):",
+            "",
+            "| pause | runtime p50 | / back to back |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['pause_ms']:g} ms | {r['runtime_p50_ms']:.2f} ms | {r['to_back_to_back']:.2f}x |"
+            for r in pauses
+        ]
     s = result["stream_vs_unary"]
     lines += [
         "",

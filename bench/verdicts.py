@@ -284,6 +284,20 @@ def comparisons(res: Results) -> list[str]:
             + ", ".join(f"{r['minimal_legs_to_bare']:.2f}x" for r in rows)
             + "."
         )
+    pauses = g.get("runtime_after_pause") or []
+    if pauses:
+        inside = [r for r in g["embeddings_overhead"] if r["seq_len"] == 8]
+        out.append(
+            "The 8-token run in process, after a pause of "
+            + ", ".join(f"{r['pause_ms']:g}" for r in pauses[1:])
+            + " ms: "
+            + ", ".join(f"{r['to_back_to_back']:.2f}x" for r in pauses[1:])
+            + f" the back-to-back run ({pauses[0]['runtime_p50_ms']:.2f} ms)"
+            + "".join(
+                f"; ORT inside the server: {r['server_inference_p50_ms']:.2f} ms" for r in inside
+            )
+            + "."
+        )
     http = g.get("http_vs_grpc") or []
     if http:
         out.append(

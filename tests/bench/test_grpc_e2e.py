@@ -38,6 +38,12 @@ def test_quick_grpc_benchmark_writes_its_tables(small_model_dir, tmp_path):
                 assert 0 < r[f"{name}_{leg}_p50_ms"] <= r[f"{round_trip}_p50_ms"]
         legs = r["minimal_to_handler_p50_ms"] + r["minimal_back_p50_ms"]
         assert abs(r["minimal_legs_to_bare"] - legs / r["bare_grpc_p50_ms"]) < 0.01
+    pauses = report["runtime_after_pause"]
+    assert [r["pause_ms"] for r in pauses] == [0.0, 0.5, 2.0, 10.0]
+    for r in pauses:
+        assert r["runtime_p50_ms"] > 0
+        ratio = r["runtime_p50_ms"] / pauses[0]["runtime_p50_ms"]
+        assert abs(r["to_back_to_back"] - ratio) < 0.01
     stream = report["stream_vs_unary"]
     assert stream["requests"] == 200 and stream["stream_ms"] > 0 and stream["unary_ms"] > 0
     assert (tmp_path / "grpc_breakdown.png").read_bytes()[:4] == b"\x89PNG"
