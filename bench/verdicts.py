@@ -286,15 +286,17 @@ def comparisons(res: Results) -> list[str]:
         )
     pauses = g.get("runtime_after_pause") or []
     if pauses:
-        inside = [r for r in g["embeddings_overhead"] if r["seq_len"] == 8]
+        inside = next((r for r in g["embeddings_overhead"] if r["seq_len"] == 8), None)
         out.append(
             "The 8-token run in process, after a pause of "
             + ", ".join(f"{r['pause_ms']:g}" for r in pauses[1:])
             + " ms: "
             + ", ".join(f"{r['to_back_to_back']:.2f}x" for r in pauses[1:])
             + f" the back-to-back run ({pauses[0]['runtime_p50_ms']:.2f} ms)"
-            + "".join(
-                f"; ORT inside the server: {r['server_inference_p50_ms']:.2f} ms" for r in inside
+            + (
+                f"; ORT inside the server: {inside['server_inference_p50_ms']:.2f} ms"
+                if inside
+                else ""
             )
             + "."
         )
