@@ -298,7 +298,9 @@ def comparisons(res: Results) -> list[str]:
                 if inside
                 else ""
             )
-            + "."
+            + "; one ORT thread spinning through the pause instead of sleeping: "
+            + ", ".join(f"{r['spinning_to_back_to_back']:.2f}x" for r in pauses[1:])
+            + f" its back-to-back run ({pauses[0]['spinning_one_thread_p50_ms']:.2f} ms)."
         )
     http = g.get("http_vs_grpc") or []
     if http:
