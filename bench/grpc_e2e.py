@@ -5,13 +5,13 @@ come from an identical ORT session in this process, the transport's floor
 from a bare echo server moving the same bytes, and the least a Python server
 that runs the model can do from echo servers that only run it, three ways
 (bench/echo.py), all timed in alternating blocks so machine noise hits them
-alike.
+alike. It also runs bench/pause.py (the model's run after a pause, beside ORT's
+run inside the server), a stream against sequential calls, and HTTP against gRPC.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 import httpx
@@ -19,8 +19,10 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.echo import EchoServer, request_for
+from attnserve.bench.pause import after_pause
+from attnserve.bench.pause import markdown as pause_markdown
 from attnserve.bench.results import progress, save
-from attnserve.bench.timing import alternate, p50_ms, repeated, timed
+from attnserve.bench.timing import alternate, p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
@@ -33,9 +35,6 @@ SHAPES = {
     "inline": "on the event loop",  # grpc.aio, no hand-off
     "sync": "in a thread-pool server's handler thread",  # grpc's sync server
 }
-# Pauses before an 8-token run in this process (ms): a server's run always follows one (it
-# waits at least a round trip for its next request); the runtime alone runs back to back.
-PAUSES_MS = (0.0, 0.5, 2.0, 10.0)
 
 
 def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
@@ -129,7 +128,7 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
                 )
             )
 
-        after_pause = _after_pause(model_dir, runtime, quick, log)
+        pauses = after_pause(model_dir, runtime, quick, log)
         stream = _stream_vs_unary(client, runtime.config.vocab_size, quick, log)
 
         http_rows = _http_vs_grpc(
@@ -145,64 +144,10 @@ def measure(model_dir: Path, max_seq_len: int, quick: bool, log=print) -> dict:
     return {
         "empty_rpc_p50_ms": empty_rpc_ms,
         "embeddings_overhead": overhead,
-        "runtime_after_pause": after_pause,
+        "runtime_after_pause": pauses,
         "stream_vs_unary": stream,
         "http_vs_grpc": http_rows,
     }
-
-
-def _after_pause(model_dir: Path, runtime: OrtRuntime, quick: bool, log) -> list[dict]:
-    """The same 8-token run, in this process and without gRPC, timed alone after each pause:
-    how much of "ORT inside the server" is the wait before it, not the server.
-
-    Twice: the server's runtime after sleeping, as a server waits; and a one-thread runtime
-    after spinning on its own thread, so nothing that runs the model leaves its CPU. If the
-    second slows down too, neither idle threads nor idle CPUs are the cause: what the run had
-    in the caches is gone when the pause ends, taken by whatever else the machine runs.
-    """
-    one_thread = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", intra_op_threads=1))
-    ids = np.random.default_rng(3).integers(0, runtime.config.vocab_size, (1, 8), dtype=np.int64)
-
-    def spin(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    def run_after(wait, pause_s: float, model: OrtRuntime) -> float:
-        if pause_s:
-            wait(pause_s)
-        return timed(model.embed, ids)
-
-    ways = {"sleep": (time.sleep, runtime), "spin": (spin, one_thread)}
-    calls = {
-        f"{way} {p:g}": functools.partial(run_after, wait, p / 1e3, model)
-        for p in PAUSES_MS
-        for way, (wait, model) in ways.items()
-    }
-    runs: dict[str, list] = {name: [] for name in calls}
-    repeated(calls, repeats=5 if quick else 100, answers=runs)
-    rows = [
-        {
-            "pause_ms": p,
-            "runtime_p50_ms": round(p50_ms(runs[f"sleep {p:g}"]), 4),
-            "spinning_one_thread_p50_ms": round(p50_ms(runs[f"spin {p:g}"]), 4),
-        }
-        for p in PAUSES_MS
-    ]
-    for row in rows:
-        row["to_back_to_back"] = round(row["runtime_p50_ms"] / rows[0]["runtime_p50_ms"], 2)
-        row["spinning_to_back_to_back"] = round(
-            row["spinning_one_thread_p50_ms"] / rows[0]["spinning_one_thread_p50_ms"], 2
-        )
-    log(
-        "  8 tokens in process after a pause: "
-        + ", ".join(
-            f"{r['runtime_p50_ms']:.2f} ms asleep / {r['spinning_one_thread_p50_ms']:.2f} ms "
-            f"spinning (one thread) after {r['pause_ms']:g} ms"
-            for r in rows
-        )
-    )
-    return rows
 
 
 def _stream_vs_unary(client, vocab_size: int, quick: bool, log) -> dict:
@@ -316,22 +261,7 @@ def markdown(result: dict) -> str:
         )
     pauses = result.get("runtime_after_pause", [])
     if pauses:
-        lines += [
-            "",
-            "The same 8-token run in this process, without gRPC, timed alone after a pause: "
-            "the server's runtime asleep, as a server waits for its next request, and a "
-            "one-thread runtime spinning on its own thread, so nothing that runs the model "
-            "leaves its CPU. Each over its own back-to-back run:",
-            "",
-            "| pause | asleep p50 | / back to back | spinning, one ORT thread p50 "
-            "| / back to back |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['pause_ms']:g} ms | {r['runtime_p50_ms']:.2f} ms | {r['to_back_to_back']:.2f}x "
-            f"| {r['spinning_one_thread_p50_ms']:.2f} ms | {r['spinning_to_back_to_back']:.2f}x |"
-            for r in pauses
-        ]
+        lines += ["", pause_markdown(pauses)]
     s = result["stream_vs_unary"]
     lines += [
         "",

@@ -1,6 +1,6 @@
 import json
 
-from attnserve.bench.grpc_e2e import PAUSES_MS
+from attnserve.bench.pause import PAUSES_MS
 from tests.conftest import run_cli
 
 
