@@ -1,4 +1,4 @@
-"""Dynamic batching: a bounded queue of sequences, batches formed under a token budget.
+"""Dynamic batching: a bounded queue of sequences, batches formed where they pay.
 
 `await batcher.encode(sequences, ...)` queues all of a request's sequences (or
 none: admission is all or nothing) and returns their results in order. One loop
@@ -7,6 +7,16 @@ same kind (with or without attention), under the token budget; it right-pads
 them, runs the backend on a worker thread (off the event loop) and hands each
 sequence its slice. Right padding is exact for a causal model, so a sequence
 gets the same numbers alone or inside any batch.
+
+Batching is cost-aware. On a CPU a batch wins only by making small matrix
+products bigger: short sequences batch, long ones (`max_batched_seq_len`) run
+alone, and a sequence joins a batch only while the padding stays small
+(`max_padding`): a padded batch pays for its longest row in every row.
+
+Model instances use the cores the way Triton's instance groups do. A lone batch
+runs on the main backend, which has every core; when more work waits, batches run
+side by side on the narrow `instances` (one thread each), which beats one
+session whose threads synchronise at every operator. The two never overlap.
 
 The policy's clock is injected: tests drive `max_delay_s` and deadlines with a
 fake one instead of sleeping.
@@ -18,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +56,17 @@ class BatcherOptions:
     max_delay_s: float = 0.0  # how long the oldest sequence may wait for company
     max_queue: int = 256  # sequences waiting; more are refused at once
     max_batch_size: int = 0  # sequences per batch; 0: only the token budget limits; 1: no batching
+    # Longer sequences run alone: from about 64 tokens on, the model's matrix products are
+    # big enough that a batch saves nothing on one thread, and padding only costs.
+    max_batched_seq_len: int = 32
+    # A sequence joins a batch only while padding stays within this share of the real tokens.
+    max_padding: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_batched_seq_len < 1:
+            raise ValueError(f"max_batched_seq_len must be >= 1, got {self.max_batched_seq_len}")
+        if self.max_padding < 0:
+            raise ValueError(f"max_padding must be >= 0, got {self.max_padding}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,15 @@ class _Item:
         return self.selection is not None
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One backend and the one thread that runs it; busy while a batch is inside."""
+
+    backend: Backend
+    executor: ThreadPoolExecutor
+    busy: bool = False
+
+
 class Batcher:
     def __init__(
         self,
@@ -99,7 +129,10 @@ class Batcher:
         options: BatcherOptions,
         metrics: Metrics,
         clock: Clock | None = None,
+        instances: Sequence[Backend] = (),
     ) -> None:
+        """`backend` runs a batch when it is the only one; `instances` (copies of the same
+        model, a thread each) run batches side by side when more work waits."""
         if options.max_batch_tokens < backend.config.max_seq_len:
             raise ValueError(
                 f"max_batch_tokens ({options.max_batch_tokens}) must be >= the model's "
@@ -111,34 +144,51 @@ class Batcher:
         self.clock = clock or MonotonicClock()
         self._pending: list[_Item] = []
         self._arrived = asyncio.Event()
+        self._lane_freed = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
-        # One worker: ORT already spreads a batch over the cores; two concurrent
-        # batches would only fight for them.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend")
+        self._running: set[asyncio.Task] = set()
+        self._wide = _Lane(backend, _one_thread("backend"))
+        self._narrow = [_Lane(b, _one_thread(f"instance{i}")) for i, b in enumerate(instances)]
         metrics.queue_depth.set_function(lambda: self.depth)
+
+    @property
+    def _lanes(self) -> list[_Lane]:
+        return [self._wide, *self._narrow]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
 
     async def stop(self) -> None:
-        """Refuse new work, finish everything queued, then stop the worker."""
+        """Refuse new work, finish everything queued, then stop the workers."""
         self._closing = True
         self._arrived.set()
         if self._task:
             await self._task
-        self._executor.shutdown(wait=True)
+        await asyncio.gather(*self._running)
+        for lane in self._lanes:
+            lane.executor.shutdown(wait=True)
+
+    async def warm_up(self) -> None:
+        """Warm every backend on its own thread (first requests skip allocation and setup)."""
+        loop = asyncio.get_running_loop()
+        for lane in self._lanes:
+            await loop.run_in_executor(lane.executor, lane.backend.warmup)
 
     async def release_memory(self) -> None:
-        """Between batches (on the backend's own thread), let it give freed memory back."""
-        if self._closing:
-            return
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.backend.release_memory
-            )
-        except Exception:  # only memory stays high; requests are not affected
-            log.exception("giving memory back failed")
+        """On each idle backend's own thread, let it give freed memory back."""
+        for lane in self._lanes:
+            if self._closing or lane.busy:  # a busy one is asked after the next burst
+                continue
+            lane.busy = True
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    lane.executor, lane.backend.release_memory
+                )
+            except Exception:  # only memory stays high; requests are not affected
+                log.exception("giving memory back failed")
+            finally:
+                self._free(lane)
 
     @property
     def depth(self) -> int:
@@ -207,7 +257,32 @@ class Batcher:
                 self._arrived.clear()
                 await self.clock.wait(self._arrived, wait)
                 continue
-            await self._execute(self._take_batch())
+            if not self._can_start():
+                self._lane_freed.clear()
+                await self._lane_freed.wait()
+                continue
+            batch = self._take_batch()
+            lane = self._choose_lane()
+            lane.busy = True
+            task = asyncio.get_running_loop().create_task(self._execute(batch, lane))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    def _can_start(self) -> bool:
+        """The wide backend is idle, and so is a narrow lane (if there are any)."""
+        if self._wide.busy:
+            return False
+        return not self._narrow or not all(lane.busy for lane in self._narrow)
+
+    def _choose_lane(self) -> _Lane:
+        """Every core for a batch that runs alone; a narrow lane while others run or wait."""
+        idle_narrow = [lane for lane in self._narrow if not lane.busy]
+        alone = len(idle_narrow) == len(self._narrow) and not self._pending
+        return self._wide if alone or not idle_narrow else idle_narrow[0]
+
+    def _free(self, lane: _Lane) -> None:
+        lane.busy = False
+        self._lane_freed.set()
 
     def _drop_dead(self) -> None:
         """Forget cancelled sequences; fail those whose deadline passed, unrun."""
@@ -230,6 +305,8 @@ class Batcher:
         if self._closing or self.options.max_delay_s <= 0:
             return 0.0
         oldest = self._pending[0]
+        if oldest.length > self.options.max_batched_seq_len:
+            return 0.0  # it runs alone: company would not join it
         kin = [i for i in self._pending if i.with_attention == oldest.with_attention]
         full_by_count = 0 < self.options.max_batch_size <= len(kin)
         full_by_tokens = max(i.length for i in kin) * len(kin) >= self.options.max_batch_tokens
@@ -238,27 +315,46 @@ class Batcher:
         return oldest.enqueued + self.options.max_delay_s - self.clock.now()
 
     def _take_batch(self) -> list[_Item]:
-        """The oldest sequence plus those of its kind closest to it in length, under budget."""
+        """The oldest sequence plus those of its kind closest to it in length, under budget:
+        only short sequences share a batch, and only while padding stays small."""
         oldest = self._pending[0]
-        similar = sorted(
-            (i for i in self._pending[1:] if i.with_attention == oldest.with_attention),
-            key=lambda i: abs(i.length - oldest.length),
-        )
-        batch, longest = [oldest], oldest.length
-        for item in similar:
-            if len(batch) == self.options.max_batch_size:
-                break
-            new_longest = max(longest, item.length)
-            if new_longest * (len(batch) + 1) > self.options.max_batch_tokens:
-                continue
-            batch.append(item)
-            longest = new_longest
+        batch, longest, real = [oldest], oldest.length, oldest.length
+        if oldest.length <= self.options.max_batched_seq_len:
+            similar = sorted(
+                (
+                    i
+                    for i in self._pending[1:]
+                    if i.with_attention == oldest.with_attention
+                    and i.length <= self.options.max_batched_seq_len
+                ),
+                key=lambda i: abs(i.length - oldest.length),
+            )
+            for item in similar:
+                if len(batch) == self.options.max_batch_size:
+                    break
+                new_longest = max(longest, item.length)
+                padded, new_real = new_longest * (len(batch) + 1), real + item.length
+                if padded > self.options.max_batch_tokens:
+                    continue
+                if padded > (1 + self.options.max_padding) * new_real:
+                    continue
+                batch.append(item)
+                longest, real = new_longest, new_real
         chosen = set(map(id, batch))
         self._pending = [i for i in self._pending if id(i) not in chosen]
         return batch
 
-    async def _execute(self, batch: list[_Item]) -> None:
-        config = self.backend.config
+    async def _execute(self, batch: list[_Item], lane: _Lane) -> None:
+        """Run one batch on `lane` and answer its sequences; never raises."""
+        try:
+            await self._run_batch(batch, lane.backend, lane.executor)
+        finally:
+            self._free(lane)
+
+    async def _run_batch(
+        self, batch: list[_Item], backend: Backend, executor: ThreadPoolExecutor
+    ) -> None:
+        config = backend.config
         longest = max(item.length for item in batch)
         ids = np.full((len(batch), longest), config.pad_id, dtype=np.int64)
         for row, item in enumerate(batch):
@@ -267,12 +363,12 @@ class Batcher:
         start = self.clock.now()
         if with_attention:
             lengths = [item.length for item in batch]
-            run = partial(self.backend.attend, ids, lengths, [i.selection for i in batch])
+            run = partial(backend.attend, ids, lengths, [i.selection for i in batch])
         else:
-            run = partial(self.backend.embed, ids)
+            run = partial(backend.embed, ids)
         try:
             outputs, inference_s = await asyncio.get_running_loop().run_in_executor(
-                self._executor, _timed, run
+                executor, _timed, run
             )
         except Exception as exc:
             if isinstance(exc, AttnserveError):
@@ -312,6 +408,10 @@ class Batcher:
                     inference_ns=int(inference_s * 1e9),
                 )
             )
+
+
+def _one_thread(name: str) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
 
 def _timed(run: Callable[[], object]) -> tuple[object, float]:

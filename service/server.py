@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -64,7 +64,7 @@ class RunningServer:
 
     async def warm_up(self) -> None:
         """Run the model once per graph and a few lengths, then report SERVING."""
-        await asyncio.get_running_loop().run_in_executor(None, self.backend.warmup)
+        await self.batcher.warm_up()
         # Everything allocated so far (modules, sessions, the app) lives as long as the
         # process: move it out of the cyclic GC's reach, so that full collections under load
         # scan only what requests allocate.
@@ -117,10 +117,13 @@ async def start_server(
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
     model_dir = ModelDirectory(settings.model)
-    backend = backend or OrtRuntime(model_dir, settings.runtime_options)
+    instances: list[OrtRuntime] = []
+    if backend is None:
+        backend = OrtRuntime(model_dir, settings.runtime_options)
+        instances = _instances(model_dir, settings, backend.provider)
     tokenizer = get_tokenizer(backend.config, model_dir)
     metrics = Metrics()
-    batcher = Batcher(backend, settings.batcher_options, metrics)
+    batcher = Batcher(backend, settings.batcher_options, metrics, instances=instances)
     dataplane = DataPlane(
         backend,
         batcher,
@@ -171,11 +174,12 @@ async def start_server(
 
     metrics_port = metrics_http.server_port if metrics_http else None
     log.info(
-        "listening: %s (%s, %s) on %s:%d%s; HTTP (explorer, /v1/embeddings, /docs) on %s; "
-        "metrics on %s",
+        "listening: %s (%s, %s, %d instances under load) on %s:%d%s; "
+        "HTTP (explorer, /v1/embeddings, /docs) on %s; metrics on %s",
         SERVICE_NAME,
         backend.config.name,
         backend.provider,
+        len(instances),
         settings.host,
         port,
         " with TLS" if settings.tls_cert else "",
@@ -200,6 +204,18 @@ async def start_server(
     if warm_up:
         await running.warm_up()
     return running
+
+
+def _instances(model_dir: ModelDirectory, settings: Settings, provider: str) -> list[OrtRuntime]:
+    """The narrow copies of the model that run batches side by side under load (Triton's
+    instance groups): by default one per core, a thread each, on CPU; none on one GPU."""
+    cores = len(os.sched_getaffinity(0))
+    count = settings.instances or (cores if provider == "cpu" else 1)
+    if count < 2:
+        return []
+    threads = max(1, (settings.threads or cores) // count)
+    options = replace(settings.runtime_options, provider=provider, intra_op_threads=threads)
+    return [OrtRuntime(model_dir, options) for _ in range(count)]
 
 
 async def serve(settings: Settings) -> None:

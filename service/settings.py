@@ -94,6 +94,22 @@ class Settings:
         default=0,
         metadata=_opt(int, "sequences per batch; 0: no limit, 1: no batching"),
     )
+    max_batched_seq_len: int = field(
+        default=32,
+        metadata=_opt(int, "longer sequences run alone (batching them saves nothing on a CPU)"),
+    )
+    max_padding: float = field(
+        default=0.25,
+        metadata=_opt(float, "a sequence joins a batch only while padding stays this share"),
+    )
+    instances: int = field(
+        default=0,
+        metadata=_opt(
+            int,
+            "model copies that run batches side by side under load, sharing the threads; "
+            "0: one per core on CPU, none on CUDA; 1: every batch on one session",
+        ),
+    )
     max_queue: int = field(default=256, metadata=_opt(int, "sequences queued before refusing"))
     max_message_bytes: int = field(
         default=64 * 1024 * 1024,
@@ -155,6 +171,8 @@ class Settings:
             raise ValueError(f"max_inflight_bytes must be >= 0, got {self.max_inflight_bytes}")
         if self.max_batch_size < 0:
             raise ValueError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        if self.instances < 0:
+            raise ValueError(f"instances must be >= 0, got {self.instances}")
         if self.grace_seconds < 0:
             raise ValueError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -180,6 +198,8 @@ class Settings:
             max_delay_s=self.max_batch_delay_ms / 1e3,
             max_queue=self.max_queue,
             max_batch_size=self.max_batch_size,
+            max_batched_seq_len=self.max_batched_seq_len,
+            max_padding=self.max_padding,
         )
 
 

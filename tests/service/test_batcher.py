@@ -34,11 +34,13 @@ def ids(n: int, start: int = 1) -> np.ndarray:
 class Scenario:
     """A started batcher over a gated FakeBackend, and helpers to hold and release it."""
 
-    def __init__(self, backend: FakeBackend | None = None, clock=None, **options) -> None:
+    def __init__(
+        self, backend: FakeBackend | None = None, clock=None, instances=(), **options
+    ) -> None:
         self.backend = backend or FakeBackend()
         self.metrics = Metrics()
-        options = BatcherOptions(**{"max_batch_tokens": 64, **options})
-        self.batcher = Batcher(self.backend, options, self.metrics, clock)
+        options = BatcherOptions(**{"max_batch_tokens": 64, "max_batched_seq_len": 64, **options})
+        self.batcher = Batcher(self.backend, options, self.metrics, clock, instances)
         self.batcher.start()
 
     async def hold(self) -> asyncio.Task:
@@ -113,6 +115,92 @@ def test_the_oldest_sequence_takes_those_nearest_its_length():
     # 20 (oldest) takes 19 and 21 (3 x 21 = 63 tokens); 5 and 40 would break the budget.
     assert shapes == [(3, 21), (1, 5), (1, 40)]
     assert sorted(int((row != 256).sum()) for row in first) == [19, 20, 21]
+
+
+def test_sequences_longer_than_max_batched_seq_len_run_alone():
+    async def scenario():
+        s = Scenario(max_batched_seq_len=8)
+        blocker = await s.hold()
+        work = [s.queue(ids(n)) for n in (10, 10, 4, 4, 10)]
+        await s.settle()
+        s.release()
+        await asyncio.gather(blocker, *work)
+        return s.batches()
+
+    assert run(scenario) == [
+        ("embed", (1, 10)),
+        ("embed", (1, 10)),
+        ("embed", (2, 4)),
+        ("embed", (1, 10)),
+    ]
+
+
+def test_a_sequence_joins_a_batch_only_while_padding_stays_under_max_padding():
+    async def scenario():
+        s = Scenario(max_padding=0.25)
+        blocker = await s.hold()
+        # 8 + 7 pads 1 token of 16 (ok); a 2 would pad 14 of 31 (too much) and waits.
+        work = [s.queue(ids(n)) for n in (8, 2, 7)]
+        await s.settle()
+        s.release()
+        await asyncio.gather(blocker, *work)
+        return s.batches()
+
+    assert run(scenario) == [("embed", (2, 8)), ("embed", (1, 2))]
+
+
+def test_a_lone_batch_runs_on_the_main_backend_with_every_core():
+    async def scenario():
+        instances = [FakeBackend(), FakeBackend()]
+        s = Scenario(instances=instances)
+        await s.batcher.encode([ids(5)])
+        return s.backend.shapes(), [i.shapes() for i in instances]
+
+    main, instances = run(scenario)
+    assert main == [("embed", (1, 5))]
+    assert instances == [[], []]
+
+
+def test_waiting_batches_run_side_by_side_on_the_instances():
+    async def scenario():
+        instances = [FakeBackend(), FakeBackend()]
+        for backend in instances:
+            backend.gate.clear()
+        s = Scenario(instances=instances, max_batched_seq_len=8)
+        work = s.queue(ids(20), ids(21), ids(22))  # each runs alone
+        # Two batches are inside the model at once, one per instance; the third waits.
+        for backend in instances:
+            await asyncio.to_thread(backend.wait_calls, 1)
+        depth, inside = s.batcher.depth, [len(b.calls) for b in instances]
+        for backend in instances:
+            backend.gate.set()
+        results = await work
+        return depth, inside, s.backend.calls, instances, results
+
+    depth, inside, main_calls, instances, results = run(scenario)
+    assert depth == 1 and inside == [1, 1]
+    shapes = sorted(ids.shape for b in instances for _, ids in b.calls) + [
+        ids.shape for _, ids in main_calls
+    ]
+    assert sorted(shapes) == [(1, 20), (1, 21), (1, 22)]
+    assert [r.embeddings.shape[0] for r in results] == [20, 21, 22]
+
+
+def test_the_main_backend_never_runs_beside_an_instance():
+    async def scenario():
+        instances = [FakeBackend(), FakeBackend()]
+        s = Scenario(instances=instances, max_batched_seq_len=8)
+        blocker = await s.hold()  # alone: on the main backend, every core busy
+        work = s.queue(ids(20), ids(21))
+        await s.settle()
+        waiting = s.batcher.depth, [len(b.calls) for b in instances]
+        s.release()
+        await asyncio.gather(blocker, work)
+        return waiting, [b.shapes() for b in instances]
+
+    (depth, inside), ran = run(scenario)
+    assert depth == 2 and inside == [0, 0]  # held back while the main backend ran
+    assert sorted(ran) == [[("embed", (1, 20))], [("embed", (1, 21))]]
 
 
 def test_attention_and_embeddings_only_work_never_share_a_batch():
