@@ -137,6 +137,23 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     hf.add_argument("--max-seq-len", type=int, default=1024, help="longest length (1024)")
     hf.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
 
+    peers = commands.add_parser(
+        "peers",
+        help="attnserve beside KServe's model server on the same graphs: latency, "
+        "saturated mixed lengths, an open loop",
+    )
+    peers.add_argument("--out", type=Path, required=True, help="for peers.json/.md")
+    peers.add_argument("--model", type=Path, help="model directory (default: the default model)")
+    peers.add_argument(
+        "--venv",
+        type=Path,
+        default=Path(".venv-peers"),
+        help="KServe's own virtual environment, made on first use (.venv-peers)",
+    )
+    peers.add_argument("--duration", type=float, default=10.0, help="seconds per loaded run")
+    peers.add_argument("--rounds", type=int, default=3, help="saturation rounds (medians)")
+    peers.add_argument("--blocks", type=int, default=5, help="alternating latency blocks")
+
     containers = commands.add_parser(
         "containers",
         help="the compose stack under load: host process vs 1 container vs 2 replicas",
@@ -174,6 +191,16 @@ def run_bench(args: argparse.Namespace) -> int:
 
         results = run_containers(args.out, args.duration, progress)
         return 1 if results.get("skipped") else 0
+    if command == "peers":
+        from attnserve.bench.default_model import model_dir_or_default
+        from attnserve.bench.peers import run_peers
+        from attnserve.bench.results import progress
+
+        with model_dir_or_default(args.model, progress) as model_dir:
+            run_peers(
+                args.out, model_dir, args.venv, args.duration, args.blocks, args.rounds, progress
+            )
+        return 0
     if command == "attention":
         from attnserve.bench.attention import run_attention
 

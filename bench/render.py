@@ -81,24 +81,21 @@ same calls: {pictures}.
 """
 
 
-def _saturation_section(res: Results) -> str:
-    s = res.batching.get("saturation")
-    if not s:
+def _peers_section(out: Path) -> str:
+    """attnserve beside KServe (`bench peers`), when the run has it."""
+    if not (out / "peers.md").exists():
         return ""
-    rows = "\n".join(
-        f"| {name} | {r['tokens_per_s']:.0f} | {r['requests_per_s']:.1f} | "
-        f"{r['mean_batch_size']} | {r['errors']} |"
-        for name, r in (("server (gRPC, own process)", s["server"]), ("bare", s["bare"]))
-    )
     return f"""
-Saturation: a closed loop of {s["concurrency"]} requests in flight, lengths drawn evenly from
-{", ".join(map(str, s["lengths"]))}, embeddings only, {s["duration_s"]:.0f} s each, against the
-server, then the same draws in-process straight on the batcher and the runtime (same
-policy and concurrency, no transport, no client process beside it).
+## Against the peers: KServe's model server
 
-| closed loop | tokens/s | req/s | mean batch size | errors |
-|---|---|---|---|---|
-{rows}
+`attnserve bench peers --out bench-results` (part of `make benchmarks`): KServe's Python
+model server (its own virtual environment, `.venv-peers`) serving the same graphs with the
+same ORT session settings, each server through its own usual client, side by side in one
+run. The saturated rows run the same draws; "previous policy" is this server with the
+batching of the last release (`--max-batched-seq-len 100000 --max-padding 1e9
+--instances 1`).
+
+{(out / "peers.md").read_text().strip()}
 """
 
 
@@ -179,7 +176,7 @@ server with default settings, then with `--max-batch-size 1`).
 |---|---|---|---|---|
 | batching on | {on["achieved_rate"]:.0f} | {on["latency_ms"]["p50"]:.1f} ms | {on["latency_ms"]["p99"]:.1f} ms | {on["server_ms"]["queue"]["p50"]:.1f} ms |
 | batching off | {off["achieved_rate"]:.0f} | {off["latency_ms"]["p50"]:.1f} ms | {off["latency_ms"]["p99"]:.1f} ms | {off["server_ms"]["queue"]["p50"]:.1f} ms |
-{_saturation_section(res)}
+{_peers_section(out)}
 {_attention_section(res)}{_hf_section(res)}{_containers_section(res)}## Comparisons computed from this run
 
 {chr(10).join("- " + c for c in comparisons(res))}

@@ -13,9 +13,12 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.grpc_e2e import run_grpc
 from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
+from attnserve.bench.peers import run_peers
 from attnserve.bench.profile import run_profile
 from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
+
+PEERS_VENV = Path(".venv-peers")  # KServe's own environment, made once
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
@@ -25,6 +28,8 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_grpc(out, model_dir, 64 if quick else 512, quick)
         run_profile(out, model_dir, tokens=8, seconds=1 if quick else 5)
         run_batching(out, model_dir, 2.0 if quick else 10.0, progress)
+        peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
+        run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
         run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history

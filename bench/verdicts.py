@@ -177,19 +177,6 @@ def _transport_targets(res: Results) -> list[tuple[str, str, bool | None]]:
                 max(r["overhead_to_bare"] for r in rows) <= 1.5,
             )
         )
-    saturation = res.batching.get("saturation")
-    if saturation:
-        served, bare = saturation["server"], saturation["bare"]
-        out.append(
-            (
-                f"saturated server (closed loop x{saturation['concurrency']}, lengths "
-                f"{saturation['lengths'][0]}..{saturation['lengths'][-1]}) >= 85% of the bare "
-                "runtime's tokens/s",
-                f"{saturation['share']:.0%} ({served['tokens_per_s']:.0f} vs "
-                f"{bare['tokens_per_s']:.0f} tokens/s)",
-                saturation["share"] >= 0.85,
-            )
-        )
     stream = res.grpc.get("stream_vs_unary")
     if stream:
         out.append(

@@ -177,19 +177,32 @@ class OrtRuntime:
             self.embed(ids)
 
 
+def session_settings(options: RuntimeOptions) -> dict:
+    """The server's ORT session settings as plain data: `bench peers` hands the very same
+    ones to the peer servers it compares against."""
+    return {
+        "intra_op_num_threads": options.intra_op_threads,
+        "inter_op_num_threads": 1,
+        # Lengths vary per request: a memory pattern planned for one shape is wasted on the next.
+        "enable_mem_pattern": False,
+        "config_entries": {
+            "session.intra_op.allow_spinning": "1" if options.intra_op_spinning else "0",
+            "session.force_spinning_stop": "1",  # not after a run
+            "session.inter_op.allow_spinning": "0",
+        },
+    }
+
+
 def session_options(options: RuntimeOptions) -> ort.SessionOptions:
     """The server's ORT session settings (bench/engines.py opens its floor with them too)."""
+    settings = session_settings(options)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = options.intra_op_threads
-    so.inter_op_num_threads = 1
-    # Lengths vary per request: a memory pattern planned for one shape is wasted on the next.
-    so.enable_mem_pattern = False
-    so.add_session_config_entry(
-        "session.intra_op.allow_spinning", "1" if options.intra_op_spinning else "0"
-    )
-    so.add_session_config_entry("session.force_spinning_stop", "1")  # not after a run
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    so.enable_mem_pattern = settings["enable_mem_pattern"]
+    for key, value in settings["config_entries"].items():
+        so.add_session_config_entry(key, value)
     return so
 
 

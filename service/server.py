@@ -120,7 +120,7 @@ async def start_server(
     instances: list[OrtRuntime] = []
     if backend is None:
         backend = OrtRuntime(model_dir, settings.runtime_options)
-        instances = _instances(model_dir, settings, backend.provider)
+        instances = model_instances(model_dir, settings, backend.provider)
     tokenizer = get_tokenizer(backend.config, model_dir)
     metrics = Metrics()
     batcher = Batcher(backend, settings.batcher_options, metrics, instances=instances)
@@ -206,7 +206,9 @@ async def start_server(
     return running
 
 
-def _instances(model_dir: ModelDirectory, settings: Settings, provider: str) -> list[OrtRuntime]:
+def model_instances(
+    model_dir: ModelDirectory, settings: Settings, provider: str
+) -> list[OrtRuntime]:
     """The narrow copies of the model that run batches side by side under load (Triton's
     instance groups): by default one per core, a thread each, on CPU; none on one GPU."""
     cores = len(os.sched_getaffinity(0))
