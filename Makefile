@@ -57,7 +57,7 @@ browser:
 test: lint containers browser
 	$(PY) -m pytest
 
-# Reruns every benchmark (~20 min) and regenerates docs/BENCHMARKS.md from the results.
+# Reruns every benchmark (~30 min) and regenerates docs/BENCHMARKS.md from the results.
 benchmarks: $(VENV)/.installed
 	$(VENV)/bin/attnserve bench report --out bench-results --doc docs/BENCHMARKS.md
 
