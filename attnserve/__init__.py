@@ -9,4 +9,5 @@ Everything installs under this one name; the source folders map into it
     attnserve.client   <- client/    EncoderClient, AsyncEncoderClient
     attnserve.bench    <- bench/     latency sweeps, load generator, BENCHMARKS.md
     attnserve.v1       <- protos/attnserve/v1/   generated protobuf code and the wire format
+    attnserve.oip      <- protos/attnserve/oip/  the Open Inference Protocol (KServe V2), generated
 """

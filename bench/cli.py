@@ -1,5 +1,5 @@
-"""`attnserve bench {latency,grpc,before-after,profile,load,hf,containers,report}`: benchmarks
-and the load generator."""
+"""`attnserve bench {latency,grpc,before-after,profile,load,hf,peers,oip,containers,report}`:
+benchmarks and the load generator."""
 
 from __future__ import annotations
 
@@ -154,6 +154,16 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     peers.add_argument("--rounds", type=int, default=3, help="saturation rounds (medians)")
     peers.add_argument("--blocks", type=int, default=5, help="alternating latency blocks")
 
+    oip = commands.add_parser(
+        "oip",
+        help="the Open Inference Protocol (KServe V2) beside Encode; attention through "
+        "shared memory against the runtime",
+    )
+    oip.add_argument("--out", type=Path, required=True, help="for oip.json/.md")
+    oip.add_argument("--model", type=Path, help="model directory (default: the default model)")
+    oip.add_argument("--venv", type=Path, default=Path(".venv-peers"), help="tritonclient's")
+    oip.add_argument("--blocks", type=int, default=5, help="alternating blocks")
+
     containers = commands.add_parser(
         "containers",
         help="the compose stack under load: host process vs 1 container vs 2 replicas",
@@ -200,6 +210,14 @@ def run_bench(args: argparse.Namespace) -> int:
             run_peers(
                 args.out, model_dir, args.venv, args.duration, args.blocks, args.rounds, progress
             )
+        return 0
+    if command == "oip":
+        from attnserve.bench.default_model import model_dir_or_default
+        from attnserve.bench.oip import run_oip
+        from attnserve.bench.results import progress
+
+        with model_dir_or_default(args.model, progress) as model_dir:
+            run_oip(args.out, model_dir, args.venv, args.blocks, progress)
         return 0
     if command == "attention":
         from attnserve.bench.attention import run_attention

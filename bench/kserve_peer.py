@@ -112,7 +112,23 @@ def _bind_loopback(grpc_aio, uvicorn) -> None:
 # ---------------------------------------------------------------- client side
 
 
-async def client(port: int) -> None:
+class Client:
+    """tritonclient's asyncio gRPC client, and the model it calls."""
+
+    def __init__(self, triton, connection, model: str) -> None:
+        self.triton, self.c, self.model = triton, connection, model
+
+    async def infer(self, ids: np.ndarray, attention: bool = False) -> dict[str, np.ndarray]:
+        """Embeddings (and the graph's full attentions: the KServe peer's output names)."""
+        tensor = self.triton.InferInput("input_ids", list(ids.shape), "INT64")
+        tensor.set_data_from_numpy(ids)
+        names = ["embeddings", "attentions"] if attention else ["embeddings"]
+        outputs = [self.triton.InferRequestedOutput(n) for n in names]
+        result = await self.c.infer(self.model, [tensor], outputs=outputs)
+        return {name: result.as_numpy(name) for name in names}  # as attnserve's client
+
+
+async def client(port: int, model: str) -> None:
     import tritonclient.grpc.aio as triton
 
     target = f"{LOOPBACK}:{port}"
@@ -121,26 +137,18 @@ async def client(port: int) -> None:
         ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ]
     async with triton.InferenceServerClient(target, channel_args=channel_args) as c:
-
-        async def infer(ids: np.ndarray, attention: bool = False) -> dict[str, np.ndarray]:
-            tensor = triton.InferInput("input_ids", list(ids.shape), "INT64")
-            tensor.set_data_from_numpy(ids)
-            names = ["embeddings", "attentions"] if attention else ["embeddings"]
-            outputs = [triton.InferRequestedOutput(n) for n in names]
-            result = await c.infer(MODEL_NAME, [tensor], outputs=outputs)
-            return {name: result.as_numpy(name) for name in names}  # as attnserve's client
-
+        peer = Client(triton, c, model)
         for line in sys.stdin:
             command = json.loads(line)
-            answer = await COMMANDS[command.pop("op")](c, infer, **command)
+            answer = await COMMANDS[command.pop("op")](peer, **command)
             print(json.dumps(answer), flush=True)
 
 
-async def _ready(c, infer, timeout: float = 120.0) -> dict:
+async def _ready(peer: Client, timeout: float = 120.0) -> dict:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
-            if await c.is_model_ready(MODEL_NAME):
+            if await peer.c.is_model_ready(peer.model):
                 return {"ready": True}
         except Exception:  # not listening yet
             pass
@@ -148,21 +156,74 @@ async def _ready(c, infer, timeout: float = 120.0) -> dict:
     return {"ready": False}
 
 
-async def _embed(c, infer, ids: list[int]) -> dict:
+async def _embed(peer: Client, ids: list[int]) -> dict:
     """KServe's embeddings of one sequence (tests check it serves the same graph)."""
-    outputs = await infer(np.array([ids], dtype=np.int64))
+    outputs = await peer.infer(np.array([ids], dtype=np.int64))
     return {"embeddings": outputs["embeddings"][0].tolist()}
 
 
-async def _latency(c, infer, seq_len: int, n: int, attention: bool = False) -> dict:
+async def _latency(peer: Client, seq_len: int, n: int, attention: bool = False) -> dict:
     """`n` sequential calls of one `seq_len`-token sequence: each call's ms."""
     ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len))
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        await infer(ids, attention)
+        await peer.infer(ids, attention)
         times.append((time.perf_counter() - start) * 1e3)
     return {"ms": times}
+
+
+async def _v2_latency(
+    peer: Client,
+    seq_len: int,
+    n: int,
+    outputs: list[str],
+    parameters: dict | None = None,
+    shm_bytes: int = 0,
+) -> dict:
+    """`n` sequential ModelInfer calls asking for `outputs` with `parameters`, each decoded
+    to numpy; with `shm_bytes`, the one output comes through a registered system
+    shared-memory region of that size instead of the socket."""
+    import tritonclient.utils.shared_memory as shm
+
+    triton = peer.triton
+    ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len))
+    tensor = triton.InferInput("input_ids", list(ids.shape), "INT64")
+    tensor.set_data_from_numpy(ids)
+    requested = [triton.InferRequestedOutput(name) for name in outputs]
+    handle = None
+    if shm_bytes:
+        key = f"/attnserve-bench-{seq_len}-{shm_bytes}"
+        handle = shm.create_shared_memory_region("bench", key, shm_bytes)
+        await peer.c.register_system_shared_memory("bench", key, shm_bytes)
+        (output,) = requested
+        output.set_shared_memory("bench", shm_bytes)
+    times = []
+    try:
+        for _ in range(n):
+            start = time.perf_counter()
+            result = await peer.c.infer(
+                peer.model, [tensor], outputs=requested, parameters=parameters
+            )
+            for name in outputs:
+                if handle is None:
+                    result.as_numpy(name)
+                else:
+                    out = result.get_output(name)
+                    dtype = triton_dtype(out.datatype)
+                    shm.get_contents_as_numpy(handle, dtype, list(out.shape))
+            times.append((time.perf_counter() - start) * 1e3)
+    finally:
+        if handle is not None:
+            await peer.c.unregister_system_shared_memory("bench")
+            shm.destroy_shared_memory_region(handle)
+    return {"ms": times}
+
+
+def triton_dtype(datatype: str):
+    from tritonclient.utils import triton_to_np_dtype
+
+    return triton_to_np_dtype(datatype)
 
 
 def _draws(seed: int, lengths: list[int]):
@@ -174,7 +235,9 @@ def _draws(seed: int, lengths: list[int]):
     return (lambda size=None: kind_rng.choice(len(data), size=size, p=uniform)), data
 
 
-async def _closed(c, infer, concurrency: int, duration: float, seed: int, lengths: list) -> dict:
+async def _closed(
+    peer: Client, concurrency: int, duration: float, seed: int, lengths: list
+) -> dict:
     draw, data = _draws(seed, lengths)
     tokens = requests = errors = 0
     start = time.perf_counter()
@@ -184,7 +247,7 @@ async def _closed(c, infer, concurrency: int, duration: float, seed: int, length
         while time.perf_counter() - start < duration:
             ids = data[int(draw())]
             try:
-                await infer(ids)
+                await peer.infer(ids)
             except Exception:
                 errors += 1
                 continue
@@ -195,7 +258,7 @@ async def _closed(c, infer, concurrency: int, duration: float, seed: int, length
     return {"tokens": tokens, "requests": requests, "errors": errors, "elapsed": elapsed}
 
 
-async def _open(c, infer, rate: float, duration: float, seed: int, lengths: list) -> dict:
+async def _open(peer: Client, rate: float, duration: float, seed: int, lengths: list) -> dict:
     """Poisson arrivals (as LoadGenerator.open_loop); latency from the intended send time."""
     draw, data = _draws(seed, lengths)
     gaps = np.random.default_rng([seed, 0]).exponential(1 / rate, int(rate * duration * 2) + 16)
@@ -208,7 +271,7 @@ async def _open(c, infer, rate: float, duration: float, seed: int, lengths: list
     async def one(intended: float, kind: int) -> None:
         nonlocal errors
         try:
-            await infer(data[kind])
+            await peer.infer(data[kind])
         except Exception:
             errors += 1
             return
@@ -224,7 +287,14 @@ async def _open(c, infer, rate: float, duration: float, seed: int, lengths: list
     return {"ms": latencies, "errors": errors, "elapsed": time.perf_counter() - start}
 
 
-COMMANDS = {"ready": _ready, "embed": _embed, "latency": _latency, "closed": _closed, "open": _open}
+COMMANDS = {
+    "ready": _ready,
+    "embed": _embed,
+    "latency": _latency,
+    "v2_latency": _v2_latency,
+    "closed": _closed,
+    "open": _open,
+}
 
 
 def main() -> None:
@@ -237,11 +307,12 @@ def main() -> None:
     s.add_argument("--session", required=True, help="ORT session settings as JSON")
     c = sub.add_parser("client")
     c.add_argument("--port", type=int, required=True)
+    c.add_argument("--model", default=MODEL_NAME, help="the model to call")
     args = parser.parse_args()
     if args.mode == "serve":
         serve(args.model_dir, args.port, args.http_port, json.loads(args.session))
     else:
-        asyncio.run(client(args.port))
+        asyncio.run(client(args.port, args.model))
 
 
 if __name__ == "__main__":

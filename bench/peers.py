@@ -43,7 +43,7 @@ from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_settin
 from attnserve.service.server import model_instances
 from attnserve.service.settings import Settings
 
-KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc]==2.73.0")
+KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")
 PEER_SCRIPT = Path(__file__).with_name("kserve_peer.py")
 LATENCY_LENGTHS = (8, 32, 128, 512)  # and all attention weights at the longest
 SHORTEST, LONGEST = 8, 512  # the mixed load: lengths uniform in 8..512

@@ -99,6 +99,24 @@ batching of the last release (`--max-batched-seq-len 100000 --max-padding 1e9
 """
 
 
+def _oip_section(out: Path) -> str:
+    """The V2 protocol beside Encode (`bench oip`), when the run has it."""
+    if not (out / "oip.md").exists():
+        return ""
+    return f"""
+## The Open Inference Protocol (KServe V2)
+
+`attnserve bench oip --out bench-results` (part of `make benchmarks`): one server, Encode
+through attnserve's client and ModelInfer through tritonclient (its own environment,
+`.venv-peers`), alternating blocks; then every attention weight of the longest length
+through each path, against ONNX Runtime alone in the benchmark's process. Shared memory is
+the protocol's system shared-memory extension: the server writes the output into the
+client's registered region and the answer carries only its shape.
+
+{(out / "oip.md").read_text().strip()}
+"""
+
+
 def render(res: Results, out: Path, plot_name: str) -> str:
     env = res.env
     unavailable = env.get("unavailable_engines", {})
@@ -176,7 +194,7 @@ server with default settings, then with `--max-batch-size 1`).
 |---|---|---|---|---|
 | batching on | {on["achieved_rate"]:.0f} | {on["latency_ms"]["p50"]:.1f} ms | {on["latency_ms"]["p99"]:.1f} ms | {on["server_ms"]["queue"]["p50"]:.1f} ms |
 | batching off | {off["achieved_rate"]:.0f} | {off["latency_ms"]["p50"]:.1f} ms | {off["latency_ms"]["p99"]:.1f} ms | {off["server_ms"]["queue"]["p50"]:.1f} ms |
-{_peers_section(out)}
+{_peers_section(out)}{_oip_section(out)}
 {_attention_section(res)}{_hf_section(res)}{_containers_section(res)}## Comparisons computed from this run
 
 {chr(10).join("- " + c for c in comparisons(res))}

@@ -13,6 +13,7 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.grpc_e2e import run_grpc
 from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
+from attnserve.bench.oip import run_oip
 from attnserve.bench.peers import run_peers
 from attnserve.bench.profile import run_profile
 from attnserve.bench.results import progress
@@ -30,6 +31,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_batching(out, model_dir, 2.0 if quick else 10.0, progress)
         peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
         run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
+        run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
         run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history

@@ -13,6 +13,10 @@ class InvalidInputError(AttnserveError):
     """The request is malformed or out of the model's limits (INVALID_ARGUMENT)."""
 
 
+class ModelNotFoundError(AttnserveError):
+    """A request named a model (or version) this server does not serve."""
+
+
 class QueueFullError(AttnserveError):
     """Too many sequences queued; nothing of the request was queued (RESOURCE_EXHAUSTED)."""
 

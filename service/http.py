@@ -38,6 +38,8 @@ from attnserve.service.errors import (
     UnauthenticatedError,
 )
 from attnserve.service.metrics import Metrics
+from attnserve.service.oip import V2Model
+from attnserve.service.oip_http import v2_router
 from attnserve.service.settings import Settings
 from attnserve.service.status import http_status_for
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -79,7 +81,10 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = None
 
 
-def create_app(dataplane: DataPlane, settings: Settings, metrics: Metrics) -> FastAPI:
+def create_app(
+    dataplane: DataPlane, settings: Settings, metrics: Metrics, v2: V2Model | None = None
+) -> FastAPI:
+    """The HTTP app; `v2` (shared with the gRPC transport) adds the protocol's /v2 routes."""
     config = dataplane.backend.config
     started = int(time.time())
     app = FastAPI(
@@ -197,6 +202,9 @@ def create_app(dataplane: DataPlane, settings: Settings, metrics: Metrics) -> Fa
             return _encode_response(response, as_lists)
 
         return await answer("POST /v1/encode", build)
+
+    if v2 is not None:
+        app.include_router(v2_router(v2, metrics, authorized))
 
     @app.get("/", include_in_schema=False)
     async def explorer() -> FileResponse:

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.tokenizer import get_tokenizer
+from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.auth import BearerTokenInterceptor
 from attnserve.service.backend import Backend
 from attnserve.service.batcher import Batcher
@@ -31,9 +32,12 @@ from attnserve.service.dataplane import DataPlane
 from attnserve.service.http import HttpServer, create_app
 from attnserve.service.memory import keep_freed_heap
 from attnserve.service.metrics import Metrics
+from attnserve.service.oip import SERVICE_NAME as OIP_SERVICE_NAME
+from attnserve.service.oip import InferenceServicer, V2Model
 from attnserve.service.runtime import OrtRuntime
 from attnserve.service.servicer import EncoderServicer
 from attnserve.service.settings import Settings
+from attnserve.service.shared_memory import SharedMemoryRegistry
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -71,7 +75,7 @@ class RunningServer:
         gc.collect()
         gc.freeze()
         self.dataplane.start_serving()
-        for name in ("", SERVICE_NAME):
+        for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file:
             ports = {"port": self.port, "metrics_port": self.metrics_port}
@@ -140,17 +144,21 @@ async def start_server(
     interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
     server = grpc.aio.server(options=limits, interceptors=interceptors)
     pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(dataplane, metrics), server)
+    # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same data plane.
+    v2 = V2Model(dataplane, SharedMemoryRegistry())
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2, metrics), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
             SERVICE_NAME,
+            OIP_SERVICE_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ),
         server,
     )
-    for name in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+    for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):  # "": the whole server, as probes ask
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     address = f"{settings.host}:{settings.port}"
@@ -166,7 +174,7 @@ async def start_server(
     )
     http = None
     if settings.http_port >= 0:
-        http = HttpServer(create_app(dataplane, settings, metrics), settings)
+        http = HttpServer(create_app(dataplane, settings, metrics, v2), settings)
     await server.start()
     if http:
         http.start()

@@ -11,6 +11,7 @@ from attnserve.service import errors
 # error class -> (gRPC status code, HTTP status); anything else is INTERNAL / 500.
 STATUS_CODES: dict[type[errors.AttnserveError], tuple[grpc.StatusCode, HTTPStatus]] = {
     errors.InvalidInputError: (grpc.StatusCode.INVALID_ARGUMENT, HTTPStatus.BAD_REQUEST),
+    errors.ModelNotFoundError: (grpc.StatusCode.NOT_FOUND, HTTPStatus.NOT_FOUND),
     errors.QueueFullError: (grpc.StatusCode.RESOURCE_EXHAUSTED, HTTPStatus.TOO_MANY_REQUESTS),
     errors.RequestTooLargeError: (
         grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -33,6 +33,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 @pytest.fixture(scope="session")
+def peer_python() -> Path:
+    """The python of .venv-peers: KServe and tritonclient, unmodified, in an environment of
+    their own (their protobuf pins differ from ours), made once as `bench peers` makes it."""
+    from attnserve.bench.peers import peer_venv
+
+    return peer_venv(REPO_ROOT / ".venv-peers", print)
+
+
+@pytest.fixture(scope="session")
 def small_model():
     from attnserve.model.encoder import build_encoder
 

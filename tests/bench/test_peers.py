@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnserve.bench.peers import KServePeer, peer_venv, run_peers, table
+from attnserve.bench.peers import KServePeer, run_peers, table
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_options, session_settings
 from tests.conftest import SMALL_CONFIG
 
@@ -40,11 +40,6 @@ def test_the_peer_opens_its_sessions_with_the_servers_settings(options):
         assert getattr(theirs, attribute) == getattr(ours, attribute), attribute
     for key in session_settings(options)["config_entries"]:
         assert theirs.get_session_config_entry(key) == ours.get_session_config_entry(key), key
-
-
-@pytest.fixture(scope="session")
-def peer_python() -> Path:
-    return peer_venv(REPO_ROOT / ".venv-peers", print)
 
 
 def test_kserve_serves_the_same_numbers_as_attnserve(peer_python, small_model_dir):

@@ -53,9 +53,10 @@ def test_the_wheel_has_one_top_level_package(wheel):
         name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")
     }
     assert top_level == {"attnserve"}
-    for package in ("v1", "model", "export", "service", "client", "bench"):
+    for package in ("v1", "oip", "model", "export", "service", "client", "bench"):
         assert f"attnserve/{package}/__init__.py" in names
     assert "attnserve/v1/wire.py" in names
+    assert "attnserve/oip/grpc_service_pb2.py" in names
     # Data files: the explorer page, and the default model's weights (what `export` reads).
     assert "attnserve/service/static/explorer/index.html" in names
     assert "attnserve/model/pretrained/default.safetensors" in names

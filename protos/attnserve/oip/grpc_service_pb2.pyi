@@ -1,0 +1,418 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TYPE_INVALID: _ClassVar[DataType]
+    TYPE_BOOL: _ClassVar[DataType]
+    TYPE_UINT8: _ClassVar[DataType]
+    TYPE_UINT16: _ClassVar[DataType]
+    TYPE_UINT32: _ClassVar[DataType]
+    TYPE_UINT64: _ClassVar[DataType]
+    TYPE_INT8: _ClassVar[DataType]
+    TYPE_INT16: _ClassVar[DataType]
+    TYPE_INT32: _ClassVar[DataType]
+    TYPE_INT64: _ClassVar[DataType]
+    TYPE_FP16: _ClassVar[DataType]
+    TYPE_FP32: _ClassVar[DataType]
+    TYPE_FP64: _ClassVar[DataType]
+    TYPE_STRING: _ClassVar[DataType]
+    TYPE_BF16: _ClassVar[DataType]
+TYPE_INVALID: DataType
+TYPE_BOOL: DataType
+TYPE_UINT8: DataType
+TYPE_UINT16: DataType
+TYPE_UINT32: DataType
+TYPE_UINT64: DataType
+TYPE_INT8: DataType
+TYPE_INT16: DataType
+TYPE_INT32: DataType
+TYPE_INT64: DataType
+TYPE_FP16: DataType
+TYPE_FP32: DataType
+TYPE_FP64: DataType
+TYPE_STRING: DataType
+TYPE_BF16: DataType
+
+class ServerLiveRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerLiveResponse(_message.Message):
+    __slots__ = ("live",)
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    live: bool
+    def __init__(self, live: _Optional[bool] = ...) -> None: ...
+
+class ServerReadyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerReadyResponse(_message.Message):
+    __slots__ = ("ready",)
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    def __init__(self, ready: _Optional[bool] = ...) -> None: ...
+
+class ModelReadyRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ModelReadyResponse(_message.Message):
+    __slots__ = ("ready",)
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    def __init__(self, ready: _Optional[bool] = ...) -> None: ...
+
+class ServerMetadataRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerMetadataResponse(_message.Message):
+    __slots__ = ("name", "version", "extensions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXTENSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    extensions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., extensions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelMetadataRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ModelMetadataResponse(_message.Message):
+    __slots__ = ("name", "versions", "platform", "inputs", "outputs")
+    class TensorMetadata(_message.Message):
+        __slots__ = ("name", "datatype", "shape")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        DATATYPE_FIELD_NUMBER: _ClassVar[int]
+        SHAPE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        datatype: str
+        shape: _containers.RepeatedScalarFieldContainer[int]
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    versions: _containers.RepeatedScalarFieldContainer[str]
+    platform: str
+    inputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
+    outputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., platform: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ...) -> None: ...
+
+class InferParameter(_message.Message):
+    __slots__ = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")
+    BOOL_PARAM_FIELD_NUMBER: _ClassVar[int]
+    INT64_PARAM_FIELD_NUMBER: _ClassVar[int]
+    STRING_PARAM_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UINT64_PARAM_FIELD_NUMBER: _ClassVar[int]
+    bool_param: bool
+    int64_param: int
+    string_param: str
+    double_param: float
+    uint64_param: int
+    def __init__(self, bool_param: _Optional[bool] = ..., int64_param: _Optional[int] = ..., string_param: _Optional[str] = ..., double_param: _Optional[float] = ..., uint64_param: _Optional[int] = ...) -> None: ...
+
+class InferTensorContents(_message.Message):
+    __slots__ = ("bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp32_contents", "fp64_contents", "bytes_contents")
+    BOOL_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    INT_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    INT64_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    UINT_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    UINT64_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    FP32_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    FP64_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    bool_contents: _containers.RepeatedScalarFieldContainer[bool]
+    int_contents: _containers.RepeatedScalarFieldContainer[int]
+    int64_contents: _containers.RepeatedScalarFieldContainer[int]
+    uint_contents: _containers.RepeatedScalarFieldContainer[int]
+    uint64_contents: _containers.RepeatedScalarFieldContainer[int]
+    fp32_contents: _containers.RepeatedScalarFieldContainer[float]
+    fp64_contents: _containers.RepeatedScalarFieldContainer[float]
+    bytes_contents: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, bool_contents: _Optional[_Iterable[bool]] = ..., int_contents: _Optional[_Iterable[int]] = ..., int64_contents: _Optional[_Iterable[int]] = ..., uint_contents: _Optional[_Iterable[int]] = ..., uint64_contents: _Optional[_Iterable[int]] = ..., fp32_contents: _Optional[_Iterable[float]] = ..., fp64_contents: _Optional[_Iterable[float]] = ..., bytes_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ModelInferRequest(_message.Message):
+    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs", "raw_input_contents")
+    class InferInputTensor(_message.Message):
+        __slots__ = ("name", "datatype", "shape", "parameters", "contents")
+        class ParametersEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: InferParameter
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        DATATYPE_FIELD_NUMBER: _ClassVar[int]
+        SHAPE_FIELD_NUMBER: _ClassVar[int]
+        PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+        CONTENTS_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        datatype: str
+        shape: _containers.RepeatedScalarFieldContainer[int]
+        parameters: _containers.MessageMap[str, InferParameter]
+        contents: InferTensorContents
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., contents: _Optional[_Union[InferTensorContents, _Mapping]] = ...) -> None: ...
+    class InferRequestedOutputTensor(_message.Message):
+        __slots__ = ("name", "parameters")
+        class ParametersEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: InferParameter
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        parameters: _containers.MessageMap[str, InferParameter]
+        def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ...) -> None: ...
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: InferParameter
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_INPUT_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_version: str
+    id: str
+    parameters: _containers.MessageMap[str, InferParameter]
+    inputs: _containers.RepeatedCompositeFieldContainer[ModelInferRequest.InferInputTensor]
+    outputs: _containers.RepeatedCompositeFieldContainer[ModelInferRequest.InferRequestedOutputTensor]
+    raw_input_contents: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., inputs: _Optional[_Iterable[_Union[ModelInferRequest.InferInputTensor, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelInferRequest.InferRequestedOutputTensor, _Mapping]]] = ..., raw_input_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ModelInferResponse(_message.Message):
+    __slots__ = ("model_name", "model_version", "id", "parameters", "outputs", "raw_output_contents")
+    class InferOutputTensor(_message.Message):
+        __slots__ = ("name", "datatype", "shape", "parameters", "contents")
+        class ParametersEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: InferParameter
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        DATATYPE_FIELD_NUMBER: _ClassVar[int]
+        SHAPE_FIELD_NUMBER: _ClassVar[int]
+        PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+        CONTENTS_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        datatype: str
+        shape: _containers.RepeatedScalarFieldContainer[int]
+        parameters: _containers.MessageMap[str, InferParameter]
+        contents: InferTensorContents
+        def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., contents: _Optional[_Union[InferTensorContents, _Mapping]] = ...) -> None: ...
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: InferParameter
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_OUTPUT_CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_version: str
+    id: str
+    parameters: _containers.MessageMap[str, InferParameter]
+    outputs: _containers.RepeatedCompositeFieldContainer[ModelInferResponse.InferOutputTensor]
+    raw_output_contents: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ..., outputs: _Optional[_Iterable[_Union[ModelInferResponse.InferOutputTensor, _Mapping]]] = ..., raw_output_contents: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ModelConfigRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ModelConfigResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: ModelConfig
+    def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
+
+class ModelInput(_message.Message):
+    __slots__ = ("name", "data_type", "dims", "optional")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data_type: DataType
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    optional: bool
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ..., optional: _Optional[bool] = ...) -> None: ...
+
+class ModelOutput(_message.Message):
+    __slots__ = ("name", "data_type", "dims")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data_type: DataType
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ModelConfig(_message.Message):
+    __slots__ = ("name", "platform", "max_batch_size", "input", "output", "backend")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    platform: str
+    max_batch_size: int
+    input: _containers.RepeatedCompositeFieldContainer[ModelInput]
+    output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
+    backend: str
+    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class ModelStatisticsRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ModelStatisticsResponse(_message.Message):
+    __slots__ = ("model_stats",)
+    MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
+    model_stats: _containers.RepeatedCompositeFieldContainer[ModelStatistics]
+    def __init__(self, model_stats: _Optional[_Iterable[_Union[ModelStatistics, _Mapping]]] = ...) -> None: ...
+
+class StatisticDuration(_message.Message):
+    __slots__ = ("count", "ns")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    ns: int
+    def __init__(self, count: _Optional[int] = ..., ns: _Optional[int] = ...) -> None: ...
+
+class InferStatistics(_message.Message):
+    __slots__ = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    success: StatisticDuration
+    fail: StatisticDuration
+    queue: StatisticDuration
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+    def __init__(self, success: _Optional[_Union[StatisticDuration, _Mapping]] = ..., fail: _Optional[_Union[StatisticDuration, _Mapping]] = ..., queue: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
+
+class ModelStatistics(_message.Message):
+    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_STATS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    last_inference: int
+    inference_count: int
+    execution_count: int
+    inference_stats: InferStatistics
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ...) -> None: ...
+
+class SystemSharedMemoryStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryStatusResponse(_message.Message):
+    __slots__ = ("regions",)
+    class RegionStatus(_message.Message):
+        __slots__ = ("name", "key", "offset", "byte_size")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        OFFSET_FIELD_NUMBER: _ClassVar[int]
+        BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        key: str
+        offset: int
+        byte_size: int
+        def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    class RegionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SystemSharedMemoryStatusResponse.RegionStatus
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SystemSharedMemoryStatusResponse.RegionStatus, _Mapping]] = ...) -> None: ...
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.MessageMap[str, SystemSharedMemoryStatusResponse.RegionStatus]
+    def __init__(self, regions: _Optional[_Mapping[str, SystemSharedMemoryStatusResponse.RegionStatus]] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterRequest(_message.Message):
+    __slots__ = ("name", "key", "offset", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SystemSharedMemoryUnregisterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryUnregisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,107 @@
+"""tritonclient, unmodified, driven by the V2 tests from its own environment (.venv-peers).
+
+tritonclient needs protobuf < 7 and defines the protocol's `inference.*` messages itself,
+so it cannot share a process (or an environment) with attnserve's generated code. The
+tests run this script with .venv-peers' python (`driver.py grpc|http HOST:PORT`): one JSON
+command per line on stdin, one JSON answer per line on stdout.
+
+    {"call": "is_server_live"}                          -> {"result": true}
+    {"call": "get_model_metadata", "args": ["m"]}       -> {"result": {...}} (as JSON)
+    {"infer": {"model": "m", "inputs": [{"name", "datatype", "shape", "data"}],
+               "outputs": ["embeddings"], "parameters": {...}}}
+                                                         -> {"outputs": {name: {...}}}
+A failed call answers {"error": {"status": "StatusCode.INVALID_ARGUMENT", "message": ...}}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+AS_JSON = {"get_server_metadata", "get_model_metadata", "get_model_config"}
+AS_JSON |= {"get_inference_statistics"}
+
+
+def infer(triton, client, spec: dict, shm_bytes: int = 0) -> dict:
+    """One inference. With `shm_bytes`, its one output goes to a shared-memory region of
+    that size, which tritonclient's own utilities make, register, read and remove."""
+    if not shm_bytes:
+        return _infer(triton, client, spec)
+    import tritonclient.utils.shared_memory as shm
+
+    key = f"/attnserve-test-{shm_bytes}"
+    handle = shm.create_shared_memory_region("outputs", key, shm_bytes)
+    try:
+        client.register_system_shared_memory("outputs", key, shm_bytes)
+        try:
+            return _infer(triton, client, spec, (shm, handle, shm_bytes))
+        finally:
+            client.unregister_system_shared_memory("outputs")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def _infer(triton, client, spec: dict, region: tuple | None = None) -> dict:
+    inputs = []
+    for tensor in spec["inputs"]:
+        item = triton.InferInput(tensor["name"], tensor["shape"], tensor["datatype"])
+        if tensor["datatype"] == "BYTES":
+            data = np.array([s.encode() for s in tensor["data"]], dtype=np.object_)
+        else:
+            data = np.array(tensor["data"], dtype=triton_to_np_dtype(tensor["datatype"]))
+        item.set_data_from_numpy(data.reshape(tensor["shape"]))
+        inputs.append(item)
+    outputs = [triton.InferRequestedOutput(name) for name in spec.get("outputs", [])]
+    if region:
+        (output,) = outputs
+        output.set_shared_memory("outputs", region[2])
+    result = client.infer(
+        spec["model"], inputs, outputs=outputs or None, parameters=spec.get("parameters")
+    )
+    answer = {}
+    response = result.get_response()
+    for output in response["outputs"] if isinstance(response, dict) else response.outputs:
+        if isinstance(output, dict):
+            name, datatype, shape = output["name"], output["datatype"], output["shape"]
+        else:
+            name, datatype, shape = output.name, output.datatype, list(output.shape)
+        if region:
+            shm, handle, _ = region
+            array = shm.get_contents_as_numpy(handle, triton_to_np_dtype(datatype), shape)
+        else:
+            array = result.as_numpy(name)
+        answer[name] = {
+            "datatype": datatype,
+            "shape": list(array.shape),
+            "data": array.astype(np.float64).ravel().tolist(),
+        }
+    return {"outputs": answer}
+
+
+def main() -> None:
+    protocol, target = sys.argv[1], sys.argv[2]  # grpc HOST:PORT, or http HOST:PORT
+    if protocol == "grpc":
+        import tritonclient.grpc as triton
+    else:
+        import tritonclient.http as triton
+    client = triton.InferenceServerClient(target)
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            if "infer" in command:
+                answer = infer(triton, client, command["infer"], command.get("shm_bytes", 0))
+            else:
+                name = command["call"]
+                json_kwarg = protocol == "grpc" and name in AS_JSON
+                kwargs = {"as_json": True} if json_kwarg else {}
+                answer = {"result": getattr(client, name)(*command.get("args", []), **kwargs)}
+        except InferenceServerException as exc:
+            answer = {"error": {"status": exc.status(), "message": exc.message()}}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
