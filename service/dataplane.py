@@ -10,11 +10,13 @@ answer; it never sees gRPC or HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.backend import Backend
-from attnserve.service.batcher import Batcher
+from attnserve.service.batcher import Batcher, SequenceResult
 from attnserve.service.budget import ByteBudget, request_bytes
 from attnserve.service.errors import NotReadyError
 from attnserve.service.metrics import Metrics
@@ -81,6 +83,20 @@ class DataPlane:
         """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
         caller will still wait (its deadline); queued work past it is dropped unrun."""
         start = time.perf_counter_ns()
+        async with self.results(request, timeout) as (plan, results):
+            response = build_response(
+                plan, results, self.tokenizer, self.backend.version, request.request_id
+            )
+        response.timings.total_ns = time.perf_counter_ns() - start
+        return response
+
+    @contextlib.asynccontextmanager
+    async def results(
+        self, request: pb.EncodeRequest, timeout: float | None = None
+    ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
+        """Refuse or admit, plan and run a request; yields the plan and each sequence's
+        arrays, which stay counted in the memory budget until the caller has built its
+        answer from them (Encode's protobuf, or the V2 protocol's outputs)."""
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1
@@ -89,34 +105,29 @@ class DataPlane:
             config = self.backend.config
             plan = plan_request(request, config, self.tokenizer)
             check_response_size(plan, config, self.max_message_bytes)
-            response = await self._run(plan, request.request_id, timeout)
+            reserved = request_bytes(plan, config)
+            self._cancel_release()  # not idle after all
+            deadline = None if timeout is None else time.monotonic() + timeout
+            await self.budget.acquire(reserved, timeout)
+            try:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                yield plan, await self.batcher.encode(plan.sequences, plan.attention, left)
+            finally:
+                self._give_back(reserved)
         finally:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
-        response.timings.total_ns = time.perf_counter_ns() - start
-        return response
 
-    async def _run(
-        self, plan: EncodePlan, request_id: str, timeout: float | None
-    ) -> pb.EncodeResponse:
-        """Within the memory budget: wait for room, run, answer, give the room back."""
-        reserved = request_bytes(plan, self.backend.config)
-        self._cancel_release()  # not idle after all
-        deadline = None if timeout is None else time.monotonic() + timeout
-        await self.budget.acquire(reserved, timeout)
-        try:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            results = await self.batcher.encode(plan.sequences, plan.attention, left)
-            return build_response(plan, results, self.tokenizer, self.backend.version, request_id)
-        finally:
-            self.budget.release(reserved)
-            self._released_since_trim += reserved
-            idle = self.budget.used == 0 and not self.budget.waiting
-            if self.release_memory and idle and self._released_since_trim >= TRIM_AFTER_BYTES:
-                self._cancel_release()
-                loop = asyncio.get_running_loop()
-                self._release_timer = loop.call_later(TRIM_AFTER_IDLE_S, self._release)
+    def _give_back(self, reserved: int) -> None:
+        """Return a request's room to the budget; after a burst, give memory back once idle."""
+        self.budget.release(reserved)
+        self._released_since_trim += reserved
+        idle = self.budget.used == 0 and not self.budget.waiting
+        if self.release_memory and idle and self._released_since_trim >= TRIM_AFTER_BYTES:
+            self._cancel_release()
+            loop = asyncio.get_running_loop()
+            self._release_timer = loop.call_later(TRIM_AFTER_IDLE_S, self._release)
 
     def _cancel_release(self) -> None:
         if self._release_timer:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 import grpc
+import numpy as np
 
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
@@ -24,7 +25,9 @@ from attnserve.service.oip_tensors import (
     INPUTS,
     OUTPUT_DATATYPES,
     datatype_of,
-    output_arrays,
+    output_rows,
+    stack_into,
+    stacked_shape,
     to_encode_request,
 )
 from attnserve.service.shared_memory import SharedMemoryRegistry
@@ -137,52 +140,59 @@ class V2Model:
     async def infer(
         self, request: oip.ModelInferRequest, timeout: float | None
     ) -> oip.ModelInferResponse:
-        """Run one request through the data plane; counts it either way."""
+        """Run one request through the data plane; counts it either way. Each output is
+        written once, from the data plane's arrays, into the answer or into the client's
+        shared-memory region."""
         start = time.perf_counter_ns()
         try:
             self.check(request.model_name, request.model_version)
             plan = to_encode_request(request)
-            encoded = await self.dataplane.encode(plan.encode, timeout)
+            async with self.dataplane.results(plan.encode, timeout) as (encode_plan, results):
+                response = self._answer(request, plan.outputs, encode_plan, results)
         except BaseException:
             self.stats.fail += 1
             self.stats.fail_ns += time.perf_counter_ns() - start
             raise
-        response = oip.ModelInferResponse(
-            model_name=self.name, model_version=encoded.model_version, id=request.id
-        )
-        requested = {o.name: o.parameters for o in request.outputs}
-        for i, (tensor, array) in enumerate(output_arrays(encoded, plan.outputs).items()):
-            out = response.outputs.add(name=tensor, datatype=datatype_of(array), shape=array.shape)
-            params = requested.get(tensor, {})
-            if SHM_REGION not in params:
-                response.raw_output_contents.append(array.tobytes())
-                continue
-            self._to_shared_memory(array, params, f"outputs[{i}].parameters")
-            for key in (SHM_REGION, SHM_OFFSET, SHM_SIZE):
-                if key in params:
-                    out.parameters[key].CopyFrom(params[key])
-            response.raw_output_contents.append(b"")  # keeps the outputs' order
-        t, s = encoded.timings, self.stats
-        response.parameters["queue_ns"].int64_param = t.queue_ns
-        response.parameters["inference_ns"].int64_param = t.inference_ns
+        s = self.stats
         s.success += 1
         s.success_ns += time.perf_counter_ns() - start
-        s.queue_ns += t.queue_ns
-        s.infer_ns += t.inference_ns
-        s.sequences += len(encoded.results)
+        s.queue_ns += response.parameters["queue_ns"].int64_param
+        s.infer_ns += response.parameters["inference_ns"].int64_param
+        s.sequences += len(results)
         s.last_ms = time.time_ns() // 1_000_000
         return response
 
-    def _to_shared_memory(self, array, params, field: str) -> None:
-        """Write an output into the region its parameters name (checked against its size)."""
+    def _answer(self, request, outputs: list[str], plan, results) -> oip.ModelInferResponse:
+        response = oip.ModelInferResponse(
+            model_name=self.name, model_version=self.version, id=request.id
+        )
+        requested = {o.name: o.parameters for o in request.outputs}
+        for i, name in enumerate(outputs):
+            rows = output_rows(name, plan, results)
+            shape, dtype = stacked_shape(rows), rows[0].dtype
+            out = response.outputs.add(name=name, datatype=datatype_of(rows[0]), shape=shape)
+            params = requested.get(name, {})
+            if SHM_REGION in params:  # written into the client's region; nothing on the wire
+                stack_into(self._shared_array(params, shape, dtype, f"outputs[{i}]"), rows, name)
+                for key in (SHM_REGION, SHM_OFFSET, SHM_SIZE):
+                    if key in params:
+                        out.parameters[key].CopyFrom(params[key])
+                response.raw_output_contents.append(b"")  # keeps the outputs' order
+                continue
+            array = np.empty(shape, dtype)
+            stack_into(array, rows, name)
+            response.raw_output_contents.append(array.tobytes())
+        response.parameters["queue_ns"].int64_param = max(r.queue_ns for r in results)
+        response.parameters["inference_ns"].int64_param = max(r.inference_ns for r in results)
+        return response
+
+    def _shared_array(self, params, shape, dtype, field: str) -> np.ndarray:
+        """The part of a registered region an output goes to, as a writable array."""
+        field = f"{field}.parameters"
         region = self.shared_memory.get(params[SHM_REGION].string_param, f"{field}.{SHM_REGION}")
-        data = array.tobytes()
         size = _int_parameter(params, SHM_SIZE, region.byte_size, field)
-        if len(data) > size:
-            raise InvalidInputError(
-                f"{field}.{SHM_SIZE}: the output needs {len(data):,} bytes, {size:,} were given"
-            )
-        region.write(data, _int_parameter(params, SHM_OFFSET, 0, field), field)
+        offset = _int_parameter(params, SHM_OFFSET, 0, field)
+        return region.array(offset, size, shape, np.dtype(dtype), field)
 
     def _inputs(self) -> dict[str, tuple[str, list[int]]]:
         shapes = {"input_ids": [-1, -1], "input_lengths": [-1], "text": [-1]}

@@ -24,15 +24,15 @@ Attention options are request parameters named as in attnserve.v1's AttentionReq
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.service.batcher import SequenceResult
 from attnserve.service.errors import InvalidInputError
+from attnserve.service.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import from_tensor
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -300,34 +300,33 @@ def _fill_attention(attention: pb.AttentionRequest, params: dict, outputs: list[
 # ------------------------------------------------------------------ the answer
 
 
-def output_arrays(response: pb.EncodeResponse, outputs: list[str]) -> dict[str, np.ndarray]:
-    """Each requested output as one array over the batch (ragged rows zero-padded)."""
-    results = response.results
-    getters: dict[str, Callable[[pb.EncodeResult], np.ndarray]] = {
-        "embeddings": lambda r: from_tensor(r.embeddings),
-        "pooled": lambda r: from_tensor(r.pooled),
-        "token_ids": lambda r: np.array(r.token_ids, dtype=np.int64),
-        "attention": lambda r: from_tensor(r.attention),
-        "attention_indices": lambda r: from_tensor(r.attention_indices),
-        "head_entropy": lambda r: from_tensor(r.head_entropy),
-    }
-    arrays = {}
-    for name in outputs:
-        if name == "lengths":
-            arrays[name] = np.array([len(r.token_ids) for r in results], dtype=np.int64)
-            continue
-        fill = -1 if name == "attention_indices" else 0
-        arrays[name] = _stack([getters[name](r) for r in results], fill)
-    return arrays
+def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> list[np.ndarray]:
+    """Output `name` of each sequence, as the data plane's arrays (no copies)."""
+    if name == "embeddings":
+        return [r.embeddings for r in results]
+    if name == "pooled":
+        pool = (lambda e: e.mean(axis=0)) if plan.pooling == pb.POOLING_MEAN else (lambda e: e[-1])
+        return [pool(r.embeddings) for r in results]
+    if name == "token_ids":
+        return [np.asarray(ids, dtype=np.int64) for ids in plan.sequences]
+    if name == "lengths":
+        return [np.array(len(ids), dtype=np.int64) for ids in plan.sequences]
+    field = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
+    return [getattr(r.attention, field[name]) for r in results]
 
 
-def _stack(rows: list[np.ndarray], fill: int) -> np.ndarray:
-    """[batch, ...] from arrays of one rank, each axis padded to the largest."""
-    shape = tuple(max(sizes) for sizes in zip(*(r.shape for r in rows), strict=True))
-    out = np.full((len(rows), *shape), fill, dtype=rows[0].dtype)
+def stacked_shape(rows: list[np.ndarray]) -> tuple[int, ...]:
+    """[batch, ...]: every axis as long as the longest row's."""
+    return (len(rows), *(max(sizes) for sizes in zip(*(r.shape for r in rows), strict=True)))
+
+
+def stack_into(out: np.ndarray, rows: list[np.ndarray], name: str) -> None:
+    """Write the rows into `out` (stacked_shape), zero-padded (-1 for attention_indices).
+    A row as large as `out`'s rows is written once, without padding first."""
     for i, row in enumerate(rows):
+        if row.shape != out.shape[1:]:
+            out[i].fill(-1 if name == "attention_indices" else 0)
         out[(i, *(slice(0, n) for n in row.shape))] = row
-    return out
 
 
 def datatype_of(array: np.ndarray) -> str:

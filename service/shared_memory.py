@@ -10,10 +10,13 @@ is writing into the region keeps its mapping until it is done.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from attnserve.service.errors import InvalidInputError
 
@@ -28,16 +31,25 @@ class Region:
     byte_size: int
     memory: mmap.mmap  # the whole object, mapped read-write
 
-    def write(self, data: bytes, offset: int, field: str) -> None:
-        """Copy `data` into the region at `offset` (from the region's start)."""
-        if offset < 0 or offset + len(data) > self.byte_size:
+    def array(
+        self, offset: int, size: int, shape: tuple[int, ...], dtype: np.dtype, field: str
+    ) -> np.ndarray:
+        """A writable array of `shape` over the region's bytes [offset, offset + size)."""
+        needed = math.prod(shape) * dtype.itemsize
+        if needed > size:
             raise InvalidInputError(
-                f"{field}: {len(data):,} bytes at offset {offset:,} do not fit region "
+                f"{field}.shared_memory_byte_size: the output needs {needed:,} bytes, "
+                f"{size:,} were given"
+            )
+        if offset < 0 or offset + needed > self.byte_size:
+            raise InvalidInputError(
+                f"{field}: {needed:,} bytes at offset {offset:,} do not fit region "
                 f"{self.name!r} of {self.byte_size:,} bytes; register a larger region or ask "
                 "for less (fewer layers or heads, float16, causal_packed)"
             )
-        start = self.offset + offset
-        self.memory[start : start + len(data)] = data
+        count = math.prod(shape)
+        view = np.frombuffer(self.memory, dtype, count, offset=self.offset + offset)
+        return view.reshape(shape)
 
 
 class SharedMemoryRegistry:

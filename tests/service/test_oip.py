@@ -17,11 +17,17 @@ import pytest
 
 from attnserve.client import EncoderClient
 from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.service.batcher import SequenceResult
 from attnserve.service.errors import InvalidInputError
-from attnserve.service.oip_tensors import output_arrays, to_encode_request
+from attnserve.service.oip_tensors import (
+    output_rows,
+    stack_into,
+    stacked_shape,
+    to_encode_request,
+)
+from attnserve.service.plan import EncodePlan
 from attnserve.service.process import spawn_server
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import to_tensor
 from tests.conftest import SMALL_CONFIG
 
 DRIVER = Path(__file__).with_name("tritonclient_driver.py")
@@ -256,36 +262,16 @@ def test_input_lengths_are_checked_against_the_rows(lengths, message):
 
 
 def test_outputs_are_stacked_with_ragged_rows_zero_padded():
-    response = pb.EncodeResponse()
-    for n in (3, 1):
-        result = response.results.add(token_ids=list(range(n)))
-        result.embeddings.CopyFrom(to_tensor(np.ones((n, 2), dtype=np.float32)))
-    arrays = output_arrays(response, ["embeddings", "token_ids", "lengths"])
-    assert arrays["embeddings"].shape == (2, 3, 2)
-    assert arrays["embeddings"][1].tolist() == [[1, 1], [0, 0], [0, 0]]
-    assert arrays["token_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
-    assert arrays["lengths"].tolist() == [3, 1]
-
-
-def test_attention_through_shared_memory_equals_the_wire(triton, v2_server):
-    rows = [[3, 1, 4, 1, 5, 9, 2, 6]]
-    wire = array(triton.infer([ids_input(rows)], outputs=["attention"])["outputs"]["attention"])
-    answer = triton.send(
-        {
-            "infer": {"model": MODEL, "inputs": [ids_input(rows)], "outputs": ["attention"]},
-            "shm_bytes": wire.size * 4,
-        }
-    )
-    np.testing.assert_array_equal(array(answer["outputs"]["attention"]), wire)
-
-
-def test_an_output_larger_than_its_region_is_refused(triton):
-    answer = triton.send(
-        {
-            "infer": {"model": MODEL, "inputs": [ids_input([[1, 2, 3]])], "outputs": ["attention"]},
-            "shm_bytes": 64,
-        }
-    )
-    assert answer["error"]["status"] == triton.status("INVALID_ARGUMENT")
-    assert "shared_memory_byte_size" in answer["error"]["message"]
-    assert "outputs" in triton.infer([ids_input([[1, 2, 3]])])  # and it keeps serving
+    sequences = [np.arange(3, dtype=np.int64), np.arange(1, dtype=np.int64)]
+    plan = EncodePlan(sequences, [False, False], pb.POOLING_MEAN, True, None, False)
+    results = [SequenceResult(np.ones((len(s), 2), np.float32), None, 0, 0) for s in sequences]
+    stacked = {}
+    for name in ("embeddings", "token_ids", "lengths", "pooled"):
+        rows = output_rows(name, plan, results)
+        stacked[name] = np.empty(stacked_shape(rows), rows[0].dtype)
+        stack_into(stacked[name], rows, name)
+    assert stacked["embeddings"].shape == (2, 3, 2)
+    assert stacked["embeddings"][1].tolist() == [[1, 1], [0, 0], [0, 0]]
+    assert stacked["token_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert stacked["lengths"].tolist() == [3, 1]
+    assert stacked["pooled"].tolist() == [[1, 1], [1, 1]]
