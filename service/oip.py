@@ -35,6 +35,7 @@ from attnserve.service.status import status_for
 
 log = logging.getLogger(__name__)
 
+V2_VERSION = "1"  # the one version served
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["model_configuration", "statistics", "system_shared_memory", "binary_tensor_data"]
@@ -56,7 +57,9 @@ class _Statistics:
     fail: int = 0
     fail_ns: int = 0
     queue_ns: int = 0
+    input_ns: int = 0  # translating the request into an Encode request
     infer_ns: int = 0
+    output_ns: int = 0  # writing the outputs (into the answer or shared memory)
     sequences: int = 0
     last_ms: int = 0
 
@@ -76,7 +79,9 @@ class V2Model:
 
     @property
     def version(self) -> str:
-        return self.dataplane.backend.version
+        """ "1": Triton's tools (perf_analyzer) read versions as integers. The weights' hash,
+        attnserve.v1's model_version, names the same version too."""
+        return V2_VERSION
 
     @property
     def ready(self) -> bool:
@@ -84,7 +89,7 @@ class V2Model:
 
     def check(self, name: str, version: str = "") -> None:
         """ModelNotFoundError unless `name` (and `version`, if given) is the served model."""
-        if name != self.name or version not in ("", self.version):
+        if name != self.name or version not in ("", V2_VERSION, self.dataplane.backend.version):
             raise ModelNotFoundError(
                 f"model_name: no model {name!r}"
                 + (f" version {version!r}" if version else "")
@@ -134,7 +139,9 @@ class V2Model:
         inference.success.count, inference.success.ns = s.success, s.success_ns
         inference.fail.count, inference.fail.ns = s.fail, s.fail_ns
         inference.queue.count, inference.queue.ns = s.success, s.queue_ns
+        inference.compute_input.count, inference.compute_input.ns = s.success, s.input_ns
         inference.compute_infer.count, inference.compute_infer.ns = s.success, s.infer_ns
+        inference.compute_output.count, inference.compute_output.ns = s.success, s.output_ns
         return oip.ModelStatisticsResponse(model_stats=[stats])
 
     async def infer(
@@ -147,8 +154,11 @@ class V2Model:
         try:
             self.check(request.model_name, request.model_version)
             plan = to_encode_request(request)
+            translated = time.perf_counter_ns()
             async with self.dataplane.results(plan.encode, timeout) as (encode_plan, results):
+                answering = time.perf_counter_ns()
                 response = self._answer(request, plan.outputs, encode_plan, results)
+                answered = time.perf_counter_ns()
         except BaseException:
             self.stats.fail += 1
             self.stats.fail_ns += time.perf_counter_ns() - start
@@ -156,6 +166,8 @@ class V2Model:
         s = self.stats
         s.success += 1
         s.success_ns += time.perf_counter_ns() - start
+        s.input_ns += translated - start
+        s.output_ns += answered - answering
         s.queue_ns += response.parameters["queue_ns"].int64_param
         s.infer_ns += response.parameters["inference_ns"].int64_param
         s.sequences += len(results)

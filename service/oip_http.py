@@ -188,7 +188,14 @@ def _stats_json(response: oip.ModelStatisticsResponse) -> dict:
                 "count": getattr(s.inference_stats, field).count,
                 "ns": getattr(s.inference_stats, field).ns,
             }
-            for field in ("success", "fail", "queue", "compute_infer")
+            for field in (
+                "success",
+                "fail",
+                "queue",
+                "compute_input",
+                "compute_infer",
+                "compute_output",
+            )
         }
         out.append(
             {

@@ -51,9 +51,11 @@ OUTPUT_DATATYPES = {
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
 NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
 NUMPY["FP16"] = np.dtype("<f2")
-# Parameters that clients of the protocol send on their own; they change nothing here.
+# Parameters that clients of the protocol send on their own (Triton reserves the prefix
+# "triton_"; perf_analyzer sends triton_enable_empty_final_response); they change nothing.
 IGNORED_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start"})
 IGNORED_PARAMETERS |= {"sequence_end", "binary_data_output"}
+IGNORED_PREFIX = "triton_"
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
 def _read_parameters(parameters) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, value in parameters.items():
-        if name in IGNORED_PARAMETERS:
+        if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):
             continue
         spec = PARAMETERS.get(name)
         if spec is None:

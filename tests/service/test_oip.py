@@ -114,7 +114,8 @@ def test_health_and_metadata_through_tritonclient(triton, small_runtime):
     server = triton.call("get_server_metadata")
     assert server["name"] == "attnserve" and "statistics" in server["extensions"]
     meta = triton.call("get_model_metadata", MODEL)
-    assert meta["versions"] == [small_runtime.version]
+    assert meta["versions"] == ["1"]  # numeric, as Triton's tools expect
+    assert triton.call("is_model_ready", MODEL, small_runtime.version) is True  # the hash too
     inputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]}
     assert inputs["input_ids"] == ("INT64", [-1, -1])
     assert inputs["text"] == ("BYTES", [-1])
