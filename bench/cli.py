@@ -1,5 +1,5 @@
-"""`attnserve bench {latency,grpc,before-after,profile,load,hf,peers,oip,containers,report}`:
-benchmarks and the load generator."""
+"""`attnserve bench {latency,grpc,before-after,profile,load,hf,peers,oip,perf-analyzer,
+containers,report}`: benchmarks and the load generator."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from attnserve.model.config import ModelConfig
+
+PERF_ANALYZER_TOOLS = Path(".tools/perf_analyzer")  # the binary and its libraries, made once
 
 
 def add_commands(root: argparse._SubParsersAction) -> None:
@@ -164,6 +166,14 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     oip.add_argument("--venv", type=Path, default=Path(".venv-peers"), help="tritonclient's")
     oip.add_argument("--blocks", type=int, default=5, help="alternating blocks")
 
+    perf = commands.add_parser(
+        "perf-analyzer",
+        help="Triton's perf_analyzer against the V2 endpoint (fetched into --tools once)",
+    )
+    perf.add_argument("--out", type=Path, required=True, help="for perf_analyzer.json/.md")
+    perf.add_argument("--model", type=Path, help="model directory (default: the default model)")
+    perf.add_argument("--tools", type=Path, default=PERF_ANALYZER_TOOLS, help="its files")
+
     containers = commands.add_parser(
         "containers",
         help="the compose stack under load: host process vs 1 container vs 2 replicas",
@@ -218,6 +228,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
         with model_dir_or_default(args.model, progress) as model_dir:
             run_oip(args.out, model_dir, args.venv, args.blocks, progress)
+        return 0
+    if command == "perf-analyzer":
+        from attnserve.bench.default_model import model_dir_or_default
+        from attnserve.bench.perf_analyzer import run_perf_analyzer
+        from attnserve.bench.results import progress
+
+        with model_dir_or_default(args.model, progress) as model_dir:
+            run_perf_analyzer(args.out, model_dir, args.tools, progress)
         return 0
     if command == "attention":
         from attnserve.bench.attention import run_attention

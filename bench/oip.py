@@ -4,7 +4,8 @@
    request at a time, embeddings only, T = 8, 32, 128, 512, alternating blocks.
 2. All attention weights at the longest length, float32 full and float16 causal-packed:
    ONNX Runtime alone in this process, Encode over the wire, ModelInfer over the wire, and
-   ModelInfer through a system shared-memory region (the client on the same host).
+   ModelInfer through a system shared-memory region (the client on the same host), and
+   attnserve's own InferenceClient, which registers a region by itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from attnserve.bench.peers import LATENCY_LENGTHS, PEER_SCRIPT, peer_venv
 from attnserve.bench.results import save
-from attnserve.client import AsyncEncoderClient, ClientOptions
+from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1.wire import packed_length
@@ -70,6 +71,16 @@ def _runtime_ms(runtime: OrtRuntime, seq_len: int, n: int) -> list:
     return times
 
 
+def _infer_ms(client: InferenceClient, seq_len: int, n: int) -> list:
+    ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len)).tolist()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        client.infer(input_ids=ids, outputs=["attention"])
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def _p50(times: list[float]) -> float:
     return round(float(np.median(times)), 3)
 
@@ -93,6 +104,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
             "Encode, f32 full",
             "ModelInfer, f32 full",
             "ModelInfer + shared memory, f32 full",
+            "attnserve InferenceClient (shared memory by itself), f32 full",
             "Encode, f16 packed",
             "ModelInfer + shared memory, f16 packed",
         )
@@ -100,6 +112,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
     try:
         with asyncio.Runner() as runner:
             client = AsyncEncoderClient(server.address, ClientOptions(timeout_s=120))
+            v2 = InferenceClient(server.address, ClientOptions(timeout_s=120))
             for block in range(blocks):
                 for t in lengths:
                     n = 30 if t < longest else 8
@@ -122,6 +135,9 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                 attention["ModelInfer + shared memory, f32 full"] += driver.ask(
                     "v2_latency", seq_len=t, n=n, outputs=["attention"], shm_bytes=f32_bytes
                 )["ms"]
+                attention["attnserve InferenceClient (shared memory by itself), f32 full"] += (
+                    _infer_ms(v2, t, n)
+                )
                 attention["Encode, f16 packed"] += runner.run(
                     _encode_ms(
                         client,
@@ -142,6 +158,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                 )["ms"]
                 log(f"  oip block {block + 1}/{blocks}")
             runner.run(client.close())
+            v2.close()
     finally:
         driver.close()
         server.process.terminate()

@@ -114,6 +114,17 @@ the protocol's system shared-memory extension: the server writes the output into
 client's registered region and the answer carries only its shape.
 
 {(out / "oip.md").read_text().strip()}
+{_perf_analyzer_part(out)}"""
+
+
+def _perf_analyzer_part(out: Path) -> str:
+    if not (out / "perf_analyzer.md").exists():
+        return ""
+    return f"""
+`attnserve bench perf-analyzer --out bench-results`: Triton's own load generator against the
+same V2 endpoint, concurrency 1 and 4 (its stability windows; latencies as it reports them).
+
+{(out / "perf_analyzer.md").read_text().strip()}
 """
 
 

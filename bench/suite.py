@@ -8,6 +8,7 @@ from pathlib import Path
 from attnserve.bench.attention import run_attention
 from attnserve.bench.batching import run_batching
 from attnserve.bench.before_after import ISSUE_12_BASE, run_before_after
+from attnserve.bench.cli import PERF_ANALYZER_TOOLS
 from attnserve.bench.containers import run_containers
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.grpc_e2e import run_grpc
@@ -15,6 +16,7 @@ from attnserve.bench.hf_compare import run_hf_compare
 from attnserve.bench.latency import run_latency
 from attnserve.bench.oip import run_oip
 from attnserve.bench.peers import run_peers
+from attnserve.bench.perf_analyzer import run_perf_analyzer
 from attnserve.bench.profile import run_profile
 from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
@@ -32,6 +34,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
         run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
         run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
+        run_perf_analyzer(out, model_dir, PERF_ANALYZER_TOOLS, progress)
         run_attention(out, model_dir, quick)
     if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
         run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history

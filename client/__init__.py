@@ -2,6 +2,7 @@
 
 from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.client.codec import EncodeOutput, Encoding, build_request
+from attnserve.client.inference import InferenceClient
 
 __all__ = [
     "AsyncEncoderClient",
@@ -9,5 +10,6 @@ __all__ = [
     "EncodeOutput",
     "EncoderClient",
     "Encoding",
+    "InferenceClient",
     "build_request",
 ]

@@ -83,6 +83,22 @@ def _retry_delay(exc: grpc.RpcError, delays: Iterator[float], end: float) -> flo
     return delay
 
 
+def call_with_retries(options: ClientOptions, method, request, timeout: float | None):
+    """A blocking unary call, retried on UNAVAILABLE within one overall deadline."""
+    end = time.monotonic() + (timeout or options.timeout_s)
+    delays = options.retry_delays()
+    while True:
+        try:
+            return method(
+                request, timeout=max(0.0, end - time.monotonic()), metadata=options.metadata()
+            )
+        except grpc.RpcError as exc:
+            delay = _retry_delay(exc, delays, end)
+            if delay is None:
+                raise
+            time.sleep(delay)
+
+
 class EncoderClient:
     """Blocking client; one HTTP/2 channel, safe to share between threads."""
 
@@ -133,20 +149,7 @@ class EncoderClient:
             time.sleep(0.1)
 
     def _call(self, method, request, timeout: float | None):
-        end = time.monotonic() + (timeout or self.options.timeout_s)
-        delays = self.options.retry_delays()
-        while True:
-            try:
-                return method(
-                    request,
-                    timeout=max(0.0, end - time.monotonic()),
-                    metadata=self.options.metadata(),
-                )
-            except grpc.RpcError as exc:
-                delay = _retry_delay(exc, delays, end)
-                if delay is None:
-                    raise
-                time.sleep(delay)
+        return call_with_retries(self.options, method, request, timeout)
 
     def close(self) -> None:
         self.channel.close()

@@ -77,11 +77,11 @@ class Triton:
     def status(self, code: str) -> str:
         return STATUS[self.protocol][code]
 
-    def infer(self, inputs, outputs=(), parameters=None, model=MODEL) -> dict:
+    def infer(self, inputs, outputs=(), parameters=None, model=MODEL, shm_bytes=0) -> dict:
         spec = {"model": model, "inputs": inputs, "outputs": list(outputs)}
         if parameters:
             spec["parameters"] = parameters
-        return self.send({"infer": spec})
+        return self.send({"infer": spec, "shm_bytes": shm_bytes})
 
 
 @pytest.fixture(scope="module", params=["grpc", "http"])
@@ -201,10 +201,24 @@ def test_text_and_attention_options_through_tritonclient(triton, v2_server):
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field(triton, inputs, outputs, parameters, field):
+    before = triton.infer([ids_input([[1, 2, 3]])])["outputs"]["embeddings"]
     answer = triton.infer(inputs, outputs, parameters)
     assert answer["error"]["status"] == triton.status("INVALID_ARGUMENT"), answer
     assert field in answer["error"]["message"]
-    assert "outputs" in triton.infer([ids_input([[1, 2, 3]])])  # and it keeps serving
+    after = triton.infer([ids_input([[1, 2, 3]])])["outputs"]["embeddings"]
+    np.testing.assert_allclose(array(after), array(before), atol=1e-6)  # nothing changed
+
+
+def test_tritonclients_shared_memory_utilities(triton):
+    """tritonclient makes, registers, reads and removes the region; the numbers are the wire's."""
+    inputs, parameters = [ids_input([[1, 2, 3, 4]])], {"attention_layers": "0"}
+    wire = triton.infer(inputs, ["attention"], parameters)["outputs"]["attention"]
+    size = array(wire).size * 4
+    shared = triton.infer(inputs, ["attention"], parameters, shm_bytes=size)
+    np.testing.assert_array_equal(array(shared["outputs"]["attention"]), array(wire))
+    too_small = triton.infer(inputs, ["attention"], parameters, shm_bytes=size - 4)
+    assert too_small["error"]["status"] == triton.status("INVALID_ARGUMENT")
+    assert "shared_memory_byte_size" in too_small["error"]["message"]
 
 
 def test_an_unknown_model_is_not_found(triton):
