@@ -1,5 +1,5 @@
-"""`attnserve bench {latency,grpc,before-after,profile,load,hf,peers,oip,perf-analyzer,
-containers,report}`: benchmarks and the load generator."""
+"""`attnserve bench {latency,endpoints,attention,load,peers,oip,perf-analyzer,containers,
+report}`: benchmarks and the load generator."""
 
 from __future__ import annotations
 
@@ -32,30 +32,11 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     latency.add_argument("--engines", help="comma-separated subset (default: all that work here)")
     latency.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
 
-    grpc = commands.add_parser(
-        "grpc", help="gRPC Encode vs the runtime alone; attention bytes and time on the wire"
+    endpoints = commands.add_parser(
+        "endpoints", help="one request at a time through gRPC, HTTP and V2 vs the runtime alone"
     )
-    grpc.add_argument("--out", type=Path, required=True, help="directory for JSON and markdown")
-    grpc.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
-    grpc.add_argument("--max-seq-len", type=int, default=512, help="longest length (512)")
-    grpc.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
-    before_after = commands.add_parser(
-        "before-after",
-        help="this checkout's server against an earlier commit's, alternating (needs git)",
-    )
-    before_after.add_argument("--out", type=Path, required=True, help="for before_after.*")
-    before_after.add_argument(
-        "--ref", help="the earlier commit (default: the last one before issue 12's work)"
-    )
-    before_after.add_argument("--max-seq-len", type=int, default=128, help="longest length (128)")
-    before_after.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
-    profile = commands.add_parser(
-        "profile", help="py-spy: where a short Encode's time goes in the server and the client"
-    )
-    profile.add_argument("--out", type=Path, required=True, help="for profile.json/.md, SVGs")
-    profile.add_argument("--model", type=Path, help="model directory (default: export seed 0)")
-    profile.add_argument("--tokens", type=int, default=8, help="tokens per Encode call (8)")
-    profile.add_argument("--seconds", type=int, default=5, help="each recording's length (5)")
+    endpoints.add_argument("--out", type=Path, required=True, help="for endpoints.json/.md")
+    endpoints.add_argument("--model", type=Path, help="model directory (default: the default)")
     attention = commands.add_parser(
         "attention",
         help="each attention option's bytes and time on the wire; RSS under a burst",
@@ -132,12 +113,6 @@ def add_commands(root: argparse._SubParsersAction) -> None:
         help="first wait up to this long for the target to report SERVING (0: don't)",
     )
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
-    hf = commands.add_parser(
-        "hf", help="a distilgpt2-sized GPT-2: ONNX Runtime vs transformers, side by side"
-    )
-    hf.add_argument("--out", type=Path, required=True, help="directory for hf.json and hf.md")
-    hf.add_argument("--max-seq-len", type=int, default=1024, help="longest length (1024)")
-    hf.add_argument("--quick", action="store_true", help="few repeats, for smoke tests")
 
     peers = commands.add_parser(
         "peers",
@@ -211,55 +186,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
         results = run_containers(args.out, args.duration, progress)
         return 1 if results.get("skipped") else 0
-    if command == "peers":
-        from attnserve.bench.default_model import model_dir_or_default
-        from attnserve.bench.peers import run_peers
-        from attnserve.bench.results import progress
-
-        with model_dir_or_default(args.model, progress) as model_dir:
-            run_peers(
-                args.out, model_dir, args.venv, args.duration, args.blocks, args.rounds, progress
-            )
-        return 0
-    if command == "oip":
-        from attnserve.bench.default_model import model_dir_or_default
-        from attnserve.bench.oip import run_oip
-        from attnserve.bench.results import progress
-
-        with model_dir_or_default(args.model, progress) as model_dir:
-            run_oip(args.out, model_dir, args.venv, args.blocks, progress)
-        return 0
-    if command == "perf-analyzer":
-        from attnserve.bench.default_model import model_dir_or_default
-        from attnserve.bench.perf_analyzer import run_perf_analyzer
-        from attnserve.bench.results import progress
-
-        with model_dir_or_default(args.model, progress) as model_dir:
-            run_perf_analyzer(args.out, model_dir, args.tools, progress)
-        return 0
     if command == "attention":
         from attnserve.bench.attention import run_attention
 
         run_attention(args.out, args.model, args.quick)
-        return 0
-    if command == "before-after":
-        from attnserve.bench.before_after import ISSUE_12_BASE, run_before_after
-
-        try:
-            run_before_after(args.out, args.ref or ISSUE_12_BASE, args.max_seq_len, args.quick)
-        except RuntimeError as exc:  # no such commit, or its code failed to export or serve
-            print(f"attnserve bench before-after: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if command == "profile":
-        from attnserve.bench.profile import run_profile
-
-        run_profile(args.out, args.model, args.tokens, args.seconds)
-        return 0
-    if command == "hf":
-        from attnserve.bench.hf_compare import run_hf_compare
-
-        run_hf_compare(args.out, args.max_seq_len, args.quick)
         return 0
     if command == "load":
         from attnserve.bench.load_cli import run_load  # grpc client only: no torch needed
@@ -276,8 +206,28 @@ def run_bench(args: argparse.Namespace) -> int:
             args.quick,
             args.engines.split(",") if args.engines else None,
         )
-    else:
-        from attnserve.bench.grpc_e2e import run_grpc
+        return 0
+    # The rest serve a model directory: the one given, or the default model.
+    from attnserve.bench.default_model import model_dir_or_default
+    from attnserve.bench.results import progress
 
-        run_grpc(args.out, args.model, args.max_seq_len, args.quick)
+    with model_dir_or_default(args.model, progress) as model_dir:
+        if command == "peers":
+            from attnserve.bench.peers import run_peers
+
+            run_peers(
+                args.out, model_dir, args.venv, args.duration, args.blocks, args.rounds, progress
+            )
+        elif command == "oip":
+            from attnserve.bench.oip import run_oip
+
+            run_oip(args.out, model_dir, args.venv, args.blocks, progress)
+        elif command == "perf-analyzer":
+            from attnserve.bench.perf_analyzer import run_perf_analyzer
+
+            run_perf_analyzer(args.out, model_dir, args.tools, progress)
+        else:
+            from attnserve.bench.endpoints import run_endpoints
+
+            run_endpoints(args.out, model_dir, log=progress)
     return 0

@@ -92,8 +92,8 @@ def measure(
     command += ["--concurrency-range", levels, "--measurement-interval", str(interval_ms)]
     command += ["--stability-percentage", "50", "--max-trials", "6", "-f", str(report)]
     subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-    with report.open() as f:
-        return [
+    with report.open() as f:  # its rows come ordered by throughput
+        rows = [
             {
                 "seq_len": seq_len,
                 "concurrency": int(row["Concurrency"]),
@@ -105,20 +105,23 @@ def measure(
             }
             for row in csv.DictReader(f)
         ]
+    return sorted(rows, key=lambda r: r["concurrency"])
 
 
 def run_perf_analyzer(
-    out: Path, model_dir: Path, tools: Path, log: Callable[[str], None] = print
+    out: Path, model_dir: Path, tools: Path, log: Callable[[str], None] = print, quick=False
 ) -> dict:
+    """quick: the shortest length and short windows (smoke)."""
     binary, env = install(tools, log)
     server = spawn_server(model_dir, "--provider", "cpu")
     rows = []
     try:
         with EncoderClient(server.address) as client:
             model = client.model_info()["name"]
-        for seq_len in LENGTHS:
+        for seq_len in LENGTHS[:1] if quick else LENGTHS:
             log(f"  perf_analyzer: T={seq_len}, concurrency {CONCURRENCY}")
-            rows += measure(binary, env, server.address, model, seq_len, CONCURRENCY, tools)
+            window = 1000 if quick else 4000
+            rows += measure(binary, env, server.address, model, seq_len, CONCURRENCY, tools, window)
     finally:
         server.process.terminate()
         server.process.wait(30)

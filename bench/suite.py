@@ -7,17 +7,14 @@ from pathlib import Path
 
 from attnserve.bench.attention import run_attention
 from attnserve.bench.batching import run_batching
-from attnserve.bench.before_after import ISSUE_12_BASE, run_before_after
 from attnserve.bench.cli import PERF_ANALYZER_TOOLS
 from attnserve.bench.containers import run_containers
 from attnserve.bench.default_model import model_dir_or_default
-from attnserve.bench.grpc_e2e import run_grpc
-from attnserve.bench.hf_compare import run_hf_compare
+from attnserve.bench.endpoints import run_endpoints
 from attnserve.bench.latency import run_latency
 from attnserve.bench.oip import run_oip
 from attnserve.bench.peers import run_peers
 from attnserve.bench.perf_analyzer import run_perf_analyzer
-from attnserve.bench.profile import run_profile
 from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
 
@@ -25,18 +22,15 @@ PEERS_VENV = Path(".venv-peers")  # KServe's own environment, made once
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
-    """Run every benchmark into `out`. quick: short lengths and runs, no heavy ones (smoke)."""
+    """Run every benchmark into `out`. quick: short lengths and runs, no containers (smoke)."""
     run_latency(out, ModelConfig(), 128 if quick else None, [1, 8], quick)
     with model_dir_or_default(None, progress) as model_dir:
-        run_grpc(out, model_dir, 64 if quick else 512, quick)
-        run_profile(out, model_dir, tokens=8, seconds=1 if quick else 5)
+        run_endpoints(out, model_dir, 5 if quick else 40, progress)
         run_batching(out, model_dir, 2.0 if quick else 10.0, progress)
         peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
         run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
         run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
-        run_perf_analyzer(out, model_dir, PERF_ANALYZER_TOOLS, progress)
+        run_perf_analyzer(out, model_dir, PERF_ANALYZER_TOOLS, progress, quick)
         run_attention(out, model_dir, quick)
-    if not quick:  # exports an 82M-parameter model; builds images: too heavy for a smoke run
-        run_before_after(out, ISSUE_12_BASE, 128, quick)  # also needs the commit's history
-        run_hf_compare(out)
+    if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

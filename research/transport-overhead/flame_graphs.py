@@ -1,9 +1,9 @@
 """Where a short Encode's time goes: CPU per thread of the server and the client, and
 py-spy's flame graphs of both.
 
-    attnserve bench profile --out DIR [--model DIR] [--tokens 8] [--seconds 5]
+    python research/transport-overhead/run.py profile --out DIR [--model DIR] [--tokens 8]
 
-Starts the server as its own process (as `bench grpc` does) and sends Encode
+Starts the server as its own process (as `run.py grpc` does) and sends Encode
 calls of `--tokens` tokens one after another, twice:
 
 1. unobserved: the kernel's count of each thread's time on a CPU

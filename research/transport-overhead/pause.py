@@ -1,7 +1,7 @@
 """The model's run after a pause: how much of "ORT inside the server" is the wait before it.
 
 A server's run always follows a pause (it waits at least a round trip for its next
-request), while the runtime alone is timed back to back. So `bench grpc` also times the
+request), while the runtime alone is timed back to back. So `run.py grpc` also times the
 same 8-token run in its own process, without gRPC, after each of PAUSES_MS, two ways:
 
 - the server's runtime, sleeping through the pause, as a server waits;

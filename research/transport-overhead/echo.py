@@ -14,9 +14,9 @@ protobuf answer. They run the model three ways:
 - `Model` of the server started with --sync (grpc's thread-pool server): in
   the thread gRPC runs the handler on.
 
-`bench grpc` runs them as their own processes, like the real server, and compares:
+`run.py grpc` runs them as their own processes, like the real server, and compares:
 
-    python -m attnserve.bench.echo --ready-file F [--model DIR] [--sync]   # writes {"port": P}
+    python research/transport-overhead/echo.py --ready-file F [--model DIR] [--sync]
 
 The request's first 4 bytes (little-endian) say how many bytes to answer, so
 one server answers every sequence length; the rest is the payload. An answer's
@@ -149,7 +149,7 @@ class EchoServer:
         self, model_dir: Path | None = None, sync: bool = False, timeout: float = 60
     ) -> None:
         ready = Path(tempfile.mkdtemp(prefix="attnserve-echo-")) / "ready.json"
-        args = [sys.executable, "-m", "attnserve.bench.echo", "--ready-file", str(ready)]
+        args = [sys.executable, str(Path(__file__).resolve()), "--ready-file", str(ready)]
         if model_dir is not None:
             args += ["--model", str(model_dir)]
         if sync:

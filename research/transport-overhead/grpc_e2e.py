@@ -4,8 +4,8 @@ The server runs as its own process (as deployed); the runtime-alone numbers
 come from an identical ORT session in this process, the transport's floor
 from a bare echo server moving the same bytes, and the least a Python server
 that runs the model can do from echo servers that only run it, three ways
-(bench/echo.py), all timed in alternating blocks so machine noise hits them
-alike. It also runs bench/pause.py (the model's run after a pause, beside ORT's
+(echo.py), all timed in alternating blocks so machine noise hits them
+alike. It also runs pause.py (the model's run after a pause, beside ORT's
 run inside the server), a stream against sequential calls, and HTTP against gRPC.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from echo import EchoServer, request_for
+from pause import after_pause
+from pause import markdown as pause_markdown
 
 from attnserve.bench.default_model import model_dir_or_default
-from attnserve.bench.echo import EchoServer, request_for
-from attnserve.bench.pause import after_pause
-from attnserve.bench.pause import markdown as pause_markdown
 from attnserve.bench.results import progress, save
 from attnserve.bench.timing import alternate, p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
@@ -28,7 +28,7 @@ from attnserve.client.codec import build_request, decode_response
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
-# Python servers that only run the model (bench/echo.py): each row field's prefix, and where
+# Python servers that only run the model (echo.py): each row field's prefix, and where
 # that server runs the model.
 SHAPES = {
     "minimal": "on a worker thread",  # grpc.aio, as this server does
@@ -226,7 +226,7 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         "Overhead / bare: (Encode - runtime alone) / bare. The same ratio for Python servers "
-        "that only run the model (bench/echo.py): they read the request's token ids, run the "
+        "that only run the model (echo.py): they read the request's token ids, run the "
         "same embeddings graph and answer its bytes, nothing else. Each runs it its own way: "
         "on a worker thread (grpc.aio, as this server does), on the event loop itself "
         "(grpc.aio; it stalls every other call meanwhile, so no real server can), or in the "

@@ -1,5 +1,7 @@
 """A distilgpt2-sized GPT-2 (random weights): ONNX Runtime vs transformers, side by side.
 
+    .venv/bin/python research/gpt2-vs-transformers/hf_compare.py --out DIR [--max-seq-len 1024]
+
 The checkpoint goes through the same import and export as a real one
 (save_pretrained -> `export.hf_import` -> model directory), so the numbers are
 those of serving such a model. transformers is the reference users trust; it
@@ -87,3 +89,14 @@ def markdown(result: dict) -> str:
             cells.append(f"{a:.2f} ms | {b:.2f} ms | {a / b:.1f}x")
         lines.append(f"| {r['seq_len']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="for hf.json/.md")
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--quick", action="store_true", help="few repeats (smoke)")
+    args = parser.parse_args()
+    run_hf_compare(args.out, args.max_seq_len, args.quick)

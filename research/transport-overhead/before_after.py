@@ -3,7 +3,7 @@
 The earlier commit's sources come out of git (`git archive`) into a scratch
 folder, and its own code exports its own default model and serves it. This
 checkout does the same with its own code. Short Encode calls then alternate
-between the two servers and a bare echo of the same bytes (bench/echo.py), and
+between the two servers and a bare echo of the same bytes (echo.py), and
 each server's own timing of every call splits it in two: inside the server
 (from receiving the request to having its answer ready, the model's run
 included) and outside it (transport, gRPC call handling, client decoding).
@@ -15,7 +15,7 @@ The default REF is the last commit before issue 12's work on the transport:
 issue 11's data path, the HTTP API and the trained default model, nothing of
 issue 12's.
 
-    attnserve bench before-after --out DIR [--ref REF]   # DIR/before_after.{json,md,png}
+    python research/transport-overhead/run.py before-after --out DIR [--ref REF]
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+from echo import EchoServer, request_for
 
-from attnserve.bench.echo import EchoServer, request_for
 from attnserve.bench.results import progress, save
 from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
