@@ -8,7 +8,7 @@ HTTP_PORT ?= 8080
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test lint containers browser proto export benchmarks clean
+.PHONY: install serve test test-fast lint containers browser proto export benchmarks clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -56,6 +56,10 @@ browser:
 # Sets up and runs every test (after the linters, which CI enforces too).
 test: lint containers browser
 	$(PY) -m pytest
+
+# The unit tests only (no containers, browser, peers, benchmarks or exports): a few minutes.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not slow"
 
 # Reruns every benchmark (~30 min) and regenerates docs/BENCHMARKS.md from the results.
 benchmarks: $(VENV)/.installed

@@ -1,7 +1,7 @@
 """attnserve: a causal self-attention encoder served by ONNX Runtime over gRPC.
 
-Everything installs under this one name; the source folders map into it
-(pyproject.toml, [tool.setuptools.package-dir]):
+Everything installs under this one name; the source folders are in it as committed
+relative symlinks (attnserve/service -> ../service, ...), so an import names a file:
 
     attnserve.model    <- model/     PyTorch encoder; torch-free config and tokenizer
     attnserve.export   <- export/    PyTorch -> ONNX, parity gate, model directory

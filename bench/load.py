@@ -126,7 +126,7 @@ class LoadGenerator:
             build_request([ids], **ATTENTION_CHOICES[k.attention])
             for ids, k in zip(sequences, mix, strict=True)
         ]
-        self._http_bodies = [{"model": "any", "input": [ids]} for ids in sequences]
+        self._http_inputs = [[ids] for ids in sequences]
 
     @contextlib.asynccontextmanager
     async def _connect(self) -> AsyncIterator[Send]:
@@ -137,9 +137,13 @@ class LoadGenerator:
             async with httpx.AsyncClient(
                 base_url=self.target, headers=headers, timeout=self.timeout_s, limits=limits
             ) as http:
+                models = await http.get("/v1/models")  # the served model's name
+                models.raise_for_status()
+                model = models.json()["data"][0]["id"]
+                bodies = [{"model": model, "input": inputs} for inputs in self._http_inputs]
 
                 async def post(kind: int):
-                    response = await http.post("/v1/embeddings", json=self._http_bodies[kind])
+                    response = await http.post("/v1/embeddings", json=bodies[kind])
                     ok = response.status_code == 200
                     return ("OK" if ok else f"HTTP_{response.status_code}"), None
 

@@ -1,8 +1,8 @@
-"""What a request wants of one sequence's attention, and the ORT sessions that compute it.
+"""The ORT sessions that compute what a request wants of one sequence's attention.
 
-`AttentionSelection` is planned once per input (service/plan.py); the backend
-hands it with that sequence's full weights to `AttentionReducer`, which runs the
-matching graph of service/attention_graph.py on the serving provider and returns
+An `AttentionSelection` (service/backend.py) is planned once per input (service/plan.py);
+the ORT backend hands it with that sequence's full weights to `AttentionReducer`, which
+runs the matching graph of service/attention_graph.py on the serving provider and returns
 an `AttentionOutput` ready for the wire.
 """
 
@@ -10,41 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from attnserve.service.attention_graph import Recipe, build_graph
+from attnserve.service.backend import AttentionOutput, AttentionSelection
 from attnserve.v1.wire import pack_causal
 
 REDUCTIONS = ("none", "mean", "max")
-
-
-@dataclass(frozen=True)
-class AttentionSelection:
-    """One input's attention request, validated: indices are in range and absolute."""
-
-    layers: tuple[int, ...]  # ascending when rollout
-    heads: tuple[int, ...]
-    rows: tuple[int, ...] | None = None  # absolute query positions; None: every row
-    reduction: str = "none"  # over heads: "none", "mean", "max" (rollout: never "none")
-    rollout: bool = False
-    top_k: int = 0  # 0: off
-    entropy: bool = False
-    weights: bool = True  # False: only the summaries (entropy, top-k indices)
-    float16: bool = False
-    packed: bool = False  # causal-packed layout (every row, no top_k)
-
-
-@dataclass(frozen=True)
-class AttentionOutput:
-    """What one input's result carries besides embeddings, in wire dtypes."""
-
-    rows: np.ndarray  # (R,) the absolute query positions of the rows axis
-    weights: np.ndarray | None  # (L', H', R, T | k) or packed (L', H', T (T + 1) / 2)
-    indices: np.ndarray | None  # int32, weights' shape: key positions of the top-k
-    entropy: np.ndarray | None  # float32 (L', H')
 
 
 class AttentionReducer:

@@ -1,18 +1,44 @@
 """The seam between the batcher and whatever runs the model.
 
-The batcher and the transports see only this protocol; `OrtRuntime`
-(service/runtime.py) implements it with ONNX Runtime sessions, and the batcher's
-tests implement it with a few lines of numpy.
+The batcher and the transports see only this protocol and its value types, which import
+no engine; `OrtRuntime` (service/runtime.py) implements it with ONNX Runtime sessions, and
+the batcher's tests implement it with a few lines of numpy.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.service.attention import AttentionOutput, AttentionSelection
+
+
+@dataclass(frozen=True)
+class AttentionSelection:
+    """One input's attention request, validated: indices are in range and absolute."""
+
+    layers: tuple[int, ...]  # ascending when rollout
+    heads: tuple[int, ...]
+    rows: tuple[int, ...] | None = None  # absolute query positions; None: every row
+    reduction: str = "none"  # over heads: "none", "mean", "max" (rollout: never "none")
+    rollout: bool = False
+    top_k: int = 0  # 0: off
+    entropy: bool = False
+    weights: bool = True  # False: only the summaries (entropy, top-k indices)
+    float16: bool = False
+    packed: bool = False  # causal-packed layout (every row, no top_k)
+
+
+@dataclass(frozen=True)
+class AttentionOutput:
+    """What one input's result carries besides embeddings, in wire dtypes."""
+
+    rows: np.ndarray  # (R,) the absolute query positions of the rows axis
+    weights: np.ndarray | None  # (L', H', R, T | k) or packed (L', H', T (T + 1) / 2)
+    indices: np.ndarray | None  # int32, weights' shape: key positions of the top-k
+    entropy: np.ndarray | None  # float32 (L', H')
 
 
 class Backend(Protocol):

@@ -36,8 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
-from attnserve.service.attention import AttentionOutput, AttentionSelection
-from attnserve.service.backend import Backend
+from attnserve.service.backend import AttentionOutput, AttentionSelection, Backend
 from attnserve.service.errors import (
     AttnserveError,
     DeadlineExceededError,

@@ -1,28 +1,33 @@
 """What every transport calls: admission, one pass from request to response, model info.
 
 A transport turns its wire format into an `EncodeRequest`, awaits
-`DataPlane.encode`, and maps the typed errors it raises (service.status).
-The data plane owns readiness and draining (so every transport refuses alike),
-plans the request once, hands the sequences to the batcher and builds the
-answer; it never sees gRPC or HTTP.
+`DataPlane.encode` inside `DataPlane.observed`, and maps the typed errors it raises
+(service.status). The data plane owns readiness and draining (so every transport refuses
+alike), the request metrics and the log of unexpected errors (so every transport counts
+alike), plans the request once, hands the sequences to the batcher and builds the answer;
+it never sees gRPC or HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.backend import Backend
 from attnserve.service.batcher import Batcher, SequenceResult
 from attnserve.service.budget import ByteBudget, request_bytes
-from attnserve.service.errors import NotReadyError
+from attnserve.service.errors import AttnserveError, DeadlineExceededError, NotReadyError
 from attnserve.service.metrics import Metrics
 from attnserve.service.plan import EncodePlan, check_response_size, plan_request
 from attnserve.service.response import build_response
+from attnserve.service.status import code_name
 from attnserve.v1 import encoder_service_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 # Give memory back once the server has been idle this long after at least this much work
 # came and went (not after every request: the next one would pay to allocate it again).
@@ -77,6 +82,23 @@ class DataPlane:
             return False
         return True
 
+    @contextlib.contextmanager
+    def observed(self, method: str) -> Iterator[None]:
+        """Count and time one call of `method` by its outcome, and log anything unexpected with
+        its traceback; what was raised goes on to the transport, which maps it."""
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            yield
+        except Exception as exc:
+            error = exc
+            if not isinstance(exc, AttnserveError):
+                log.exception("%s failed unexpectedly", method)
+            raise
+        finally:
+            self.metrics.requests.labels(method, code_name(error)).inc()
+            self.metrics.request_latency.labels(method).observe(time.perf_counter() - start)
+
     async def encode(
         self, request: pb.EncodeRequest, timeout: float | None = None
     ) -> pb.EncodeResponse:
@@ -111,7 +133,14 @@ class DataPlane:
             await self.budget.acquire(reserved, timeout)
             try:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                yield plan, await self.batcher.encode(plan.sequences, plan.attention, left)
+                try:  # gRPC cancels a call at its deadline; this does it for every transport
+                    async with asyncio.timeout(left):
+                        results = await self.batcher.encode(plan.sequences, plan.attention, left)
+                except TimeoutError:
+                    raise DeadlineExceededError(
+                        f"the deadline ({timeout:g} s) passed before the answer was ready"
+                    ) from None
+                yield plan, results
             finally:
                 self._give_back(reserved)
         finally:

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import contextlib
 import hmac
-import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -29,23 +28,22 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from google.protobuf import json_format
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from attnserve.service.dataplane import DataPlane
 from attnserve.service.errors import (
     AttnserveError,
     InvalidInputError,
+    ModelNotFoundError,
     RequestTooLargeError,
     UnauthenticatedError,
 )
-from attnserve.service.metrics import Metrics
 from attnserve.service.oip import V2Model
 from attnserve.service.oip_http import v2_router
 from attnserve.service.settings import Settings
 from attnserve.service.status import http_status_for
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import from_tensor
-
-log = logging.getLogger(__name__)
 
 EXPLORER = resources.files("attnserve.service") / "static" / "explorer"
 POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
@@ -57,11 +55,14 @@ TENSOR_FIELDS = {
     "attentionIndices": "attention_indices",
     "headEntropy": "head_entropy",
 }
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16", pb.DTYPE_INT32: "int32"}
 # OpenAI's error "type" for each HTTP status the API answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
@@ -75,15 +76,13 @@ class EmbeddingsRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, a list of texts, a token array or a list of token arrays"
     )
-    model: str | None = Field(None, description="ignored: this server serves one model")
+    model: str | None = Field(None, description="the served model's name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="if given, must equal the model's d_model")
     user: str | None = None
 
 
-def create_app(
-    dataplane: DataPlane, settings: Settings, metrics: Metrics, v2: V2Model | None = None
-) -> FastAPI:
+def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = None) -> FastAPI:
     """The HTTP app; `v2` (shared with the gRPC transport) adds the protocol's /v2 routes."""
     config = dataplane.backend.config
     started = int(time.time())
@@ -105,21 +104,32 @@ def create_app(
 
     async def answer(method: str, build: Callable[[], Awaitable[dict]]) -> JSONResponse:
         """Run one request; any error becomes OpenAI's error shape with the table's status."""
-        start = time.perf_counter()
         try:
-            body, status = await build(), HTTPStatus.OK
+            with dataplane.observed(method):
+                return JSONResponse(await build())
         except Exception as exc:
-            if not isinstance(exc, AttnserveError):
-                log.exception("%s failed unexpectedly", method)
-            body, status = _error_body(exc), http_status_for(exc)
-        metrics.requests.labels(method, str(status.value)).inc()
-        metrics.request_latency.labels(method).observe(time.perf_counter() - start)
-        return JSONResponse(body, status_code=status)
+            return error_response("/v1", exc)
+
+    def deadline(request: Request) -> float:
+        """Seconds this call may take: the server's --http-timeout-s, or less if the client's
+        Request-Timeout header says so (gRPC clients send their deadline the same way)."""
+        given = request.headers.get("request-timeout")
+        if given is None:
+            return settings.http_timeout_s
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            raise InvalidInputError(
+                f"Request-Timeout: {given!r} is not a positive number of seconds"
+            )
+        return min(seconds, settings.http_timeout_s)
 
     @app.exception_handler(AttnserveError)
     async def refused(request: Request, exc: AttnserveError) -> JSONResponse:
         """Errors raised before a route runs (the bearer-token check)."""
-        return JSONResponse(_error_body(exc), status_code=http_status_for(exc))
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -127,7 +137,18 @@ def create_app(
             f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
             for e in exc.errors()
         )
-        return JSONResponse(_error_body(InvalidInputError(problems)), status_code=400)
+        return error_response(request.url.path, InvalidInputError(problems))
+
+    @app.exception_handler(HTTPException)
+    async def framework_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """The framework's own refusals (no such route, wrong method, a body it cannot read)
+        in the API's error shape, with their status."""
+        if exc.status_code == 413:
+            return error_response(request.url.path, RequestTooLargeError(str(exc.detail)))
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 400:
+            return error_response(request.url.path, InvalidInputError(message))
+        return error_response(request.url.path, _HttpError(exc.status_code, message))
 
     @app.get("/health", tags=["health"])
     async def ready() -> JSONResponse:
@@ -153,13 +174,17 @@ def create_app(
         }
 
     @app.post("/v1/embeddings", tags=["openai"], dependencies=authorized)
-    async def embeddings(body: EmbeddingsRequest) -> JSONResponse:
+    async def embeddings(body: EmbeddingsRequest, http: Request) -> JSONResponse:
         """One vector per input: the `--embeddings-pooling` of its token embeddings (default
         `last`: in a causal model only the last token has seen the whole input)."""
 
         async def build() -> dict:
+            if body.model is not None and body.model != config.name:
+                raise ModelNotFoundError(
+                    f"model: no model {body.model!r}; this server serves {config.name!r}"
+                )
             request = _embeddings_request(body, config.d_model, settings.embeddings_pooling)
-            response = await dataplane.encode(request)
+            response = await dataplane.encode(request, deadline(http))
             data = []
             for index, result in enumerate(response.results):
                 vector = from_tensor(result.pooled)
@@ -181,6 +206,7 @@ def create_app(
 
     @app.post("/v1/encode", tags=["attnserve"], dependencies=authorized)
     async def encode(
+        http: Request,
         body: dict[str, Any] = Body(  # noqa: B008  (FastAPI's way to declare a JSON body)
             examples=[
                 {
@@ -198,13 +224,13 @@ def create_app(
 
         async def build() -> dict:
             request, as_lists = _encode_request(body)
-            response = await dataplane.encode(request)
+            response = await dataplane.encode(request, deadline(http))
             return _encode_response(response, as_lists)
 
         return await answer("POST /v1/encode", build)
 
     if v2 is not None:
-        app.include_router(v2_router(v2, metrics, authorized))
+        app.include_router(v2_router(v2, deadline, authorized))
 
     @app.get("/", include_in_schema=False)
     async def explorer() -> FileResponse:
@@ -226,11 +252,16 @@ def _embeddings_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> 
     if not items:
         raise InvalidInputError("input: at least one input is required")
     request = pb.EncodeRequest()
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, str):
             request.inputs.add(text=item)
-        else:
-            request.inputs.add(token_ids=pb.TokenIds(ids=item))
+            continue
+        for token in item:
+            if not INT64_MIN <= token <= INT64_MAX:  # protobuf's int64 could not hold it
+                raise InvalidInputError(
+                    f"input[{i}]: token id {token} is out of range (token ids are int64)"
+                )
+        request.inputs.add(token_ids=pb.TokenIds(ids=item))
     request.options.pooling = POOLINGS[pooling]
     request.options.skip_token_embeddings = True
     return request
@@ -267,17 +298,35 @@ def _tensor_as_list(tensor: pb.Tensor) -> dict:
     }
 
 
-def _error_body(exc: BaseException) -> dict:
-    status = http_status_for(exc)
+class _HttpError(Exception):
+    """A refusal of the framework's (404 no such route, 405 wrong method), with its status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = HTTPStatus(status)
+
+
+def error_response(path: str, exc: BaseException) -> JSONResponse:
+    """A refusal in the shape of the API it was sent to: the V2 protocol's `{"error": ...}`
+    under /v2, OpenAI's everywhere else (its SDK reads that)."""
+    status = exc.status if isinstance(exc, _HttpError) else http_status_for(exc)
     message = str(exc) or type(exc).__name__
-    return {
+    if path.startswith("/v2"):
+        return JSONResponse({"error": message}, status_code=status)
+    code = (
+        "model_not_found"
+        if isinstance(exc, ModelNotFoundError)
+        else status.phrase.lower().replace(" ", "_")
+    )
+    body = {
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(status.value, "server_error"),
             "param": None,
-            "code": status.phrase.lower().replace(" ", "_"),
+            "code": code,
         }
     }
+    return JSONResponse(body, status_code=status)
 
 
 def _bearer_check(token: str) -> Callable[[Request], None]:
@@ -292,7 +341,9 @@ def _bearer_check(token: str) -> Callable[[Request], None]:
 
 
 class BodyLimit:
-    """ASGI middleware: request bodies over `limit` bytes get 413 (the gRPC message limit)."""
+    """ASGI middleware: request bodies over `limit` bytes get 413 (the gRPC message limit),
+    whether they declare their length or come in chunks. The body is read here, counted,
+    and handed on whole: the routes read all of it anyway."""
 
     def __init__(self, app, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -302,31 +353,29 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and int(declared) > self.limit:
-            return await self._too_large(send)
-        seen = 0
-
-        async def counted_receive():
-            nonlocal seen
+            return await self._too_large(scope, send)
+        messages, seen = [], 0
+        while True:
             message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees it as it would have
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise _BodyTooLarge
-            return message
+                return await self._too_large(scope, send)
+            if not message.get("more_body"):
+                break
 
-        try:
-            await self.app(scope, counted_receive, send)
-        except _BodyTooLarge:
-            await self._too_large(send)
+        async def replay():
+            return messages.pop(0) if messages else await receive()
 
-    async def _too_large(self, send) -> None:
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, send) -> None:
         error = RequestTooLargeError(
             f"the request body is larger than the {self.limit:,}-byte message limit"
         )
-        await JSONResponse(_error_body(error), status_code=413)({"type": "http"}, None, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
+        await error_response(scope["path"], error)({"type": "http"}, None, send)
 
 
 class HttpServer:

@@ -8,7 +8,6 @@ to attnserve unmodified. Errors map to status codes through the one table
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -20,7 +19,6 @@ from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.dataplane import DataPlane
 from attnserve.service.errors import AttnserveError, InvalidInputError, ModelNotFoundError
-from attnserve.service.metrics import Metrics
 from attnserve.service.oip_tensors import (
     INPUTS,
     OUTPUT_DATATYPES,
@@ -32,8 +30,6 @@ from attnserve.service.oip_tensors import (
 )
 from attnserve.service.shared_memory import SharedMemoryRegistry
 from attnserve.service.status import status_for
-
-log = logging.getLogger(__name__)
 
 V2_VERSION = "1"  # the one version served
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -236,9 +232,8 @@ def _int_parameter(params, key: str, default: int, field: str) -> int:
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     """The protocol's gRPC service over a V2Model; errors map through the status table."""
 
-    def __init__(self, model: V2Model, metrics: Metrics) -> None:
+    def __init__(self, model: V2Model) -> None:
         self.model = model
-        self.metrics = metrics
 
     async def ServerLive(self, request, context) -> oip.ServerLiveResponse:
         return oip.ServerLiveResponse(live=True)
@@ -296,20 +291,11 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        start = time.perf_counter_ns()
         try:
-            response = await self.model.infer(request, context.time_remaining())
-            code, message = grpc.StatusCode.OK, ""
+            with self.model.dataplane.observed("ModelInfer"):
+                return await self.model.infer(request, context.time_remaining())
         except Exception as exc:
-            if not isinstance(exc, AttnserveError):
-                log.exception("ModelInfer failed unexpectedly")
-            response, code, message = None, status_for(exc), str(exc) or type(exc).__name__
-        self.metrics.requests.labels("ModelInfer", code.name).inc()
-        elapsed = (time.perf_counter_ns() - start) / 1e9
-        self.metrics.request_latency.labels("ModelInfer").observe(elapsed)
-        if response is None:
-            await context.abort(code, message)
-        return response
+            await context.abort(status_for(exc), str(exc) or type(exc).__name__)
 
     async def _call(self, context, method, *args):
         """method(*args), or the call aborted with the status of what it raised."""

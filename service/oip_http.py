@@ -10,9 +10,7 @@ V2Model (service/oip.py), data plane and batcher. Errors answer the protocol's
 from __future__ import annotations
 
 import json
-import logging
 import struct
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -21,11 +19,8 @@ from fastapi.responses import JSONResponse
 
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.service.errors import AttnserveError, InvalidInputError, ModelNotFoundError
-from attnserve.service.metrics import Metrics
 from attnserve.service.oip import SHM_REGION, V2Model
 from attnserve.service.status import http_status_for
-
-log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "inference-header-content-length"
 NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
@@ -34,7 +29,10 @@ NUMPY["FP16"] = np.dtype("<f2")
 BINARY_PARAMETERS = ("binary_data", "binary_data_size", "binary_data_output")
 
 
-def v2_router(model: V2Model, metrics: Metrics, dependencies: list) -> APIRouter:
+def v2_router(
+    model: V2Model, deadline: Callable[[Request], float], dependencies: list
+) -> APIRouter:
+    """The protocol's routes over `model`; `deadline(request)`: the seconds a call may take."""
     router = APIRouter(prefix="/v2", tags=["open inference protocol (KServe V2)"])
 
     def error(exc: BaseException) -> JSONResponse:
@@ -130,20 +128,14 @@ def v2_router(model: V2Model, metrics: Metrics, dependencies: list) -> APIRouter
 
         @router.post(base + "/infer", dependencies=dependencies)
         async def infer(request: Request, name: str, version: str = "") -> Response:
-            start = time.perf_counter()
             try:
-                body, binary = _split_body(await request.body(), request.headers)
-                infer_request, binary_outputs = _infer_request(body, binary, name, version)
-                response = await model.infer(infer_request, None)
-                answer = _infer_response(response, binary_outputs)
-                status = 200
+                with model.dataplane.observed("POST /v2/infer"):
+                    body, binary = _split_body(await request.body(), request.headers)
+                    infer_request, binary_outputs = _infer_request(body, binary, name, version)
+                    response = await model.infer(infer_request, deadline(request))
+                    return _infer_response(response, binary_outputs)
             except Exception as exc:
-                if not isinstance(exc, AttnserveError):
-                    log.exception("POST /v2/.../infer failed unexpectedly")
-                answer, status = error(exc), http_status_for(exc).value
-            metrics.requests.labels("POST /v2/infer", str(status)).inc()
-            metrics.request_latency.labels("POST /v2/infer").observe(time.perf_counter() - start)
-            return answer
+                return error(exc)
 
     return router
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import Tokenizer
-from attnserve.service.attention import AttentionSelection
+from attnserve.service.backend import AttentionSelection
 from attnserve.service.errors import InvalidInputError, ResponseTooLargeError
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import packed_length

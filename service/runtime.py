@@ -10,21 +10,22 @@ import contextlib
 import hashlib
 import io
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory, graph_filenames
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
 from attnserve.model.config import ConfigError, ModelConfig
-from attnserve.service.attention import AttentionOutput, AttentionReducer, AttentionSelection
+from attnserve.service.attention import AttentionReducer
+from attnserve.service.backend import AttentionOutput, AttentionSelection
 from attnserve.service.errors import InferenceError, ModelLoadError, ProviderUnavailableError
 from attnserve.service.memory import give_back_memory
+from attnserve.service.runtime_options import RuntimeOptions
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = ("auto", "cuda", "cpu")
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 # No TF32: float32 stays float32 on Ampere and later GPUs (parity within 1e-4, not ~1e-3).
@@ -33,29 +34,6 @@ CPU_EP = "CPUExecutionProvider"
 CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
 _ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
 _ORT_WARNING = 2  # ORT's default log severity
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    provider: str = "auto"  # "auto": CUDA when it really starts, else CPU; "cuda"; "cpu"
-    intra_op_threads: int = 0  # threads for one inference; 0 lets ORT use one per core
-    # Workers busy-wait between the operators of a run instead of sleeping and being woken
-    # for each (a short sequence's operators are too small to pay for that), and stop when
-    # the run ends (ORT's default keeps them spinning after it): an idle server burns nothing.
-    intra_op_spinning: bool = True
-    # "fp16": the float16 graphs export writes beside the float32 ones (float32 in and out);
-    # meant for CUDA; on CPU they run, no faster than fp32 and less exact.
-    precision: str = "fp32"
-    # On CPU in float32, run the full graph through the fused Attention op
-    # (model_fused.onnx) when the directory has it; False: always the traced model.onnx.
-    fused_attention: bool = True
-
-    def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
-        graph_filenames(self.precision)  # raises ValueError naming the precisions
-        if self.intra_op_threads < 0:
-            raise ValueError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
 
 class OrtRuntime:

@@ -143,10 +143,10 @@ async def start_server(
     ]
     interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
     server = grpc.aio.server(options=limits, interceptors=interceptors)
-    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(dataplane, metrics), server)
+    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(dataplane), server)
     # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same data plane.
     v2 = V2Model(dataplane, SharedMemoryRegistry())
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2, metrics), server)
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -174,7 +174,7 @@ async def start_server(
     )
     http = None
     if settings.http_port >= 0:
-        http = HttpServer(create_app(dataplane, settings, metrics, v2), settings)
+        http = HttpServer(create_app(dataplane, settings, v2), settings)
     await server.start()
     if http:
         http.start()

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import AsyncIterator
 
 import grpc
 
 from attnserve.service.dataplane import DataPlane
-from attnserve.service.errors import AttnserveError
-from attnserve.service.metrics import Metrics
 from attnserve.service.status import status_for
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
-
-log = logging.getLogger(__name__)
 
 # Requests of one EncodeStream in flight at once: enough for them to share batches,
 # bounded so that one stream cannot fill the queue by itself.
@@ -24,9 +18,8 @@ STREAM_WINDOW = 32
 
 
 class EncoderServicer(pb_grpc.EncoderServiceServicer):
-    def __init__(self, dataplane: DataPlane, metrics: Metrics) -> None:
+    def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
-        self.metrics = metrics
 
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -79,22 +72,17 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     async def _answer(
         self, method: str, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> tuple[pb.EncodeResponse | None, grpc.StatusCode, str]:
-        """The response, or None with the status code and message that explain why not.
-        Anything unexpected is logged with its traceback and answered INTERNAL."""
-        start = time.perf_counter_ns()
+        """The response, or None with the status code and message that explain why not
+        (anything unexpected is INTERNAL; the data plane has logged it)."""
         try:
-            response = await self.dataplane.encode(request, context.time_remaining())
-            code, message = grpc.StatusCode.OK, ""
+            with self.dataplane.observed(method):
+                response = await self.dataplane.encode(request, context.time_remaining())
         except Exception as exc:
-            if not isinstance(exc, AttnserveError):
-                log.exception("%s failed unexpectedly", method)
-            response, code, message = None, status_for(exc), str(exc) or type(exc).__name__
-        self.metrics.requests.labels(method, code.name).inc()
-        self.metrics.request_latency.labels(method).observe((time.perf_counter_ns() - start) / 1e9)
-        return response, code, message
+            return None, status_for(exc), str(exc) or type(exc).__name__
+        return response, grpc.StatusCode.OK, ""
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        self.metrics.requests.labels("GetModelInfo", "OK").inc()
-        return self.dataplane.model_info()
+        with self.dataplane.observed("GetModelInfo"):
+            return self.dataplane.model_info()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attnserve.model.artifacts import PRECISIONS
 from attnserve.service.batcher import BatcherOptions
-from attnserve.service.runtime import PROVIDERS, RuntimeOptions
+from attnserve.service.runtime_options import PROVIDERS, RuntimeOptions
 
 ENV_PREFIX = "ATTNSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -131,6 +131,14 @@ class Settings:
             "(ORT arena shrink, malloc_trim)",
         ),
     )
+    http_timeout_s: float = field(
+        default=60.0,
+        metadata=_opt(
+            float,
+            "deadline of an HTTP call, like a gRPC call's (a client's Request-Timeout header, "
+            "in seconds, may shorten it): queued work past it is dropped unrun, 504",
+        ),
+    )
     grace_seconds: float = field(
         default=10.0,
         metadata=_opt(float, "on SIGTERM, time for in-flight requests"),
@@ -165,6 +173,8 @@ class Settings:
                 raise ValueError(f"{name} must be in [-1, 65535], got {getattr(self, name)}")
         if self.port < 0:
             raise ValueError("port must be >= 0")
+        if self.http_timeout_s <= 0:
+            raise ValueError(f"http_timeout_s must be > 0, got {self.http_timeout_s}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.max_inflight_bytes < 0:

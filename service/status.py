@@ -47,3 +47,9 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 def http_status_for(exc: BaseException) -> HTTPStatus:
     """The HTTP status of an error; anything unexpected is 500."""
     return _codes(exc)[1]
+
+
+def code_name(exc: BaseException | None) -> str:
+    """The outcome as the metrics count it, whatever the transport: "OK", or the canonical
+    code of the error ("INVALID_ARGUMENT", "INTERNAL", ...)."""
+    return "OK" if exc is None else status_for(exc).name

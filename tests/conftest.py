@@ -20,6 +20,20 @@ SMALL_CONFIG = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_ff=256, max_seq_
 SMALL_SEED = 1
 
 
+# What `make test-fast` (pytest -m "not slow") leaves out: containers, the browser, the
+# peers' environment (KServe, tritonclient), benchmarks, and exporting the 4-layer default
+# model. A test is slow if it lives in one of these folders or asks for one of these fixtures.
+SLOW_FOLDERS = ("tests/deploy/", "tests/bench/", "tests/model/", "tests/export/")
+SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = Path(item.fspath).relative_to(REPO_ROOT).as_posix()
+        if path.startswith(SLOW_FOLDERS) or SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the `attnserve` command (as `python -m attnserve`, this venv's) the way a user would."""
     return subprocess.run(

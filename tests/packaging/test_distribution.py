@@ -1,5 +1,6 @@
 """The installed distribution claims only `attnserve*` names and installs the one command."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,8 +24,10 @@ def wheel(tmp_path_factory):
         check=True,
     ).stdout
     for name in filter(None, listed.decode().split("\0")):
-        if (REPO_ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        if (REPO_ROOT / name).is_symlink():  # attnserve/service -> ../service, ...
+            os.symlink(os.readlink(REPO_ROOT / name), source / name)
+        elif (REPO_ROOT / name).is_file():
             shutil.copy2(REPO_ROOT / name, source / name)
     result = subprocess.run(
         [
@@ -84,3 +87,46 @@ def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_pat
         [python, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert result.stdout.split("\n")[:2] == ["[]", "True True"]
+
+
+def test_from_the_repo_root_a_regular_install_imports_the_same_files(wheel, tmp_path):
+    """The root folder `attnserve/` shadows the installed package there; its symlinks make
+    it the whole package, so `import attnserve.service` still works (and names the file)."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+    )
+    code = "import attnserve.service, attnserve.oip; print(attnserve.service.__path__[0])"
+    result = subprocess.run([python, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service")
+
+
+def test_imports_resolve_without_an_import_hook():
+    """What a static reader sees: every package of the wheel is a folder under attnserve/
+    (no package-dir mapping, no editable finder), and the code imports with the finder gone."""
+    for package, folder in {
+        "service": "service",
+        "model": "model",
+        "export": "export",
+        "client": "client",
+        "bench": "bench",
+        "v1": "protos/attnserve/v1",
+        "oip": "protos/attnserve/oip",
+    }.items():
+        assert (REPO_ROOT / "attnserve" / package).resolve() == REPO_ROOT / folder
+    assert "package-dir" not in (REPO_ROOT / "pyproject.toml").read_text()
+    code = (
+        "import sys\n"
+        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "import attnserve.service.batcher, attnserve.client.inference, attnserve.v1.wire\n"
+        "print(attnserve.service.batcher.__file__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service" / "batcher.py")

@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from attnserve.service.attention import AttentionSelection
+from attnserve.service.backend import AttentionSelection
 from attnserve.service.batcher import Batcher, BatcherOptions
 from attnserve.service.errors import (
     DeadlineExceededError,

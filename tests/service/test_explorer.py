@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.ci import skip_or_fail_in_ci
+from tests.conftest import SMALL_CONFIG, ServerThread
 
 TEXT = "The cat sat on the mat."
 BROWSER_ARGS = [
@@ -124,3 +125,27 @@ def test_typing_a_text_and_pressing_show(page, server):
     page.locator('#heatmap[data-rows="13"]').wait_for()  # <bos> + 12 bytes
     assert "text=Hello%2C+world" in page.url
     assert page.locator("#status").text_content().startswith("13 tokens")
+
+
+def test_a_server_with_a_token_lets_the_page_ask_for_it(browser, small_model_dir, small_runtime):
+    secured = ServerThread(small_model_dir, small_runtime, auth_token="s3cret")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    status = "document.getElementById('status').textContent"
+    try:
+        page.goto(f"{secured.http_url}/?text={quote(TEXT)}")
+        page.locator("#auth:not([hidden])").wait_for()  # refused: the page asks
+        assert "needs its bearer token" in page.locator("#status").text_content()
+        page.fill("#token", "wrong")
+        page.click("#sign-in")
+        page.wait_for_function(f"{status}.includes('That token was refused')")
+        page.fill("#token", "s3cret")
+        page.click("#sign-in")
+        page.locator("#heatmap[data-rows]").wait_for()  # the API answered with the token
+        assert page.locator("#auth").is_hidden()
+        assert page.locator("#model").text_content() == SMALL_CONFIG.name
+        assert page.evaluate("sessionStorage.getItem('attnserve-token')") == "s3cret"
+        assert "s3cret" not in page.url  # never in the URL, which is shared
+    finally:
+        context.close()
+        secured.stop()

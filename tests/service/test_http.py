@@ -14,9 +14,10 @@ import pytest
 from openai import OpenAI
 
 from attnserve.client import build_request
-from tests.conftest import ServerThread
+from tests.conftest import SMALL_CONFIG, ServerThread
 from tests.service.fakes import FakeBackend
 
+MODEL = SMALL_CONFIG.name
 TEXTS = ["The cat sat on the mat.", "Attention is all you need!"]
 
 
@@ -29,7 +30,7 @@ def test_openai_sdk_embeddings_equal_grpc_last_token_pooling(server, client, ope
     grpc = client.encode(TEXTS, pooling="last", token_embeddings=False)
     for encoding_format in ("float", "base64", None):  # None: the SDK asks base64, decodes
         kwargs = {"encoding_format": encoding_format} if encoding_format else {}
-        response = openai_client.embeddings.create(model="any", input=TEXTS, **kwargs)
+        response = openai_client.embeddings.create(model=MODEL, input=TEXTS, **kwargs)
         assert [d.index for d in response.data] == [0, 1]
         for data, encoding in zip(response.data, grpc, strict=True):
             embedding = data.embedding
@@ -43,9 +44,9 @@ def test_openai_sdk_embeddings_equal_grpc_last_token_pooling(server, client, ope
 
 def test_every_openai_input_shape(openai_client, client):
     ids = [257, 72, 105]
-    one_text = openai_client.embeddings.create(model="m", input=TEXTS[0]).data
-    token_array = openai_client.embeddings.create(model="m", input=ids).data
-    token_arrays = openai_client.embeddings.create(model="m", input=[ids, ids[:2]]).data
+    one_text = openai_client.embeddings.create(model=MODEL, input=TEXTS[0]).data
+    token_array = openai_client.embeddings.create(model=MODEL, input=ids).data
+    token_arrays = openai_client.embeddings.create(model=MODEL, input=[ids, ids[:2]]).data
     assert len(one_text) == 1 and len(token_array) == 1 and len(token_arrays) == 2
     want = client.encode([ids, ids[:2]], pooling="last")
     np.testing.assert_allclose(token_array[0].embedding, want[0].pooled, atol=1e-5)
@@ -114,14 +115,18 @@ def test_encode_json_default_is_the_grpc_bytes(server, client):
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
-        ("/v1/embeddings", {"model": "m", "input": [[1, 999]]}, 400, "token id 999 is outside"),
-        ("/v1/embeddings", {"model": "m", "input": []}, 400, "input: at least one input"),
-        ("/v1/embeddings", {"model": "m"}, 400, "input: Field required"),
+        ("/v1/embeddings", {"model": MODEL, "input": [[1, 999]]}, 400, "token id 999 is outside"),
+        ("/v1/embeddings", {"model": MODEL, "input": []}, 400, "input: at least one input"),
+        ("/v1/embeddings", {"model": MODEL}, 400, "input: Field required"),
         ("/v1/embeddings", {"input": "x", "dimensions": 3}, 400, "dimensions: this model's"),
         ("/v1/encode", {"inputs": [{"text": "x"}], "tensor_format": "csv"}, 400, "tensor_format"),
         ("/v1/encode", {"inputz": []}, 400, "not an attnserve.v1.EncodeRequest"),
         ("/v1/encode", {"inputs": [{"text": "x"}], "options": {"attention": {"layers": [7]}}},
          400, "options.attention.layers: 7 is outside [0, 2)"),
+        ("/v1/embeddings", {"model": MODEL, "input": [[1, 2**63]]}, 400,
+         "input[0]: token id 9223372036854775808 is out of range"),
+        ("/v1/embeddings", {"model": MODEL, "input": [[-(2**63) - 1]]}, 400, "input[0]: token id"),
+        ("/v1/encode", {"inputs": [{"token_ids": {"ids": [2**63]}}]}, 400, "ids"),
     ],
 )  # fmt: skip
 def test_invalid_requests_are_400_in_openai_shape(server, path, body, status, message):
@@ -136,7 +141,7 @@ def test_invalid_requests_are_400_in_openai_shape(server, path, body, status, me
 def test_body_and_answer_limits_are_413(small_model_dir, small_runtime):
     small = ServerThread(small_model_dir, small_runtime, max_message_bytes=20_000)
     try:
-        big = {"model": "m", "input": "x" * 30_000}
+        big = {"model": MODEL, "input": "x" * 30_000}
         response = httpx.post(small.http_url + "/v1/embeddings", json=big)
         assert response.status_code == 413
         assert "20,000-byte message limit" in response.json()["error"]["message"]
@@ -152,7 +157,7 @@ def test_warming_up_is_503_and_a_full_queue_is_429(small_model_dir):
     backend = FakeBackend()
     cold = ServerThread(small_model_dir, backend, warm_up=False, max_queue=1)
     try:
-        body = {"model": "m", "input": "hi"}
+        body = {"model": MODEL, "input": "hi"}
         response = httpx.post(cold.http_url + "/v1/embeddings", json=body)
         assert response.status_code == 503 and "warming up" in response.json()["error"]["message"]
         assert httpx.get(cold.http_url + "/health").status_code == 503
@@ -185,7 +190,7 @@ def test_bearer_token_and_cors(small_model_dir, small_runtime):
         http_cors_origins="https://notebook.example",
     )
     try:
-        body = {"model": "m", "input": "hi"}
+        body = {"model": MODEL, "input": "hi"}
         refused = httpx.post(secured.http_url + "/v1/embeddings", json=body)
         assert refused.status_code == 401
         assert refused.json()["error"]["type"] == "authentication_error"
@@ -221,7 +226,91 @@ def test_an_unexpected_error_is_500_logged_and_counted(small_model_dir, caplog):
         assert response.status_code == 500
         assert response.json()["error"]["type"] == "server_error"
         assert "POST /v1/embeddings failed unexpectedly" in caplog.text
-        labels = {"method": "POST /v1/embeddings", "code": "500"}
+        labels = {"method": "POST /v1/embeddings", "code": "INTERNAL"}
         assert server.metric("attnserve_requests_total", labels) == 1
     finally:
         server.stop()
+
+
+def test_an_unknown_model_is_404_model_not_found(server, openai_client):
+    response = httpx.post(server.http_url + "/v1/embeddings", json={"model": "gpt-5", "input": "x"})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and MODEL in error["message"]
+    import openai
+
+    with pytest.raises(openai.NotFoundError):  # what OpenAI's SDK makes of it
+        openai_client.embeddings.create(model="gpt-5", input="x")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "status", "message"),
+    [
+        ("GET", "/v1/nothing", None, 404, "GET /v1/nothing: Not Found"),
+        ("GET", "/v1/embeddings", None, 405, "Method Not Allowed"),
+        ("POST", "/v1/embeddings", b'{"input": "\xff\xfe"}', 400, ""),
+        ("POST", "/v1/embeddings", b'{"input": "x"', 400, "JSON"),
+    ],
+)
+def test_framework_refusals_come_in_the_apis_shape(server, method, path, content, status, message):
+    headers = {"content-type": "application/json"}
+    if content is not None:
+        content = content.replace(b"\\xff\\xfe", bytes([0xFF, 0xFE]))
+    response = httpx.request(method, server.http_url + path, content=content, headers=headers)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert "detail" not in response.json() and message in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_v2_refusals_come_in_the_protocols_shape(server):
+    response = httpx.get(server.http_url + "/v2/nothing")
+    assert response.status_code == 404 and "Not Found" in response.json()["error"]
+
+
+def test_an_oversized_body_is_413_with_or_without_its_length(small_model_dir, small_runtime):
+    small = ServerThread(small_model_dir, small_runtime, max_message_bytes=20_000)
+    body = b'{"model": "%s", "input": "%s"}' % (MODEL.encode(), b"x" * 30_000)
+
+    def chunks():  # no Content-Length: sent chunked
+        for i in range(0, len(body), 4096):
+            yield body[i : i + 4096]
+
+    try:
+        for content in (body, chunks()):
+            response = httpx.post(
+                small.http_url + "/v1/embeddings",
+                content=content,
+                headers={"content-type": "application/json"},
+            )
+            assert response.status_code == 413
+            assert "20,000-byte message limit" in response.json()["error"]["message"]
+        v2 = httpx.post(small.http_url + "/v2/models/x/infer", content=chunks())
+        assert v2.status_code == 413 and "message limit" in v2.json()["error"]
+    finally:
+        small.stop()
+
+
+def test_http_calls_have_a_deadline(small_model_dir):
+    """A call queued past its deadline is dropped unrun and answered 504, like gRPC's."""
+    backend = FakeBackend()
+    slow = ServerThread(small_model_dir, backend)
+    try:
+        backend.gate.clear()  # the model is stuck: one request inside it, the next queued
+        body = {"model": MODEL, "input": "hi"}
+        with (
+            httpx.Client(base_url=slow.http_url, timeout=60) as http,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            running = pool.submit(http.post, "/v1/embeddings", json=body)
+            backend.wait_calls(1)
+            late = http.post("/v1/embeddings", json=body, headers={"Request-Timeout": "0.2"})
+            assert late.status_code == 504 and late.json()["error"]["type"] == "timeout"
+            bad = http.post("/v1/embeddings", json=body, headers={"Request-Timeout": "soon"})
+            assert bad.status_code == 400 and "Request-Timeout" in bad.json()["error"]["message"]
+            backend.gate.set()
+            assert running.result().status_code == 200
+            assert len(backend.calls) == 1  # the late one never ran
+    finally:
+        backend.gate.set()
+        slow.stop()

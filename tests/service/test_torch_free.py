@@ -62,3 +62,40 @@ def test_service_never_imports_the_client():
     for module in pkgutil.walk_packages(attnserve.service.__path__, "attnserve.service."):
         source = (REPO_ROOT / "service" / (module.name.rsplit(".", 1)[1] + ".py")).read_text()
         assert "attnserve.client" not in source, module.name
+
+
+# The seam and what stands on it, and everything the container's probe (`attnserve health`,
+# every 10 s) loads: none of it may load the engine.
+ENGINE_FREE = (
+    "attnserve.service.backend",
+    "attnserve.service.batcher",
+    "attnserve.service.plan",
+    "attnserve.service.budget",
+    "attnserve.service.dataplane",
+    "attnserve.service.settings",
+    "tests.service.fakes",
+)
+BLOCK_ENGINE = (
+    "import sys\nfor name in ('onnxruntime', 'onnx', 'torch'):\n    sys.modules[name] = None\n"
+)
+
+
+def test_the_seam_and_the_health_probe_load_no_engine():
+    code = BLOCK_ENGINE + (
+        f"import importlib\nfor name in {ENGINE_FREE!r}:\n    importlib.import_module(name)\n"
+        "from attnserve.cli import main\n"
+        "sys.exit(main(['health', '--target', '127.0.0.1:1', '--timeout', '0.5']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 1, result.stderr  # not SERVING: nothing listens there
+    assert "UNAVAILABLE" in result.stderr
+
+
+def test_blocking_the_engine_really_blocks_it():
+    code = BLOCK_ENGINE + "import attnserve.service.runtime"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr

@@ -228,29 +228,51 @@ function fillSelect(id, n, wanted) {
 
 // ---- talking to the server ----
 
+// A server started with --auth-token answers 401 until the page sends its token. The page
+// asks for it in a form, keeps it in this tab's session storage (never in the URL, which is
+// shared), and sends it as a bearer token from then on.
+const TOKEN_KEY = "attnserve-token";
+
 function authHeaders() {
-  const token = sessionStorage.getItem("attnserve-token");
+  const token = sessionStorage.getItem(TOKEN_KEY);
   return token ? { Authorization: `Bearer ${token}` } : {};
 }
 
+class Unauthorized extends Error {}
+
+function askForToken(message) {
+  $("auth").hidden = false;
+  $("token").focus();
+  $("status").className = "error";
+  $("status").textContent = message;
+}
+
+async function useToken(event) {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("token").value);
+  $("token").value = "";
+  $("auth").hidden = true;
+  await loadModelName();
+  await show();
+}
+
 async function post(path, body) {
-  for (let attempt = 0; attempt < 2; attempt++) {
-    const response = await fetch(path, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", ...authHeaders() },
-      body: JSON.stringify(body),
-    });
-    if (response.status === 401 && attempt === 0) {
-      const token = prompt("This server needs its bearer token:");
-      if (!token) break;
-      sessionStorage.setItem("attnserve-token", token);
-      continue;
-    }
-    const json = await response.json();
-    if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
-    return json;
-  }
-  throw new Error("not authorised");
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...authHeaders() },
+    body: JSON.stringify(body),
+  });
+  const json = await response.json();
+  if (response.status === 401) throw new Unauthorized(json.error.message);
+  if (!response.ok) throw new Error(json.error ? json.error.message : response.statusText);
+  return json;
+}
+
+async function loadModelName() {
+  try {
+    const response = await fetch("/v1/models", { headers: authHeaders() });
+    if (response.ok) $("model").textContent = (await response.json()).data[0].id;
+  } catch (_) { /* the page still works without the name */ }
 }
 
 async function show(event) {
@@ -280,6 +302,12 @@ async function show(event) {
     const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
     $("status").textContent = `${result.tokens.length} tokens${cut}, server ${(Number(answer.timings.totalNs) / 1e6).toFixed(1)} ms`;
   } catch (error) {
+    if (error instanceof Unauthorized) {
+      const had = sessionStorage.getItem(TOKEN_KEY);
+      sessionStorage.removeItem(TOKEN_KEY);
+      askForToken(had ? "That token was refused; enter the server's token." : "This server needs its bearer token.");
+      return;
+    }
     $("status").className = "error";
     $("status").textContent = `error: ${error.message}`;
   }
@@ -294,10 +322,8 @@ async function init() {
   for (const id of ["layer", "head", "view", "rows"]) $(id).addEventListener("change", update);
   $("heatmap").addEventListener("mousemove", hover);
   $("heatmap").addEventListener("mouseleave", () => draw());
-  try {
-    const models = await (await fetch("/v1/models", { headers: authHeaders() })).json();
-    $("model").textContent = models.data ? models.data[0].id : "";
-  } catch (_) { /* the page still works without the name */ }
+  $("auth").addEventListener("submit", useToken);
+  await loadModelName();
   if (params.get("text")) {
     $("text").value = params.get("text");
     await show();
