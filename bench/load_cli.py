@@ -1,4 +1,4 @@
-"""`python -m bench load`: turns flags into a LoadGenerator run and a JSON report."""
+"""`attnserve bench load`: turns flags into a LoadGenerator run and a JSON report."""
 
 from __future__ import annotations
 

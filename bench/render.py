@@ -115,8 +115,9 @@ def render(out: Path) -> str:
             body = table.read_text().strip() if table.exists() else None
         if body is None:
             continue
-        if name == "latency":
-            body = body.replace("### batch", "Batch") + "\n\n" + _engines(env)
+        if name == "latency":  # batch 1 here; every batch size is in latency.md and the plot
+            body = body.split("### batch")[1].strip().replace("1\n", "Batch 1:\n", 1)
+            body += "\n\n" + _engines(env)
         parts.append(f"## {heading}\n\n{what} `{command}`\n\n{body}\n")
     parts.append(END_OF_GENERATED + "\n")
     return "\n".join(parts)

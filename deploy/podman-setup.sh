@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes docker-compose.yml runnable where no Docker engine exists, as on this project's CI
-# machines (../shared/ENVIRONMENT.md): installs podman, lets containers start on a host without
+# machines: installs podman, lets containers start on a host without
 # systemd or rlimit rights, and builds the python:3.11-slim base image locally when no image
 # registry can be reached. `make test` runs it. Each step is skipped when already done; without
 # root and apt-get it changes nothing and the container tests skip, saying why.

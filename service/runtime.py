@@ -229,7 +229,7 @@ def _read_config(session: ort.InferenceSession, path: Path) -> ModelConfig:
     if CONFIG_METADATA_KEY not in metadata:
         raise ModelLoadError(
             f"{path} has no {CONFIG_METADATA_KEY!r} metadata: it was not written by "
-            "`python -m export`"
+            "`attnserve export`"
         )
     try:
         return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])

@@ -248,14 +248,12 @@ def test_an_unknown_model_is_404_model_not_found(server, openai_client):
     [
         ("GET", "/v1/nothing", None, 404, "GET /v1/nothing: Not Found"),
         ("GET", "/v1/embeddings", None, 405, "Method Not Allowed"),
-        ("POST", "/v1/embeddings", b'{"input": "\xff\xfe"}', 400, ""),
+        ("POST", "/v1/embeddings", b'{"input": "\xff\xfe"}', 400, "error parsing the body"),
         ("POST", "/v1/embeddings", b'{"input": "x"', 400, "JSON"),
     ],
 )
 def test_framework_refusals_come_in_the_apis_shape(server, method, path, content, status, message):
     headers = {"content-type": "application/json"}
-    if content is not None:
-        content = content.replace(b"\\xff\\xfe", bytes([0xFF, 0xFE]))
     response = httpx.request(method, server.http_url + path, content=content, headers=headers)
     assert response.status_code == status, response.text
     error = response.json()["error"]
