@@ -51,8 +51,8 @@ PLOT = "before_after.png"
 def sources_of(ref: str) -> Iterator[Path]:
     """`ref`'s files in a scratch folder that imports as `attnserve` for Python run in it
     with it on PYTHONPATH: each package folder is linked where the package's name puts
-    it, as pyproject.toml maps them for an install."""
-    root = Path(__file__).resolve().parent.parent
+    it, as pyproject.toml mapped them for an install (later commits carry those links)."""
+    root = Path(__file__).resolve().parents[2]  # the repository
     try:
         archive = subprocess.run(
             ["git", "-C", str(root), "archive", "--format=tar", ref],
@@ -67,7 +67,7 @@ def sources_of(ref: str) -> Iterator[Path]:
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(src, filter="data")
         pyproject = tomllib.loads((src / "pyproject.toml").read_text())
-        for package, folder in pyproject["tool"]["setuptools"]["package-dir"].items():
+        for package, folder in pyproject["tool"]["setuptools"].get("package-dir", {}).items():
             (src / package.replace(".", "/")).symlink_to(src / folder, target_is_directory=True)
         yield src
 
