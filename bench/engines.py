@@ -12,15 +12,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import onnx
-import onnxruntime as ort
 import torch
 
 from attnserve.client import ClientOptions, EncoderClient
-from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 from attnserve.service.errors import ProviderUnavailableError
-from attnserve.service.runtime import CPU_EP, OrtRuntime, RuntimeOptions, session_options
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 Engine = Callable[[np.ndarray], object]
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024  # the benchmark server's --max-message-bytes
@@ -38,8 +35,6 @@ BASELINES = {
     "grpc-emb": "torch-eager-emb",
     "grpc-attn-f32-full": "torch-eager",
     "grpc-attn-f16-packed": "torch-eager",
-    "matmul-only": "matmul-only",
-    "ort-matmul-only": "ort-matmul-only",
 }
 DESCRIPTIONS = {
     "torch-eager": "PyTorch eager, embeddings + all attention weights",
@@ -53,10 +48,7 @@ DESCRIPTIONS = {
     "grpc-emb": "gRPC Encode against a server process, embeddings only",
     "grpc-attn-f32-full": "gRPC Encode, all attention float32 full, decoded by the client",
     "grpc-attn-f16-packed": "gRPC Encode, all attention float16 causal-packed, decoded",
-    "matmul-only": "only the model's matrix products at its shapes (torch): a floor",
-    "ort-matmul-only": "the same products, each one MatMul node of ONNX Runtime: ORT's own floor",
 }
-FLOORS = {"matmul-only": "--", "ort-matmul-only": ":"}  # floor -> its line style in plots
 
 
 DEFAULT_ENGINES = [
@@ -71,120 +63,7 @@ DEFAULT_ENGINES = [
     "grpc-emb",
     "grpc-attn-f32-full",
     "grpc-attn-f16-packed",
-    "matmul-only",
-    "ort-matmul-only",
 ]
-
-
-Activations = dict[str, tuple[int | str, ...]]
-Products = list[tuple[str, str | tuple[int, int]]]
-
-
-def model_products(
-    config: ModelConfig, batch: int | str, seq_len: int | str
-) -> tuple[Activations, Products]:
-    """One layer's matrix products: the activations' shapes by name, and each product as
-    (left activation, right activation or the shape of a weight). Sizes may be names."""
-    b, t, d, h = batch, seq_len, config.d_model, config.n_heads
-    activations: Activations = {
-        "x": (b, t, d),
-        "hidden": (b, t, config.d_ff),
-        "q": (b, h, t, d // h),
-        "k_t": (b, h, d // h, t),
-        "weights": (b, h, t, t),
-        "v": (b, h, t, d // h),
-    }
-    products: Products = [
-        ("x", (d, 3 * d)),  # fused Q, K, V
-        ("q", "k_t"),  # Q K^T
-        ("weights", "v"),  # A V
-        ("x", (d, d)),  # output projection
-        ("x", (d, config.d_ff)),  # MLP in
-        ("hidden", (config.d_ff, d)),  # MLP out
-    ]
-    return activations, products
-
-
-def matmul_only(config: ModelConfig) -> Engine:
-    """Only the model's matrix products, at its shapes, in torch: the floor under any
-    engine built on the same kind of GEMM kernels (everything else is overhead)."""
-    operands: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-
-    def run(ids: np.ndarray) -> object:
-        batch, t = ids.shape
-        if (batch, t) not in operands:
-            activations, products = model_products(config, batch, t)
-            tensors = {name: torch.randn(shape) for name, shape in activations.items()}
-            operands[(batch, t)] = [
-                (tensors[left], tensors[right] if isinstance(right, str) else torch.randn(right))
-                for left, right in products
-            ]
-        with torch.inference_mode():
-            for _ in range(config.n_layers):
-                for a, b in operands[(batch, t)]:
-                    a @ b
-        return None
-
-    return run
-
-
-def matmul_graph(
-    config: ModelConfig, batch: int | str = "B", seq_len: int | str = "T"
-) -> onnx.ModelProto:
-    """The model's products (every layer's, each with its own weights) as one ONNX graph,
-    each one MatMul node: the weights are constants (ORT prepacks them, as it does the
-    model's), the activations inputs, every product an output."""
-    activations, products = model_products(config, batch, seq_len)
-    rng = np.random.default_rng(0)
-    nodes, weights, outputs = [], [], []
-    for layer in range(config.n_layers):
-        for i, (left, right) in enumerate(products):
-            if isinstance(right, tuple):  # a weight of this layer, of that shape
-                weight = rng.standard_normal(right, dtype=np.float32)
-                right = f"w{layer}_{i}"
-                weights.append(onnx.numpy_helper.from_array(weight, right))
-            out = f"y{layer}_{i}"
-            nodes.append(onnx.helper.make_node("MatMul", [left, right], [out]))
-            outputs.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
-    inputs = [
-        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
-        for name, shape in activations.items()
-    ]
-    graph = onnx.helper.make_graph(nodes, "matmul_only", inputs, outputs, weights)
-    return onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10
-    )
-
-
-def ort_matmul_only(config: ModelConfig) -> Engine:
-    """`matmul_graph` in ONNX Runtime with the server's session settings. Inputs and
-    outputs are bound once per shape and stay in ORT's memory: only the products run."""
-    session = ort.InferenceSession(
-        matmul_graph(config).SerializeToString(),
-        session_options(RuntimeOptions(provider="cpu")),
-        providers=[CPU_EP],
-    )
-    bindings: dict[tuple[int, int], tuple[ort.IOBinding, list[np.ndarray]]] = {}
-    rng = np.random.default_rng(0)
-
-    def run(ids: np.ndarray) -> object:
-        batch, t = ids.shape
-        if (batch, t) not in bindings:
-            binding, arrays = session.io_binding(), []
-            for name, shape in model_products(config, batch, t)[0].items():
-                arrays.append(rng.standard_normal(shape, dtype=np.float32))
-                binding.bind_cpu_input(name, arrays[-1])  # no copy: keep the array
-            for arg in session.get_outputs():
-                binding.bind_output(arg.name, "cpu")
-            session.run_with_iobinding(binding)  # ORT allocates the outputs once...
-            for arg, value in zip(session.get_outputs(), binding.get_outputs(), strict=True):
-                binding.bind_ortvalue_output(arg.name, value)  # ...and every run reuses them
-            bindings[(batch, t)] = binding, arrays
-        binding, _ = bindings[(batch, t)]
-        session.run_with_iobinding(binding)
-        return binding.get_outputs()
-
-    return run
 
 
 class TooLarge(Exception):
@@ -261,10 +140,6 @@ def build_engines(
                 },
             }[name]
             engines[name] = _grpc_engine(client, **variant)
-        elif name == "matmul-only":
-            engines[name] = matmul_only(model.config)
-        elif name == "ort-matmul-only":
-            engines[name] = ort_matmul_only(model.config)
         else:
             raise ValueError(f"unknown engine {name!r}; choose from {list(BASELINES)}")
     return engines, unavailable

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from attnserve.bench.engines import (
     BASELINES,
     DEFAULT_ENGINES,
-    FLOORS,
     GRPC_MESSAGE_LIMIT,
     Engine,
     TooLarge,
@@ -185,10 +184,8 @@ def plot(rows: list[Row], batch_sizes: list[int], path: Path) -> Path:
                 for r in rows
                 if r.engine == engine and r.batch == batch and r.p50_ms
             )
-            # The floors in black, each in its own line style, apart from the engines' colours.
-            style = {"linestyle": FLOORS[engine], "color": "black"} if engine in FLOORS else {}
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=engine, **style)
+                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length (tokens)")

@@ -1,13 +1,10 @@
 import csv
 import json
-import math
 
-import onnx
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnserve.bench.engines import matmul_graph
 from attnserve.bench.latency import model_flops
 from tests.conftest import SMALL_CONFIG, run_cli
 
@@ -19,8 +16,6 @@ ENGINES = [
     "grpc-emb",
     "grpc-attn-f16-packed",
     "ort-cuda",
-    "matmul-only",
-    "ort-matmul-only",
 ]
 
 
@@ -30,20 +25,6 @@ def test_flop_formula_matches_pytorch_flop_counter(small_model, batch, seq_len):
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
         small_model(ids)
     assert model_flops(SMALL_CONFIG, batch, seq_len) == counter.get_total_flops()
-
-
-def test_ort_matmul_floor_does_the_models_matmul_flops():
-    graph = onnx.shape_inference.infer_shapes(
-        matmul_graph(SMALL_CONFIG, batch=3, seq_len=5), strict_mode=True
-    ).graph
-    shapes = {w.name: list(w.dims) for w in graph.initializer}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        shapes[value.name] = [d.dim_value for d in value.type.tensor_type.shape.dim]
-    assert {n.op_type for n in graph.node} == {"MatMul"}
-    flops = sum(  # 2 x the output's size x the contracted size, per product
-        2 * math.prod(shapes[n.output[0]]) * shapes[n.input[0]][-1] for n in graph.node
-    )
-    assert flops == model_flops(SMALL_CONFIG, 3, 5)
 
 
 def test_quick_sweep_writes_json_csv_table_and_plot(tmp_path):
