@@ -15,7 +15,6 @@ import hmac
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from importlib import resources
 from typing import Any, Literal
 
@@ -38,10 +37,10 @@ from attnserve.service.errors import (
     RequestTooLargeError,
     UnauthenticatedError,
 )
+from attnserve.service.http_errors import BodyLimit, FrameworkError, error_response
 from attnserve.service.oip import V2Model
 from attnserve.service.oip_http import v2_router
 from attnserve.service.settings import Settings
-from attnserve.service.status import http_status_for
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import from_tensor
 
@@ -57,17 +56,6 @@ TENSOR_FIELDS = {
 }
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16", pb.DTYPE_INT32: "int32"}
-# OpenAI's error "type" for each HTTP status the API answers with.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-    504: "timeout",
-}
 
 
 class EmbeddingsRequest(BaseModel):
@@ -148,7 +136,7 @@ def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = No
         message = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code == 400:
             return error_response(request.url.path, InvalidInputError(message))
-        return error_response(request.url.path, _HttpError(exc.status_code, message))
+        return error_response(request.url.path, FrameworkError(exc.status_code, message))
 
     @app.get("/health", tags=["health"])
     async def ready() -> JSONResponse:
@@ -298,37 +286,6 @@ def _tensor_as_list(tensor: pb.Tensor) -> dict:
     }
 
 
-class _HttpError(Exception):
-    """A refusal of the framework's (404 no such route, 405 wrong method), with its status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = HTTPStatus(status)
-
-
-def error_response(path: str, exc: BaseException) -> JSONResponse:
-    """A refusal in the shape of the API it was sent to: the V2 protocol's `{"error": ...}`
-    under /v2, OpenAI's everywhere else (its SDK reads that)."""
-    status = exc.status if isinstance(exc, _HttpError) else http_status_for(exc)
-    message = str(exc) or type(exc).__name__
-    if path.startswith("/v2"):
-        return JSONResponse({"error": message}, status_code=status)
-    code = (
-        "model_not_found"
-        if isinstance(exc, ModelNotFoundError)
-        else status.phrase.lower().replace(" ", "_")
-    )
-    body = {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status.value, "server_error"),
-            "param": None,
-            "code": code,
-        }
-    }
-    return JSONResponse(body, status_code=status)
-
-
 def _bearer_check(token: str) -> Callable[[Request], None]:
     expected = f"Bearer {token}".encode()
 
@@ -338,44 +295,6 @@ def _bearer_check(token: str) -> Callable[[Request], None]:
             raise UnauthenticatedError("missing or wrong 'Authorization: Bearer <token>' header")
 
     return check
-
-
-class BodyLimit:
-    """ASGI middleware: request bodies over `limit` bytes get 413 (the gRPC message limit),
-    whether they declare their length or come in chunks. The body is read here, counted,
-    and handed on whole: the routes read all of it anyway."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and int(declared) > self.limit:
-            return await self._too_large(scope, send)
-        messages, seen = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break  # the client went away: the app sees it as it would have
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                return await self._too_large(scope, send)
-            if not message.get("more_body"):
-                break
-
-        async def replay():
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, scope, send) -> None:
-        error = RequestTooLargeError(
-            f"the request body is larger than the {self.limit:,}-byte message limit"
-        )
-        await error_response(scope["path"], error)({"type": "http"}, None, send)
 
 
 class HttpServer:

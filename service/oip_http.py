@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse
 
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.service.errors import AttnserveError, InvalidInputError, ModelNotFoundError
+from attnserve.service.http_errors import error_response
 from attnserve.service.oip import SHM_REGION, V2Model
-from attnserve.service.status import http_status_for
 
 HEADER_LENGTH = "inference-header-content-length"
 NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
@@ -36,7 +36,7 @@ def v2_router(
     router = APIRouter(prefix="/v2", tags=["open inference protocol (KServe V2)"])
 
     def error(exc: BaseException) -> JSONResponse:
-        return JSONResponse({"error": str(exc) or type(exc).__name__}, http_status_for(exc))
+        return error_response(router.prefix, exc)
 
     def guarded(build: Callable[[], dict]) -> JSONResponse:
         try:
