@@ -11,43 +11,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from attnserve.bench.peers import LATENCY_LENGTHS, PEER_SCRIPT, peer_venv
+from attnserve.bench.peer_env import TritonDriver, peer_venv
+from attnserve.bench.peers import LATENCY_LENGTHS
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1.wire import packed_length
-
-
-class TritonDriver:
-    """bench/kserve_peer.py's tritonclient side, pointed at attnserve's V2 service."""
-
-    def __init__(self, python: Path, port: int, model: str) -> None:
-        self.process = subprocess.Popen(
-            [str(python), str(PEER_SCRIPT), "client", "--port", str(port), "--model", model],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        if not self.ask("ready")["ready"]:
-            raise RuntimeError("attnserve's V2 service did not answer ModelReady")
-
-    def ask(self, op: str, **arguments) -> dict:
-        self.process.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
-        self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
 
 
 async def _encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list:
@@ -110,6 +86,8 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
         )
     }
     try:
+        if not driver.ready():
+            raise RuntimeError("attnserve's V2 service did not answer ModelReady")
         with asyncio.Runner() as runner:
             client = AsyncEncoderClient(server.address, ClientOptions(timeout_s=120))
             v2 = InferenceClient(server.address, ClientOptions(timeout_s=120))

@@ -11,20 +11,15 @@ tritonclient for KServe), measured side by side in one run:
    and ORT alone in this process, one request at a time and through the batcher;
 3. an open loop (Poisson) at 70% of KServe's saturated rate, same mix: p50 and p99.
 
-KServe lives in its own virtual environment (its pins differ from the project's), made
-by `peer_venv` on first use; bench/kserve_peer.py is the only code that runs there.
+KServe and tritonclient run in their own environment (bench/peer_env.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import platform
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -33,18 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.load import LoadGenerator, RequestKind, summarize
+from attnserve.bench.peer_env import KSERVE_PINS, KServePeer, ort_distribution, peer_venv
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.service.batcher import Batcher, BatcherOptions
 from attnserve.service.metrics import Metrics
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_settings
+from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.server import model_instances
 from attnserve.service.settings import Settings
 
-KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")
-PEER_SCRIPT = Path(__file__).with_name("kserve_peer.py")
 LATENCY_LENGTHS = (8, 32, 128, 512)  # and all attention weights at the longest
 SHORTEST, LONGEST = 8, 512  # the mixed load: lengths uniform in 8..512
 CONCURRENCY = 64
@@ -60,72 +54,6 @@ VARIANTS = {
     "attnserve, no batching": ("--max-batch-size=1",),
 }
 SEED = 0
-
-
-def peer_venv(path: Path, log: Callable[[str], None]) -> Path:
-    """KServe, tritonclient and this environment's ONNX Runtime in a virtual environment of
-    their own (made once; a stamp file names what it holds). Returns its python."""
-    ort = next(d for d in ("onnxruntime-gpu", "onnxruntime") if _installed(d))
-    pins = [*KSERVE_PINS, f"{ort}=={metadata.version(ort)}"]
-    python, stamp = path / "bin" / "python", path / "pins.txt"
-    if stamp.is_file() and stamp.read_text().split() == pins:
-        return python
-    log(f"peers: installing {' '.join(pins)} into {path} (a minute or two)")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True)
-    stamp.write_text("\n".join(pins) + "\n")
-    return python
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class KServePeer:
-    """KServe serving `model_dir`, and a tritonclient process that measures it on command."""
-
-    def __init__(self, python: Path, model_dir: Path, runtime: OrtRuntime) -> None:
-        port = _free_port()
-        session = {
-            **session_settings(RuntimeOptions(provider="cpu")),
-            "attention_graph": runtime.attention_graph.name,  # the graph attnserve runs
-        }
-        serve = ["serve", "--model-dir", str(model_dir), "--port", str(port)]
-        serve += ["--http-port", str(_free_port()), "--session", json.dumps(session)]
-        self.server = subprocess.Popen(
-            [str(python), str(PEER_SCRIPT), *serve],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.client = subprocess.Popen(
-            [str(python), str(PEER_SCRIPT), "client", "--port", str(port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        if not self.ask("ready")["ready"]:
-            self.close()
-            raise RuntimeError("KServe's model server did not become ready in 120 s")
-
-    def ask(self, op: str, **arguments) -> dict:
-        self.client.stdin.write(json.dumps({"op": op, **arguments}) + "\n")
-        self.client.stdin.flush()
-        return json.loads(self.client.stdout.readline())
-
-    def close(self) -> None:
-        for process in (self.client, self.server):
-            process.terminate()
-            process.wait(30)
 
 
 @contextlib.contextmanager
@@ -384,9 +312,7 @@ def run_peers(
         "versions": {
             "kserve": KSERVE_PINS[0].split("==")[1],
             "tritonclient": KSERVE_PINS[1].split("==")[1],
-            "onnxruntime": metadata.version("onnxruntime-gpu")
-            if _installed("onnxruntime-gpu")
-            else metadata.version("onnxruntime"),
+            "onnxruntime": metadata.version(ort_distribution()),
             "python": platform.python_version(),
         },
         "latency": latency,

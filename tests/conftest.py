@@ -50,7 +50,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def peer_python() -> Path:
     """The python of .venv-peers: KServe and tritonclient, unmodified, in an environment of
     their own (their protobuf pins differ from ours), made once as `bench peers` makes it."""
-    from attnserve.bench.peers import peer_venv
+    from attnserve.bench.peer_env import peer_venv
 
     return peer_venv(REPO_ROOT / ".venv-peers", print)
 

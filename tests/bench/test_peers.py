@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnserve.bench.peers import KServePeer, run_peers, table
+from attnserve.bench.peer_env import KServePeer
+from attnserve.bench.peers import run_peers, table
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_options, session_settings
 from tests.conftest import SMALL_CONFIG
 
