@@ -172,7 +172,7 @@ def session_settings(options: RuntimeOptions) -> dict:
 
 
 def session_options(options: RuntimeOptions) -> ort.SessionOptions:
-    """The server's ORT session settings (bench/engines.py opens its floor with them too)."""
+    """The server's ORT session settings, as an ORT SessionOptions."""
     settings = session_settings(options)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
