@@ -27,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     export_cli.add_commands(commands)  # export
     model_cli.add_commands(commands)  # train
     client_cli.add_commands(commands)  # info, encode, heatmap, health
-    bench_cli.add_commands(commands)  # bench latency | grpc | before-after | ... | report
+    bench_cli.add_commands(commands)  # bench latency | endpoints | attention | load
     return root
 
 

@@ -1,22 +1,21 @@
-"""`attnserve bench {latency,endpoints,attention,load,peers,oip,perf-analyzer,containers,
-report}`: benchmarks and the load generator."""
+"""`attnserve bench {latency,endpoints,attention,load}`: what a user points at their own model
+or deployment. (The suite behind docs/BENCHMARKS.md, with the peers, runs from a checkout:
+`python -m benchmarks`.)"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from attnserve.model.config import ModelConfig
-
-PERF_ANALYZER_TOOLS = Path(".tools/perf_analyzer")  # the binary and its libraries, made once
 
 
 def add_commands(root: argparse._SubParsersAction) -> None:
     parser = root.add_parser(
         "bench",
-        help="benchmarks and the load generator",
-        description="attnserve benchmarks and load generator",
+        help="the load generator; latency, endpoint and attention costs of a model",
+        description="The load generator, and what a model costs on this machine. (The suite "
+        "behind docs/BENCHMARKS.md, with the peers, runs from a checkout: python -m benchmarks)",
     )
     commands = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     latency = commands.add_parser(
@@ -114,78 +113,11 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     )
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
 
-    peers = commands.add_parser(
-        "peers",
-        help="attnserve beside KServe's model server on the same graphs: latency, "
-        "saturated mixed lengths, an open loop",
-    )
-    peers.add_argument("--out", type=Path, required=True, help="for peers.json/.md")
-    peers.add_argument("--model", type=Path, help="model directory (default: the default model)")
-    peers.add_argument(
-        "--venv",
-        type=Path,
-        default=Path(".venv-peers"),
-        help="KServe's own virtual environment, made on first use (.venv-peers)",
-    )
-    peers.add_argument("--duration", type=float, default=10.0, help="seconds per loaded run")
-    peers.add_argument("--rounds", type=int, default=3, help="saturation rounds (medians)")
-    peers.add_argument("--blocks", type=int, default=5, help="alternating latency blocks")
-
-    oip = commands.add_parser(
-        "oip",
-        help="the Open Inference Protocol (KServe V2) beside Encode; attention through "
-        "shared memory against the runtime",
-    )
-    oip.add_argument("--out", type=Path, required=True, help="for oip.json/.md")
-    oip.add_argument("--model", type=Path, help="model directory (default: the default model)")
-    oip.add_argument("--venv", type=Path, default=Path(".venv-peers"), help="tritonclient's")
-    oip.add_argument("--blocks", type=int, default=5, help="alternating blocks")
-
-    perf = commands.add_parser(
-        "perf-analyzer",
-        help="Triton's perf_analyzer against the V2 endpoint (fetched into --tools once)",
-    )
-    perf.add_argument("--out", type=Path, required=True, help="for perf_analyzer.json/.md")
-    perf.add_argument("--model", type=Path, help="model directory (default: the default model)")
-    perf.add_argument("--tools", type=Path, default=PERF_ANALYZER_TOOLS, help="its files")
-
-    containers = commands.add_parser(
-        "containers",
-        help="the compose stack under load: host process vs 1 container vs 2 replicas",
-    )
-    containers.add_argument("--out", type=Path, required=True, help="for containers.json/.md")
-    containers.add_argument("--duration", type=float, default=10.0, help="seconds per load")
-
-    report = commands.add_parser(
-        "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
-    )
-    report.add_argument("--out", type=Path, default=Path("bench-results"), help="raw results")
-    report.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
-    report.add_argument("--quick", action="store_true", help="short lengths and runs (smoke)")
-    report.add_argument(
-        "--render-only", action="store_true", help="rewrite the page from --out's existing results"
-    )
     parser.set_defaults(run=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     command = args.bench_command
-    if command == "report":
-        from attnserve.bench.render import write_page
-
-        if not args.render_only:
-            from attnserve.bench.suite import run_suite
-
-            run_suite(args.out, args.quick)
-        write_page(args.out, args.doc)
-        print(f"wrote {args.doc}", file=sys.stderr)
-        return 0
-    if command == "containers":
-        from attnserve.bench.containers import run_containers
-        from attnserve.bench.results import progress
-
-        results = run_containers(args.out, args.duration, progress)
-        return 1 if results.get("skipped") else 0
     if command == "attention":
         from attnserve.bench.attention import run_attention
 
@@ -207,27 +139,10 @@ def run_bench(args: argparse.Namespace) -> int:
             args.engines.split(",") if args.engines else None,
         )
         return 0
-    # The rest serve a model directory: the one given, or the default model.
-    from attnserve.bench.default_model import model_dir_or_default
+    from attnserve.bench.default_model import model_dir_or_default  # endpoints
+    from attnserve.bench.endpoints import run_endpoints
     from attnserve.bench.results import progress
 
     with model_dir_or_default(args.model, progress) as model_dir:
-        if command == "peers":
-            from attnserve.bench.peers import run_peers
-
-            run_peers(
-                args.out, model_dir, args.venv, args.duration, args.blocks, args.rounds, progress
-            )
-        elif command == "oip":
-            from attnserve.bench.oip import run_oip
-
-            run_oip(args.out, model_dir, args.venv, args.blocks, progress)
-        elif command == "perf-analyzer":
-            from attnserve.bench.perf_analyzer import run_perf_analyzer
-
-            run_perf_analyzer(args.out, model_dir, args.tools, progress)
-        else:
-            from attnserve.bench.endpoints import run_endpoints
-
-            run_endpoints(args.out, model_dir, log=progress)
+        run_endpoints(args.out, model_dir, log=progress)
     return 0

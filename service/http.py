@@ -134,6 +134,9 @@ def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = No
         if exc.status_code == 413:
             return error_response(request.url.path, RequestTooLargeError(str(exc.detail)))
         message = f"{request.method} {request.url.path}: {exc.detail}"
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # what FastAPI's 400 is about
+            bad = exc.__cause__
+            message = f"the body is not UTF-8 JSON: {bad.reason} at byte {bad.start}"
         if exc.status_code == 400:
             return error_response(request.url.path, InvalidInputError(message))
         return error_response(request.url.path, FrameworkError(exc.status_code, message))

@@ -156,7 +156,7 @@ class OrtRuntime:
 
 
 def session_settings(options: RuntimeOptions) -> dict:
-    """The server's ORT session settings as plain data: `bench peers` hands the very same
+    """The server's ORT session settings as plain data: the peers benchmark hands the very same
     ones to the peer servers it compares against."""
     return {
         "intra_op_num_threads": options.intra_op_threads,

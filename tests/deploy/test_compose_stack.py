@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from attnserve.bench.compose import ComposeProject, find_engine, metric_total, wait_serving
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from benchmarks.compose import ComposeProject, find_engine, metric_total, wait_serving
 from tests.ci import skip_or_fail_in_ci
 
 READY_TIMEOUT_S = 300

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
-from attnserve.bench.compose import compose_tool
 from attnserve.service.settings import Settings, env_name
+from benchmarks.compose import compose_tool
 from tests.ci import skip_or_fail_in_ci
 from tests.conftest import REPO_ROOT
 

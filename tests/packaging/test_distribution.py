@@ -69,7 +69,8 @@ def test_the_wheel_has_one_top_level_package(wheel):
 
 def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_path):
     """A fresh venv, `pip install --no-deps` of the wheel: attnserve.* is there, `model`,
-    `service`, `client`, `export`, `bench` and `protos` are not."""
+    `service`, `client`, `export`, `bench`, `benchmarks` (the suite beside the package) and
+    `protos` are not."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # ensurepip: offline
     python = env_dir / "bin" / "python"
@@ -79,7 +80,7 @@ def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_pat
     )
     code = (
         "import importlib.util as u\n"
-        "generic = ['model', 'service', 'client', 'export', 'bench', 'protos']\n"
+        "generic = ['model', 'service', 'client', 'export', 'bench', 'benchmarks', 'protos']\n"
         "print(sorted(n for n in generic if u.find_spec(n)))\n"
         "print(bool(u.find_spec('attnserve.client')), bool(u.find_spec('attnserve.v1')))\n"
     )

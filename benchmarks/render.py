@@ -1,4 +1,4 @@
-"""Renders docs/BENCHMARKS.md's generated part from one run's results (bench/suite.py runs it).
+"""Renders docs/BENCHMARKS.md's generated part from one run's results (suite.py runs it).
 
 Every benchmark leaves NAME.json and NAME.md (its tables) in the results folder; the page
 is those tables in the order a user deciding whether to deploy reads them, each with the
@@ -17,9 +17,7 @@ from pathlib import Path
 
 from attnserve.bench.engines import DESCRIPTIONS
 
-COMMAND = (
-    "make benchmarks   # = attnserve bench report --out bench-results --doc docs/BENCHMARKS.md"
-)
+COMMAND = "make benchmarks   # = python -m benchmarks report --out bench-results"
 # The generated part of the page ends here; what follows the marker is written by hand.
 END_OF_GENERATED = "<!-- end of the generated part: what follows is written by hand -->"
 PLOT = "latency.png"
@@ -41,7 +39,7 @@ SECTIONS = [
         "graphs with the same session settings, each server through its usual client. The "
         'saturated rows run the same draws; "previous policy" is the batching of the last '
         "release (`--max-batched-seq-len 100000 --max-padding 1e9 --instances 1`).",
-        "attnserve bench peers --out bench-results",
+        "python -m benchmarks peers",
     ),
     (
         "batching",
@@ -56,14 +54,14 @@ SECTIONS = [
         "One server: Encode through attnserve's client, ModelInfer through tritonclient; then "
         "every attention weight of the longest length through each path, against ONNX "
         "Runtime alone. Shared memory: the server writes into the client's region.",
-        "attnserve bench oip --out bench-results",
+        "python -m benchmarks oip",
     ),
     (
         "perf_analyzer",
         "Triton's perf_analyzer",
         "Triton's own load generator against the V2 endpoint (its stability windows; its "
         "latencies).",
-        "attnserve bench perf-analyzer --out bench-results",
+        "python -m benchmarks perf-analyzer",
     ),
     (
         "attention",
@@ -86,7 +84,7 @@ SECTIONS = [
         "Containers",
         "The compose stack's encoder against the same model served by a host process, then "
         "two replicas with gRPC round robin; closed loops from the host.",
-        "attnserve bench containers --out bench-results",
+        "python -m benchmarks containers",
     ),
 ]
 

@@ -27,6 +27,7 @@ from attnserve.bench.results import save
 from attnserve.client import EncoderClient
 from attnserve.service.process import spawn_server
 
+TOOLS = Path(".tools/perf_analyzer")  # the binary and its libraries, made once
 TRITONCLIENT = "tritonclient==2.41.0"  # the last wheel that carries perf_analyzer
 CUDART = "nvidia-cuda-runtime-cu12==12.9.79"
 BINARY = "tritonclient-2.41.0.data/data/bin/perf_analyzer"

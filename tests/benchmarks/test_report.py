@@ -1,11 +1,19 @@
 """The one command that regenerates docs/BENCHMARKS.md, run in its quick mode."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from attnserve.bench.render import END_OF_GENERATED, SECTIONS
-from tests.conftest import run_cli
+from benchmarks.render import END_OF_GENERATED, SECTIONS
+from tests.conftest import REPO_ROOT
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    """`python -m benchmarks report ...` from the repository's root, as `make benchmarks`."""
+    command = [sys.executable, "-m", "benchmarks", "report", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +21,7 @@ def quick_report(tmp_path_factory):
     """One quick run of every benchmark and the page rendered from it."""
     tmp = tmp_path_factory.mktemp("report")
     out, doc = tmp / "results", tmp / "docs" / "BENCHMARKS.md"
-    result = run_cli("bench", "report", "--out", str(out), "--doc", str(doc), "--quick")
+    result = report("--out", str(out), "--doc", str(doc), "--quick")
     assert result.returncode == 0, result.stderr
     return out, doc
 
@@ -48,7 +56,7 @@ def test_rendering_keeps_the_hand_written_part(quick_report, tmp_path):
     out, generated = quick_report
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text(generated.read_text() + "\n## What it means\n\nWritten by a person.\n")
-    result = run_cli("bench", "report", "--out", str(out), "--doc", str(doc), "--render-only")
+    result = report("--out", str(out), "--doc", str(doc), "--render-only")
     assert result.returncode == 0, result.stderr
     text = doc.read_text()
     assert text.count("# Benchmarks\n") == 1

@@ -1,6 +1,6 @@
 """KServe's Python model server serving attnserve's graphs, and tritonclient driving it.
 
-Runs only inside the peer's own virtual environment (`bench peers` creates it with
+Runs only inside the peer's own virtual environment (peer_env.py creates it with
 pinned kserve, tritonclient and the project's onnxruntime), so it imports nothing of
 attnserve: the ORT session settings come from the parent as JSON, built by the very
 function the server uses (runtime.session_settings).

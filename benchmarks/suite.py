@@ -1,24 +1,22 @@
-"""`attnserve bench report`'s running half: every benchmark, one after the other, into one
-folder of results (bench/render.py turns them into docs/BENCHMARKS.md)."""
+"""`python -m benchmarks report`'s running half: every benchmark, one after the other, into
+one folder of results (render.py turns them into docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from attnserve.bench.attention import run_attention
-from attnserve.bench.batching import run_batching
-from attnserve.bench.cli import PERF_ANALYZER_TOOLS
-from attnserve.bench.containers import run_containers
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.endpoints import run_endpoints
 from attnserve.bench.latency import run_latency
-from attnserve.bench.oip import run_oip
-from attnserve.bench.peers import run_peers
-from attnserve.bench.perf_analyzer import run_perf_analyzer
 from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
-
-PEERS_VENV = Path(".venv-peers")  # KServe's own environment, made once
+from benchmarks.batching import run_batching
+from benchmarks.containers import run_containers
+from benchmarks.oip import run_oip
+from benchmarks.peer_env import PEERS_VENV
+from benchmarks.peers import run_peers
+from benchmarks.perf_analyzer import TOOLS, run_perf_analyzer
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
@@ -30,7 +28,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
         run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
         run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
-        run_perf_analyzer(out, model_dir, PERF_ANALYZER_TOOLS, progress, quick)
+        run_perf_analyzer(out, model_dir, TOOLS, progress, quick)
         run_attention(out, model_dir, quick)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

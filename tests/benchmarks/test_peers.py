@@ -1,37 +1,25 @@
-"""`bench peers`: KServe's model server on the same graph and session settings, measured
-by its own client. The peer runs for real, in its own virtual environment (made once,
-in .venv-peers at the repository's root, as the benchmark makes it)."""
+"""`python -m benchmarks peers`: KServe's model server on the same graph and session
+settings, measured by its own client. The peer runs for real, in its own virtual environment
+(made once, in .venv-peers at the repository's root, as the benchmark makes it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from attnserve.bench.peer_env import KServePeer
-from attnserve.bench.peers import run_peers, table
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_options, session_settings
+from benchmarks import kserve_peer
+from benchmarks.peer_env import KServePeer
+from benchmarks.peers import run_peers, table
 from tests.conftest import SMALL_CONFIG
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _peer_module():
-    spec = importlib.util.spec_from_file_location(
-        "kserve_peer", REPO_ROOT / "bench" / "kserve_peer.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("options", [RuntimeOptions(), RuntimeOptions(intra_op_threads=1)])
 def test_the_peer_opens_its_sessions_with_the_servers_settings(options):
     ours = session_options(options)
-    theirs = _peer_module().session_options(json.loads(json.dumps(session_settings(options))))
+    theirs = kserve_peer.session_options(json.loads(json.dumps(session_settings(options))))
     for attribute in (
         "graph_optimization_level",
         "intra_op_num_threads",

@@ -11,7 +11,7 @@ tritonclient for KServe), measured side by side in one run:
    and ORT alone in this process, one request at a time and through the batcher;
 3. an open loop (Poisson) at 70% of KServe's saturated rate, same mix: p50 and p99.
 
-KServe and tritonclient run in their own environment (bench/peer_env.py).
+KServe and tritonclient run in their own environment (peer_env.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.load import LoadGenerator, RequestKind, summarize
-from attnserve.bench.peer_env import KSERVE_PINS, KServePeer, ort_distribution, peer_venv
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.model.artifacts import ModelDirectory
@@ -38,6 +37,7 @@ from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.server import model_instances
 from attnserve.service.settings import Settings
+from benchmarks.peer_env import KSERVE_PINS, KServePeer, ort_distribution, peer_venv
 
 LATENCY_LENGTHS = (8, 32, 128, 512)  # and all attention weights at the longest
 SHORTEST, LONGEST = 8, 512  # the mixed load: lengths uniform in 8..512

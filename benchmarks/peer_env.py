@@ -1,5 +1,5 @@
 """The peers' own environment: KServe's model server and tritonclient, run by
-bench/kserve_peer.py in a virtual environment of their own (their pins differ from the
+kserve_peer.py in a virtual environment of their own (their pins differ from the
 project's), and driven from here one JSON line at a time.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_settings
 
+PEERS_VENV = Path(".venv-peers")  # made once, beside the project's .venv
 KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")
 PEER_SCRIPT = Path(__file__).with_name("kserve_peer.py")  # the only code that runs there
 

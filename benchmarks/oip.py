@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.bench.peer_env import TritonDriver, peer_venv
-from attnserve.bench.peers import LATENCY_LENGTHS
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
 from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1.wire import packed_length
+from benchmarks.peer_env import TritonDriver, peer_venv
+from benchmarks.peers import LATENCY_LENGTHS
 
 
 async def _encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list:

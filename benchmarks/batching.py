@@ -1,6 +1,6 @@
 """What dynamic batching buys: the same server with batching on and off, under the same
 closed-loop load of short requests. (Mixed lengths at saturation, against the runtime alone
-and against KServe: bench/peers.py.)"""
+and against KServe: peers.py.)"""
 
 from __future__ import annotations
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnserve.bench.cli import PERF_ANALYZER_TOOLS
-from attnserve.bench.perf_analyzer import install, measure
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
+from benchmarks.perf_analyzer import TOOLS, install, measure
 from tests.conftest import SMALL_CONFIG
 
 
@@ -21,7 +20,7 @@ def _counts(client) -> tuple[int, int]:
 
 
 def test_perf_analyzer_loads_the_v2_endpoint(server, client, tmp_path):
-    binary, env = install(Path.cwd() / PERF_ANALYZER_TOOLS)
+    binary, env = install(Path.cwd() / TOOLS)
     success, fail = _counts(client)
     rows = measure(binary, env, server.address, SMALL_CONFIG.name, 8, (1, 2), tmp_path, 500)
     assert [r["concurrency"] for r in rows] == [1, 2]

@@ -1,0 +1,91 @@
+"""`python -m benchmarks {peers,oip,perf-analyzer,containers,report}`, from the repository's
+root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnserve.bench.default_model import model_dir_or_default
+from attnserve.bench.results import progress
+from benchmarks.peer_env import PEERS_VENV
+from benchmarks.perf_analyzer import TOOLS
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
+    peers = commands.add_parser(
+        "peers",
+        help="attnserve beside KServe's model server on the same graphs: latency, "
+        "saturated mixed lengths, an open loop",
+    )
+    peers.add_argument("--duration", type=float, default=10.0, help="seconds per loaded run")
+    peers.add_argument("--rounds", type=int, default=3, help="saturation rounds (medians)")
+    peers.add_argument("--blocks", type=int, default=5, help="alternating latency blocks")
+    oip = commands.add_parser(
+        "oip",
+        help="the Open Inference Protocol (KServe V2) beside Encode; attention through "
+        "shared memory against the runtime",
+    )
+    oip.add_argument("--blocks", type=int, default=5, help="alternating blocks")
+    commands.add_parser(
+        "perf-analyzer", help=f"Triton's perf_analyzer against the V2 endpoint ({TOOLS})"
+    )
+    containers = commands.add_parser(
+        "containers", help="the compose stack under load: host process vs 1 container vs 2 replicas"
+    )
+    containers.add_argument("--duration", type=float, default=10.0, help="seconds per load")
+    for command in (peers, oip, commands.choices["perf-analyzer"]):
+        command.add_argument("--model", type=Path, help="model directory (default: the default)")
+    report = commands.add_parser(
+        "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
+    )
+    report.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
+    report.add_argument("--quick", action="store_true", help="short lengths and runs (smoke)")
+    report.add_argument(
+        "--render-only", action="store_true", help="rewrite the page from --out's existing results"
+    )
+    for command in commands.choices.values():
+        command.add_argument(
+            "--out", type=Path, default=Path("bench-results"), help="results folder (bench-results)"
+        )
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "report":
+        from benchmarks.render import write_page
+        from benchmarks.suite import run_suite
+
+        if not args.render_only:
+            run_suite(args.out, args.quick)
+        write_page(args.out, args.doc)
+        progress(f"wrote {args.doc}")
+        return 0
+    if args.command == "containers":
+        from benchmarks.containers import run_containers
+
+        return 1 if run_containers(args.out, args.duration, progress).get("skipped") else 0
+    with model_dir_or_default(args.model, progress) as model_dir:
+        if args.command == "peers":
+            from benchmarks.peers import run_peers
+
+            run_peers(
+                args.out, model_dir, PEERS_VENV, args.duration, args.blocks, args.rounds, progress
+            )
+        elif args.command == "oip":
+            from benchmarks.oip import run_oip
+
+            run_oip(args.out, model_dir, PEERS_VENV, args.blocks, progress)
+        else:
+            from benchmarks.perf_analyzer import run_perf_analyzer
+
+            run_perf_analyzer(args.out, model_dir, TOOLS, progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
