@@ -23,17 +23,7 @@ from attnserve.service.process import spawn_server
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1.wire import packed_length
 from benchmarks.peer_env import TritonDriver, peer_venv
-from benchmarks.peers import LATENCY_LENGTHS
-
-
-async def _encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list:
-    ids = np.random.default_rng(seq_len).integers(0, 256, size=seq_len).tolist()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        await client.encode([ids], **options)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+from benchmarks.peers import LATENCY_LENGTHS, encode_ms
 
 
 def _runtime_ms(runtime: OrtRuntime, seq_len: int, n: int) -> list:
@@ -97,16 +87,14 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                     order = ("Encode", "ModelInfer") if block % 2 == 0 else ("ModelInfer", "Encode")
                     for name in order:
                         if name == "Encode":
-                            ms = runner.run(_encode_ms(client, t, n))
+                            ms = runner.run(encode_ms(client, t, n))
                         else:
                             ask = {"seq_len": t, "n": n, "outputs": ["embeddings"]}
                             ms = driver.ask("v2_latency", **ask)["ms"]
                         rows[t][name] += ms
                 n, t = 3, longest
                 attention["runtime alone"] += _runtime_ms(runtime, t, n)
-                attention["Encode, f32 full"] += runner.run(
-                    _encode_ms(client, t, n, attention=True)
-                )
+                attention["Encode, f32 full"] += runner.run(encode_ms(client, t, n, attention=True))
                 attention["ModelInfer, f32 full"] += driver.ask(
                     "v2_latency", seq_len=t, n=n, outputs=["attention"]
                 )["ms"]
@@ -117,7 +105,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                     _infer_ms(v2, t, n)
                 )
                 attention["Encode, f16 packed"] += runner.run(
-                    _encode_ms(
+                    encode_ms(
                         client,
                         t,
                         n,

@@ -66,14 +66,13 @@ def _attnserve(model_dir: Path, *flags: str) -> Iterator[str]:
         server.process.wait(30)
 
 
-async def _attnserve_latency(
-    client: AsyncEncoderClient, seq_len: int, n: int, attention: bool
-) -> list[float]:
+async def encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list[float]:
+    """`n` sequential Encode calls of one seeded `seq_len`-token sequence: each call's ms."""
     ids = np.random.default_rng(seq_len).integers(0, 256, size=seq_len).tolist()
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        await client.encode([ids], attention=attention)
+        await client.encode([ids], **options)
         times.append((time.perf_counter() - start) * 1e3)
     return times
 
@@ -101,7 +100,7 @@ def measure_latency(
                 order = ("attnserve", "kserve") if block % 2 == 0 else ("kserve", "attnserve")
                 for name in order:
                     if name == "attnserve":
-                        ms = runner.run(_attnserve_latency(client, seq_len, n, attention))
+                        ms = runner.run(encode_ms(client, seq_len, n, attention=attention))
                     else:
                         ms = peer.ask("latency", seq_len=seq_len, n=n, attention=attention)["ms"]
                     times[seq_len, attention][name] += ms
@@ -130,22 +129,15 @@ def _closed_loop(address: str, mixed: list[int], duration: float) -> dict:
     generator = LoadGenerator(address, mix, seed=SEED)
     records, elapsed = asyncio.run(generator.closed_loop(CONCURRENCY, duration, progress=False))
     ok = [r for r in records if r.status == "OK"]
-    return {
-        "tokens_per_s": round(sum(mixed[r.kind] for r in ok) / elapsed, 1),
-        "requests_per_s": round(len(ok) / elapsed, 1),
-        "errors": len(records) - len(ok),
-    }
+    tokens = sum(mixed[r.kind] for r in ok)
+    return {**_rates(tokens, len(ok), elapsed), "errors": len(records) - len(ok)}
 
 
 def _peer_closed_loop(peer: KServePeer, mixed: list[int], duration: float) -> dict:
     loop = {"concurrency": CONCURRENCY, "lengths": mixed}
     peer.ask("closed", duration=1.0, seed=SEED + 1, **loop)  # warm-up on other draws
     r = peer.ask("closed", duration=duration, seed=SEED, **loop)
-    return {
-        "tokens_per_s": round(r["tokens"] / r["elapsed"], 1),
-        "requests_per_s": round(r["requests"] / r["elapsed"], 1),
-        "errors": r["errors"],
-    }
+    return {**_rates(r["tokens"], r["requests"], r["elapsed"]), "errors": r["errors"]}
 
 
 def _draws(mixed: list[int], count: int = 4096) -> list[np.ndarray]:

@@ -247,12 +247,13 @@ def _embeddings_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> 
         if isinstance(item, str):
             request.inputs.add(text=item)
             continue
-        for token in item:
-            if not INT64_MIN <= token <= INT64_MAX:  # protobuf's int64 could not hold it
-                raise InvalidInputError(
-                    f"input[{i}]: token id {token} is out of range (token ids are int64)"
-                )
-        request.inputs.add(token_ids=pb.TokenIds(ids=item))
+        try:
+            request.inputs.add(token_ids=pb.TokenIds(ids=item))
+        except ValueError:  # protobuf refuses what its int64 cannot hold
+            token = next(t for t in item if not INT64_MIN <= t <= INT64_MAX)
+            raise InvalidInputError(
+                f"input[{i}]: token id {token} is out of range (token ids are int64)"
+            ) from None
     request.options.pooling = POOLINGS[pooling]
     request.options.skip_token_embeddings = True
     return request
