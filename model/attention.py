@@ -11,26 +11,37 @@ import math
 import torch
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device | None = None) -> torch.Tensor:
-    """(t_q, t_k) bool, True where query i may look at key j (j <= i)."""
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+def causal_mask(
+    t_q: int, t_k: int, window: int | None = None, device: torch.device | None = None
+) -> torch.Tensor:
+    """(t_q, t_k) bool, True where query i may look at key j: j <= i, and with a sliding
+    window also j > i - window (the query and the window - 1 keys before it, Mistral's rule)."""
+    mask = torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+    if window is not None:
+        mask = mask.triu(1 - window)
+    return mask
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T / sqrt(d_k)) v over the last two axes.
 
     q: (..., T, d_k), k: (..., S, d_k), v: (..., S, d_v)
     returns output (..., T, d_v) and weights (..., T, S); each row of weights
-    sums to 1, and with causal=True entries with j > i are exactly 0 because
-    their scores are -inf before the softmax (exp(-inf) == 0, not "small").
+    sums to 1, and with causal=True entries with j > i (and, given a window,
+    j <= i - window) are exactly 0 because their scores are -inf before the
+    softmax (exp(-inf) == 0, not "small").
     """
     d_k = q.size(-1)
     # Scale q rather than the scores: T*d_k multiplies instead of T*S.
     scores = (q * (1.0 / math.sqrt(d_k))) @ k.transpose(-2, -1)  # (..., T, S)
     if causal:
-        mask = causal_mask(scores.size(-2), scores.size(-1), device=scores.device)
+        mask = causal_mask(scores.size(-2), scores.size(-1), window, device=scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))
     # Every row keeps its diagonal, so no row is all -inf and softmax never gives NaN.
     weights = torch.softmax(scores, dim=-1)  # (..., T, S)

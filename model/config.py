@@ -3,6 +3,11 @@
 The same JSON travels inside checkpoints (safetensors metadata) and inside the
 exported ONNX file (metadata_props); the service reads it back from there, so
 there is never a second copy to drift.
+
+The defaults are this project's own encoder, GPT-2's block shape. The switches
+after `bias` reproduce the causal LMs people study (Llama, Mistral, Qwen2,
+GPT-NeoX, Gemma, Phi-3); each field's comment names who uses which value, and
+docs/model.md has the table.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 TOKENIZER_KINDS = ("byte", "hf")  # hf: the model directory's tokenizer.json
-ACTIVATIONS = ("gelu", "gelu_tanh")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
+POSITIONS = ("learned", "rotary")
+MLPS = ("plain", "gated")
+RESIDUALS = ("sequential", "parallel")
+FLOAT_FIELDS = ("layer_norm_eps", "rope_theta", "rotary_fraction", "embedding_scale")
 
 
 class ConfigError(ValueError):
@@ -23,7 +33,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ModelConfig:
     n_layers: int = 4  # number of transformer blocks
-    n_heads: int = 8  # attention heads per block; d_model must divide evenly among them
+    n_heads: int = 8  # query heads per block (the heads attention weights are reported for)
     d_model: int = 256  # width of the residual stream (embedding size)
     d_ff: int = 1024  # hidden width of each block's MLP (4 * d_model in GPT-2)
     max_seq_len: int = 1024  # longest sequence: size of the learned positional table
@@ -32,22 +42,45 @@ class ModelConfig:
     pad_id: int = 256  # right-padding id; causality makes its value irrelevant to real tokens
     bos_id: int = 257  # prepended to text so the first real token has a context to attend from
     eos_id: int = 258  # appended to text on request (useful for "last" pooling)
-    activation: str = "gelu"  # MLP nonlinearity: "gelu" (erf) or "gelu_tanh" (GPT-2's)
-    layer_norm_eps: float = 1e-5  # LayerNorm epsilon
-    bias: bool = True  # biases in Linear layers (GPT-2 has them)
+    activation: str = "gelu"  # MLP nonlinearity: gelu (erf), gelu_tanh (GPT-2), relu, silu
+    layer_norm_eps: float = 1e-5  # epsilon of every norm, LayerNorm or RMSNorm
+    bias: bool = True  # biases in Linear layers (GPT-2 has them); the three below override it
     name: str = "attnserve-encoder"  # model name reported by the service
     input_name: str = "input_ids"  # ONNX input: int64 [batch, seq]
     embeddings_name: str = "embeddings"  # ONNX output: float32 [batch, seq, d_model]
     attentions_name: str = "attentions"  # ONNX output: float32 [batch, layers, heads, seq, seq]
+    # --- switches of the model families (docs/model.md) ---
+    norm: str = "layernorm"  # layernorm | rmsnorm (Llama...) | rmsnorm_plus_one (Gemma: 1 + w)
+    positions: str = "learned"  # learned table (GPT-2) | rotary (the rest)
+    rope_theta: float = 10000.0  # rotary base
+    rotary_fraction: float = 1.0  # share of each head's dims that rotate (Pythia 0.25)
+    rotary_interleaved: bool = False  # GPT-J's (x0, x1) pairs; False: half-split (Llama, NeoX)
+    n_kv_heads: int | None = None  # key/value heads, dividing n_heads (GQA, MQA); None: n_heads
+    d_head: int | None = None  # width of one head if not d_model / n_heads (Gemma)
+    mlp: str = "plain"  # plain: act(fc x) | gated: act(gate x) * (up x) (SwiGLU, GeGLU)
+    qkv_bias: bool | None = None  # biases on q, k, v (Qwen2: only these); None: as `bias`
+    out_bias: bool | None = None  # bias of the attention's output projection; None: as `bias`
+    mlp_bias: bool | None = None  # biases of the MLP; None: as `bias`
+    residual: str = "sequential"  # sequential | parallel: attn and mlp of one input (NeoX)
+    sliding_window: int | None = None  # keys per query, itself included (Mistral); None: all
+    sliding_layers: tuple[int, ...] | None = None  # layers with the window; None: every layer
+    embedding_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(d_model))
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len", "vocab_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{field} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
+            _check_positive_int(field, getattr(self, field))
+        for field in ("n_kv_heads", "d_head", "sliding_window"):
+            if getattr(self, field) is not None:
+                _check_positive_int(field, getattr(self, field))
+        if self.d_head is None and self.d_model % self.n_heads:
             raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
+                "unless d_head is set"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads}): "
+                "each key/value head serves the same number of query heads"
             )
         for field in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, field)
@@ -56,18 +89,41 @@ class ModelConfig:
                     f"{field} must be an integer in [0, vocab_size={self.vocab_size}), "
                     f"got {value!r}"
                 )
-        if self.tokenizer not in TOKENIZER_KINDS:
-            raise ConfigError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {self.tokenizer!r}")
+        for field, choices in (
+            ("tokenizer", TOKENIZER_KINDS),
+            ("activation", ACTIVATIONS),
+            ("norm", NORMS),
+            ("positions", POSITIONS),
+            ("mlp", MLPS),
+            ("residual", RESIDUALS),
+        ):
+            if getattr(self, field) not in choices:
+                raise ConfigError(f"{field} must be one of {choices}, got {getattr(self, field)!r}")
         if self.tokenizer == "byte" and self.vocab_size < 256:
             raise ConfigError(
                 f"vocab_size must be >= 256 for the byte tokenizer, got {self.vocab_size}"
             )
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if not isinstance(self.layer_norm_eps, float) or self.layer_norm_eps <= 0:
+        for field in ("layer_norm_eps", "rope_theta", "embedding_scale"):
+            value = getattr(self, field)
+            if not isinstance(value, float) or value <= 0:
+                raise ConfigError(f"{field} must be a positive float, got {value!r}")
+        if not isinstance(self.rotary_fraction, float) or not 0 < self.rotary_fraction <= 1:
+            raise ConfigError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        if self.positions == "rotary" and (self.rotary_dims < 2 or self.rotary_dims % 2):
             raise ConfigError(
-                f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}"
+                f"rotary_fraction ({self.rotary_fraction}) of head_dim ({self.head_dim}) must "
+                f"give an even number of rotated dims, got {self.rotary_dims}"
             )
+        for field in ("bias", "rotary_interleaved", "qkv_bias", "out_bias", "mlp_bias"):
+            value = getattr(self, field)
+            if not isinstance(value, bool) and not (value is None and field.endswith("_bias")):
+                raise ConfigError(f"{field} must be true or false, got {value!r}")
+        if self.sliding_layers is not None:
+            if self.sliding_window is None:
+                raise ConfigError("sliding_layers needs sliding_window")
+            bad = [i for i in self.sliding_layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(f"sliding_layers {bad} are outside [0, n_layers={self.n_layers})")
         names = (self.input_name, self.embeddings_name, self.attentions_name)
         if len(set(names)) != 3 or not all(isinstance(n, str) and n for n in names):
             raise ConfigError(f"input/output names must be distinct non-empty strings, got {names}")
@@ -75,7 +131,29 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         """d_k: the width of one head's queries, keys and values."""
-        return self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """How many key/value heads each block has (n_heads without GQA)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def kv_head_of(self) -> tuple[int, ...]:
+        """The key/value head each query head reads: consecutive query heads share one."""
+        group = self.n_heads // self.kv_heads
+        return tuple(h // group for h in range(self.n_heads))
+
+    @property
+    def rotary_dims(self) -> int:
+        """How many of each head's dims rotate (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of one layer, or None where it attends to every earlier key."""
+        if self.sliding_layers is None or layer in self.sliding_layers:
+            return self.sliding_window
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,9 +169,13 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        data = dict(data)
         # JSON has one number type; accept 1 where a float such as 1e-5 is expected.
-        if isinstance(data.get("layer_norm_eps"), int):
-            data = {**data, "layer_norm_eps": float(data["layer_norm_eps"])}
+        for field in FLOAT_FIELDS:
+            if isinstance(data.get(field), int) and not isinstance(data[field], bool):
+                data[field] = float(data[field])
+        if isinstance(data.get("sliding_layers"), list):  # JSON has no tuples
+            data["sliding_layers"] = tuple(data["sliding_layers"])
         return cls(**data)
 
     @classmethod
@@ -103,3 +185,8 @@ class ModelConfig:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"model config is not valid JSON: {exc}") from exc
         return cls.from_dict(data)
+
+
+def _check_positive_int(field: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")

@@ -1,4 +1,5 @@
-"""The encoder: token + learned positional embeddings, N pre-LN blocks, final LayerNorm."""
+"""The encoder: token embeddings, positions (a learned table or rotary), N pre-norm blocks,
+a final norm."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 from torch import nn
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import Block
+from attnserve.model.layers import Block, Rotary, make_norm
 
 
 class Encoder(nn.Module):
@@ -14,9 +15,12 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        if config.positions == "learned":
+            self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+        else:
+            self.rotary = Rotary(config)
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.ln_f = make_norm(config)
         self.apply(_init_weights)
 
     def forward(
@@ -24,17 +28,24 @@ class Encoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids (B, T) int64 -> embeddings (B, T, D), attentions (B, L, H, T, T).
 
-        With need_weights=False the attentions are None and every layer uses the
-        fused attention kernel instead (same embeddings, less memory traffic).
+        H counts query heads, also under grouped-query attention. With
+        need_weights=False the attentions are None and every layer uses the fused
+        attention kernel instead (same embeddings, less memory traffic).
         """
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
-        positions = torch.arange(T, device=input_ids.device)  # (T,)
-        x = self.tok_emb(input_ids) + self.pos_emb(positions)  # (B, T, D)
+        x = self.tok_emb(input_ids)  # (B, T, D)
+        if self.config.embedding_scale != 1.0:  # Gemma: sqrt(d_model), as a float32 number
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        rotary = None
+        if self.config.positions == "learned":
+            x = x + self.pos_emb(torch.arange(T, device=input_ids.device))  # (B, T, D)
+        else:
+            rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
         attentions = []
         for block in self.blocks:
-            x, weights = block(x, need_weights)  # (B, T, D), (B, H, T, T) or None
+            x, weights = block(x, need_weights, rotary)  # (B, T, D), (B, H, T, T) or None
             attentions.append(weights)
         if not need_weights:
             return self.ln_f(x), None

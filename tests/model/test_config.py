@@ -34,7 +34,7 @@ def test_integer_epsilon_from_json_is_accepted_as_float():
         ({"pad_id": 259}, "pad_id must be an integer in [0, vocab_size=259)"),
         ({"vocab_size": 100}, "pad_id"),
         ({"tokenizer": "wordpiece"}, "tokenizer must be one of"),
-        ({"activation": "relu"}, "activation must be one of"),
+        ({"activation": "tanh"}, "activation must be one of"),
         ({"layer_norm_eps": -1.0}, "layer_norm_eps must be a positive float"),
         ({"embeddings_name": "input_ids"}, "input/output names must be distinct"),
     ],
