@@ -1,4 +1,6 @@
-"""`attnserve export --out DIR [--checkpoint PATH | --from-hf DIR | --seed N [--config JSON]]`
+"""`attnserve export --out DIR [--checkpoint PATH | --from-hf SOURCE | --seed N [--config JSON]]`
+
+SOURCE is a Hugging Face checkpoint's directory or hub id (docs/model.md).
 
 With no source, the default model: the checkpoint trained by `attnserve train` and
 shipped in the package (attnserve/model/pretrained/, README "The model").
@@ -33,10 +35,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--checkpoint", type=Path, help="safetensors checkpoint to export")
     source.add_argument(
         "--from-hf",
-        type=Path,
-        metavar="DIR",
-        help="local Hugging Face GPT-2-family directory (config.json, model.safetensors or "
-        "pytorch_model.bin, tokenizer.json)",
+        metavar="DIR_OR_HUB_ID",
+        help="a Hugging Face checkpoint of a supported family (gpt2, llama, mistral, qwen2, "
+        "gpt_neox, gemma, phi3): a local directory (config.json, safetensors, tokenizer.json) "
+        "or a hub id through the hub's cache (HF_HUB_OFFLINE honoured); docs/model.md",
     )
     source.add_argument(
         "--seed", type=int, help="random weights from this seed (tests, benchmarks)"
@@ -45,6 +47,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--config",
         type=Path,
         help="JSON file of ModelConfig fields for a seeded model (others keep their defaults)",
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        help="with --from-hf: the longest sequence served (default: the checkpoint's own, "
+        "at most 4096)",
     )
     parser.add_argument(
         "--tolerance",
@@ -78,12 +86,13 @@ def build_model(args: argparse.Namespace):
     if args.seed is None and not args.config and not args.from_hf:
         return load_checkpoint(DEFAULT_CHECKPOINT), {}
     if args.from_hf:
-        from attnserve.export.hf_import import HFImportError, load_hf_gpt2
+        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, HFImportError, load_hf
 
-        tokenizer = args.from_hf / TOKENIZER_FILENAME
+        model, directory = load_hf(args.from_hf, args.max_seq_len or DEFAULT_MAX_SEQ_LEN)
+        tokenizer = directory / TOKENIZER_FILENAME
         if not tokenizer.is_file():
             raise HFImportError(f"{args.from_hf} has no {TOKENIZER_FILENAME}")
-        return load_hf_gpt2(args.from_hf), {TOKENIZER_FILENAME: tokenizer}
+        return model, {TOKENIZER_FILENAME: tokenizer}
     config = ModelConfig()
     if args.config:
         try:
@@ -95,6 +104,9 @@ def build_model(args: argparse.Namespace):
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.max_seq_len is not None and (not args.from_hf or args.max_seq_len < 1):
+        print("error: --max-seq-len takes a positive integer, with --from-hf", file=sys.stderr)
+        return 2
     if args.config and (args.checkpoint or args.from_hf):
         print(
             "error: --config applies to seeded models; checkpoints carry their own config",

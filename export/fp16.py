@@ -12,11 +12,11 @@ from pathlib import Path
 import onnx
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
+from attnserve.export.onnx_files import save_checked
+
 
 def convert_to_fp16(src: str | Path, dst: str | Path) -> Path:
     """Write `src` converted to float16 (float32 inputs and outputs kept) to `dst`, checked."""
     model = onnx.load(str(src))
     fp16 = convert_float_to_float16(model, keep_io_types=True)
-    onnx.checker.check_model(fp16, full_check=True)
-    onnx.save(fp16, str(dst))
-    return Path(dst)
+    return save_checked(fp16, dst)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from attnserve.export.onnx_files import save_checked
 from attnserve.model.artifacts import CONFIG_METADATA_KEY
 from attnserve.model.config import ModelConfig
 
@@ -34,9 +35,7 @@ def with_attention_weights(src: str | Path, dst: str | Path) -> Path:
         f"['{config.embeddings_name}']",
         f"['{config.embeddings_name}', '{config.attentions_name}'] (fused attention)",
     )
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(dst))
-    return Path(dst)
+    return save_checked(model, dst)
 
 
 def _output_attention_weights(graph: onnx.GraphProto, config: ModelConfig) -> None:

@@ -39,13 +39,13 @@ def _per_head_attention(op, q, k, v, q_shape, k_shape, v_shape, y_shape):
     return op.Reshape(op.Transpose(y, perm=HEADS_FIRST), y_shape, _allow_other_attributes=True)
 
 
-def fold_head_transposes(model: onnx.ModelProto, n_heads: int) -> onnx.ModelProto:
+def fold_head_transposes(model: onnx.ModelProto, n_heads: int, n_kv_heads: int) -> onnx.ModelProto:
     """`model` with every single-output `Attention` fed (B, T, D) and answering (B, T, D)."""
 
     def on_3d_inputs(op, q, k, v, y, **_):
         attributes = {a.name: a.value for a in y.producer().attributes.values()}
         # The head counts replace any the traced node carried (4-D inputs ignore them).
-        attributes |= {"q_num_heads": n_heads, "kv_num_heads": n_heads}
+        attributes |= {"q_num_heads": n_heads, "kv_num_heads": n_kv_heads}
         return op.Attention(q, k, v, **attributes)
 
     rule = pattern.RewriteRule(_per_head_attention, on_3d_inputs)

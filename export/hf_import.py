@@ -1,136 +1,201 @@
-"""Hugging Face GPT-2-family checkpoints -> attnserve's Encoder.
+"""Hugging Face checkpoints -> attnserve's Encoder, for the families in export/hf_families.py.
 
-GPT-2 is this project's block shape exactly (pre-LN, fused QKV, tanh GELU,
-learned positions), so the mapping is a renaming plus one transpose: GPT-2
-stores its projections as Conv1D weights, (in, out), where nn.Linear keeps
-(out, in). Anything GPT-2 configs can switch on that this model cannot do is
-refused with the config field named.
+A source is a local directory or a hub id (`org/name`), the latter through
+huggingface_hub's download and cache (so HF_HUB_OFFLINE and HF_HUB_CACHE apply).
+Weights come from model.safetensors, sharded safetensors with their index, or a
+pytorch_model.bin read with weights_only=True; never an arbitrary pickle. The
+config is checked before any tensor is read, so a refusal costs nothing.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from attnserve.export.hf_families import (
+    FAMILIES,
+    IGNORED_NAMES,
+    IGNORED_SUFFIXES,
+    HFConfig,
+    HFImportError,
+    refuse_unsupported,
+)
+from attnserve.model.artifacts import TOKENIZER_FILENAME
 from attnserve.model.checkpoint import first_shape_mismatch
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.model.encoder import Encoder
 
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-# GPT2Config fields whose non-default values this model cannot reproduce.
-UNSUPPORTED = {
-    "scale_attn_weights": True,
-    "scale_attn_by_inverse_layer_idx": False,
-    "reorder_and_upcast_attn": False,
-    "add_cross_attention": False,
-}
-# Buffers some GPT-2 checkpoints carry: the causal mask, rebuilt by the model itself.
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+__all__ = ["HFImportError", "config_from_hf", "load_hf", "resolve_source"]
+
+# Longest sequence an import serves unless asked (--max-seq-len): a checkpoint's own
+# limit (32k, 128k) would be a promise the attention maps (T^2 per head) cannot keep.
+DEFAULT_MAX_SEQ_LEN = 4096
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HUB_FILES = ["*.json", "*.safetensors", "*.safetensors.index.json"]
+SAFETENSORS, SHARD_INDEX, TORCH_BIN = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+)
 
 
-class HFImportError(ValueError):
-    """A checkpoint that cannot become this model; the message names the field or tensor."""
+def resolve_source(source: str | Path, log: Callable[[str], None] = print) -> Path:
+    """The local directory of a checkpoint: `source` itself, or a hub id's cached snapshot."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if not HUB_ID.match(str(source)):
+        raise HFImportError(f"{source} is neither a directory nor a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    log(f"fetching {source} through the Hugging Face hub cache (HF_HUB_OFFLINE honoured)...")
+    try:
+        return Path(snapshot_download(str(source), allow_patterns=HUB_FILES))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise HFImportError(f"cannot fetch {source} from the hub or its cache: {exc}") from exc
 
 
-def config_from_hf(hf: dict, name: str) -> ModelConfig:
-    if hf.get("model_type") != "gpt2":
-        raise HFImportError(f"model_type is {hf.get('model_type')!r}; only 'gpt2' is supported")
-    for field, wanted in UNSUPPORTED.items():
-        if hf.get(field, wanted) != wanted:
-            raise HFImportError(f"{field}={hf[field]!r} is not supported (only {wanted!r})")
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
+def config_from_hf(
+    data: dict[str, Any],
+    name: str,
+    specials: dict[str, int] | None = None,
+    max_seq_len: int | None = None,
+) -> ModelConfig:
+    """The ModelConfig of a config.json, or HFImportError naming what cannot be reproduced."""
+    model_type = data.get("model_type")
+    if model_type not in FAMILIES:
         raise HFImportError(
-            f"activation_function={activation!r} is not supported (one of {sorted(ACTIVATIONS)})"
+            f"model_type is {model_type!r}; supported: {', '.join(sorted(FAMILIES))}"
         )
-    d_model = hf["n_embd"]
-    eos = hf.get("eos_token_id", hf["vocab_size"] - 1)
+    hf = HFConfig(data)
+    refuse_unsupported(hf)
+    switches = FAMILIES[model_type].switches(hf)
+    specials = specials or {}
+    if max_seq_len is not None:
+        switches["max_seq_len"] = min(switches["max_seq_len"], max_seq_len)
     try:
         return ModelConfig(
-            n_layers=hf["n_layer"],
-            n_heads=hf["n_head"],
-            d_model=d_model,
-            d_ff=hf.get("n_inner") or 4 * d_model,
-            max_seq_len=hf["n_positions"],
+            **switches,
             vocab_size=hf["vocab_size"],
             tokenizer="hf",
-            pad_id=eos,  # GPT-2 has no pad token; with right padding its value never matters
-            bos_id=hf.get("bos_token_id", eos),
-            eos_id=eos,
-            activation=ACTIVATIONS[activation],
-            layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-            bias=True,
             name=name,
+            bos_id=specials.get("bos", 0),
+            eos_id=specials.get("eos", 0),
+            pad_id=specials.get("pad", 0),
         )
-    except KeyError as exc:
-        raise HFImportError(f"config.json lacks the field {exc.args[0]!r}") from exc
-    except ConfigError as exc:
+    except (ConfigError, TypeError) as exc:
         raise HFImportError(f"config.json maps to an invalid model: {exc}") from exc
 
 
-def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    safetensors_file = directory / "model.safetensors"
-    if safetensors_file.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(safetensors_file))
-    bin_file = directory / "pytorch_model.bin"
-    if bin_file.is_file():
-        try:  # weights_only: tensors and plain containers only, nothing is unpickled freely
-            return torch.load(bin_file, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise HFImportError(f"{bin_file} is not a plain tensor file: {exc}") from exc
-    raise HFImportError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
-
-
-def _mapped(hf: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """HF names -> Encoder state_dict names, Conv1D weights transposed."""
-    prefix = "transformer." if any(k.startswith("transformer.") for k in hf) else ""
-    renames = {
-        "wte.weight": "tok_emb.weight",
-        "wpe.weight": "pos_emb.weight",
-        "ln_f.weight": "ln_f.weight",
-        "ln_f.bias": "ln_f.bias",
-    }
-    conv1d = {
-        "attn.c_attn": "attn.qkv",
-        "attn.c_proj": "attn.proj",
-        "mlp.c_fc": "mlp.fc",
-        "mlp.c_proj": "mlp.proj",
-    }
-    for i in range(n_layers):
-        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            for p in ("weight", "bias"):
-                renames[f"h.{i}.{theirs}.{p}"] = f"blocks.{i}.{ours}.{p}"
-        for theirs, ours in conv1d.items():
-            renames[f"h.{i}.{theirs}.weight"] = f"blocks.{i}.{ours}.weight"
-            renames[f"h.{i}.{theirs}.bias"] = f"blocks.{i}.{ours}.bias"
-    out = {}
-    for theirs, ours in renames.items():
-        tensor = hf.get(prefix + theirs)
-        if tensor is None:
-            raise HFImportError(f"missing tensor {prefix + theirs}")
-        is_conv1d = theirs.endswith(".weight") and any(f".{c}." in theirs for c in conv1d)
-        out[ours] = tensor.t().contiguous() if is_conv1d else tensor
-    known = {prefix + k for k in renames} | {prefix + "lm_head.weight", "lm_head.weight"}
-    unknown = sorted(k for k in hf if k not in known and not k.endswith(IGNORED_SUFFIXES))
-    if unknown:
-        raise HFImportError(f"unexpected tensor(s) {', '.join(unknown[:5])}")
-    return out
+def special_ids(directory: Path, data: dict[str, Any]) -> dict[str, int]:
+    """bos, eos and pad ids: config.json, then generation_config.json, then the token
+    strings of tokenizer_config.json; a missing one falls back to another (GPT-2 has only
+    <|endoftext|>), and right padding makes pad's value irrelevant to real tokens."""
+    sources = [data, _json(directory / "generation_config.json")]
+    tokenizer_config = _json(directory / "tokenizer_config.json")
+    ids: dict[str, int] = {}
+    for kind in ("bos", "eos", "pad"):
+        for source in sources:
+            value = source.get(f"{kind}_token_id")
+            if isinstance(value, list):  # Llama 3 lists several eos ids; the first is <eos>
+                value = value[0] if value else None
+            if isinstance(value, int):
+                ids[kind] = value
+                break
+        else:
+            if (
+                token_id := _token_id(directory, tokenizer_config.get(f"{kind}_token"))
+            ) is not None:
+                ids[kind] = token_id
+    fallback = ids.get("eos", ids.get("bos", 0))
+    return {kind: ids.get(kind, fallback) for kind in ("bos", "eos", "pad")}
 
 
-def load_hf_gpt2(directory: str | Path) -> Encoder:
-    """The GPT-2-family checkpoint in `directory` as an Encoder in eval mode (float32)."""
-    directory = Path(directory)
+def load_hf(
+    source: str | Path, max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN, log=print
+) -> tuple[Encoder, Path]:
+    """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory."""
+    directory = resolve_source(source, log)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise HFImportError(f"{directory} has no config.json")
-    config = config_from_hf(json.loads(config_file.read_text()), name=directory.name)
+    data = json.loads(config_file.read_text())
+    name = str(source).rstrip("/").split("/")[-1]
+    config = config_from_hf(data, name, special_ids(directory, data), max_seq_len)
+    if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
+        log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
+    family = FAMILIES[data["model_type"]]
+    tensors = read_tensors(directory)
+    prefix = next(
+        (p for p in family.prefixes if any(k.startswith(p) for k in tensors)), family.prefixes[-1]
+    )
+    taken: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if (tensor := tensors.get(prefix + name)) is None:
+            raise HFImportError(f"missing tensor {prefix + name}")
+        taken.add(prefix + name)
+        return tensor
+
+    if config.positions == "learned" and config.max_seq_len < data.get("n_positions", 0):
+        tensors[prefix + "wpe.weight"] = tensors[prefix + "wpe.weight"][: config.max_seq_len]
+    mapped = family.weights(take, config)
+    unknown = sorted(
+        k
+        for k in set(tensors) - taken
+        if k.removeprefix(prefix) not in IGNORED_NAMES and not k.endswith(IGNORED_SUFFIXES)
+    )
+    if unknown:
+        raise HFImportError(f"unexpected tensor(s) {', '.join(unknown[:5])}")
     model = Encoder(config)
-    tensors = _mapped(_read_tensors(directory), config.n_layers)
-    if mismatch := first_shape_mismatch(model.state_dict(), tensors):
+    if mismatch := first_shape_mismatch(model.state_dict(), mapped):
         raise HFImportError(f"{mismatch} (from config.json)")
-    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
-    return model.eval()
+    if missing := sorted(set(model.state_dict()) - set(mapped)):
+        raise HFImportError(f"the checkpoint has no tensor for {', '.join(missing)}")
+    model.load_state_dict({k: v.float() for k, v in mapped.items()}, strict=True)
+    return model.eval(), directory
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint: one safetensors file, its shards, or a .bin."""
+    from safetensors.torch import load_file
+
+    if (directory / SAFETENSORS).is_file():
+        return load_file(str(directory / SAFETENSORS))
+    if (directory / SHARD_INDEX).is_file():
+        weight_map = _json(directory / SHARD_INDEX).get("weight_map", {})
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            if not (directory / shard).is_file():
+                raise HFImportError(f"{SHARD_INDEX} names the shard {shard}, which is missing")
+            tensors.update(load_file(str(directory / shard)))
+        return tensors
+    if (directory / TORCH_BIN).is_file():
+        try:  # weights_only: tensors and plain containers only, nothing is unpickled freely
+            return torch.load(directory / TORCH_BIN, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise HFImportError(
+                f"{directory / TORCH_BIN} is not a plain tensor file: {exc}"
+            ) from exc
+    raise HFImportError(f"{directory} has neither {SAFETENSORS}, {SHARD_INDEX} nor {TORCH_BIN}")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_id(directory: Path, token: Any) -> int | None:
+    """The id of a special token given as a string or as {"content": ...}."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str) or not (directory / TOKENIZER_FILENAME).is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(directory / TOKENIZER_FILENAME)).token_to_id(token)

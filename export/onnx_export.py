@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from attnserve.export.head_fold import fold_head_transposes
+from attnserve.export.onnx_files import save_checked
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
 from attnserve.model.encoder import Encoder
 
@@ -69,7 +70,7 @@ def export_onnx(model: Encoder, path: str | Path, with_attentions: bool = True) 
         )
     proto = program.model_proto
     if not with_attentions:  # the traced full graph has no Attention op to fold into
-        proto = fold_head_transposes(proto, config.n_heads)
+        proto = fold_head_transposes(proto, config.n_heads, config.kv_heads)
     onnx.helper.set_model_props(
         proto,
         {
@@ -78,7 +79,4 @@ def export_onnx(model: Encoder, path: str | Path, with_attentions: bool = True) 
         },
     )
     proto.doc_string = f"attnserve causal self-attention encoder {config.name}: {outputs}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(proto, str(path))
-    onnx.checker.check_model(str(path), full_check=True)
-    return path
+    return save_checked(proto, path)

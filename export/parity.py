@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import onnxruntime as ort
 import torch
 
 from attnserve.export import DEFAULT_TOLERANCE
+from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 
 
@@ -25,9 +27,17 @@ class ParityCase:
     max_abs_diff: dict[str, float]  # per output name
 
 
-def default_shapes(max_seq_len: int) -> list[tuple[int, int]]:
-    """(batch, seq_len) pairs: length 1, 2, an odd length and max_seq_len, several batch sizes."""
-    shapes = [(1, 1), (2, 2), (3, min(17, max_seq_len)), (1, max_seq_len)]
+# The longest parity case holds every layer's and head's T x T weights at most this large.
+LONGEST_CASE_BYTES = 2**28
+
+
+def default_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(batch, seq_len) pairs: length 1, 2, an odd length and the longest affordable one,
+    several batch sizes. The longest is max_seq_len unless its attention weights (layers x
+    heads x T^2 floats, 18 GB for a 30-layer model at 4096) would pass LONGEST_CASE_BYTES."""
+    per_square = config.n_layers * config.n_heads * 4
+    longest = min(config.max_seq_len, math.isqrt(LONGEST_CASE_BYTES // per_square))
+    shapes = [(1, 1), (2, 2), (3, min(17, longest)), (1, longest)]
     return list(dict.fromkeys(shapes))  # drop duplicates when max_seq_len is tiny
 
 
@@ -44,7 +54,7 @@ def check_parity(
     `tolerance` (or is NaN).
     """
     config = model.config
-    shapes = shapes or default_shapes(config.max_seq_len)
+    shapes = shapes or default_shapes(config)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(seed)

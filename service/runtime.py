@@ -66,8 +66,7 @@ class OrtRuntime:
                 "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
             )
         self.config = _read_config(self.session, model_path)
-        # Identifies the served weights: two exports of different models never share it.
-        self.version = hashlib.sha256(model_path.read_bytes()).hexdigest()[:12]
+        self.version = weights_version(model_path)
         _check_io(self.session, self.config, model_path, with_attentions=True)
         self.attention_graph = model_path  # the file `session` runs
         fused = options.fused_attention and model_dir.fused_graph.is_file()
@@ -169,6 +168,18 @@ def session_settings(options: RuntimeOptions) -> dict:
             "session.inter_op.allow_spinning": "0",
         },
     }
+
+
+def weights_version(graph: Path) -> str:
+    """Identifies the served weights: two exports of different models never share it. A graph
+    past 2 GB keeps its weights in `<graph>.data` (ONNX external data): hashed too."""
+    digest = hashlib.sha256(graph.read_bytes())
+    data = graph.with_name(graph.name + ".data")
+    if data.is_file():
+        with data.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
 
 
 def session_options(options: RuntimeOptions) -> ort.SessionOptions:

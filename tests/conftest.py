@@ -26,7 +26,7 @@ SMALL_SEED = 1
 SLOW_FOLDERS = tuple(
     f"tests/{folder}/" for folder in ("deploy", "bench", "benchmarks", "model", "export")
 )
-SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir"}
+SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir", "families"}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -217,3 +217,104 @@ def hf_model_dir(hf_dir, tmp_path_factory) -> Path:
     result = run_cli("export", "--from-hf", str(hf_dir), "--out", str(out))
     assert result.returncode == 0, result.stderr
     return out
+
+
+# --- the families people study (tiny random checkpoints built by transformers) ---------
+
+# Awkward on purpose: odd head counts, 7:1 and 5:1 GQA, head_dim * heads != hidden size,
+# partial rotary, sliding windows shorter than the test sequences, on some layers only.
+FAMILY_SHAPES = {
+    "llama": dict(
+        hidden_size=56,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=7,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=96,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
+    "mistral": dict(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=12,
+        max_position_embeddings=64,
+        sliding_window=7,
+    ),
+    "qwen2": dict(
+        hidden_size=40,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+    ),
+    "gpt_neox": dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+    ),
+    "gemma": dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=20,
+        max_position_embeddings=64,
+    ),
+    "phi3": dict(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        max_position_embeddings=64,
+        partial_rotary_factor=0.5,
+        sliding_window=9,
+    ),
+}
+
+
+class FamilyCheckpoints:
+    """Each family's checkpoint (with its transformers reference) and its export by the real
+    CLI, each made on first use and kept for the session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._checkpoints: dict[str, tuple[Path, object]] = {}
+        self._exports: dict[str, Path] = {}
+
+    def checkpoint(self, family: str) -> tuple[Path, object]:
+        """(the saved directory, the transformers model it was saved from)."""
+        from benchmarks.hf_checkpoints import build_checkpoint
+
+        if family not in self._checkpoints:
+            directory = self.root / family
+            reference = build_checkpoint(family, directory, **FAMILY_SHAPES[family])
+            self._checkpoints[family] = directory, reference
+        return self._checkpoints[family]
+
+    def exported(self, family: str) -> Path:
+        if family not in self._exports:
+            directory, _ = self.checkpoint(family)
+            out = self.root / f"{family}-model"
+            result = run_cli("export", "--from-hf", str(directory), "--out", str(out))
+            assert result.returncode == 0, result.stderr
+            self._exports[family] = out
+        return self._exports[family]
+
+
+@pytest.fixture(scope="session")
+def families(tmp_path_factory) -> FamilyCheckpoints:
+    return FamilyCheckpoints(tmp_path_factory.mktemp("families"))

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from attnserve.bench.latency import measure_cell
-from attnserve.export.hf_import import load_hf_gpt2
+from attnserve.export.hf_import import load_hf
 from attnserve.export.model_dir import write_model_dir
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
@@ -40,9 +40,7 @@ def run_hf_compare(out: Path, max_seq_len: int = 1024, quick: bool = False) -> d
         hf_dir, model_dir = Path(tmp) / "distilgpt2-sized", Path(tmp) / "model"
         torch.manual_seed(0)
         GPT2Model(GPT2Config(**DISTILGPT2)).eval().save_pretrained(hf_dir)
-        write_model_dir(
-            load_hf_gpt2(hf_dir), model_dir, shapes=[(1, 1), (1, seq_lens[-1])], log=log
-        )
+        write_model_dir(load_hf(hf_dir)[0], model_dir, shapes=[(1, 1), (1, seq_lens[-1])], log=log)
         eager = GPT2Model.from_pretrained(hf_dir, attn_implementation="eager").eval()
         sdpa = GPT2Model.from_pretrained(hf_dir, attn_implementation="sdpa").eval()
         runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))

@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, GPT2TokenizerFast
 
 from attnserve.client import ClientOptions, EncoderClient
-from attnserve.export.hf_import import HFImportError, load_hf_gpt2
+from attnserve.export.hf_import import HFImportError, load_hf
 from attnserve.model.artifacts import TOKENIZER_FILENAME
 from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import HF_TEXTS, ServerThread, run_cli
@@ -31,7 +31,7 @@ SHAPES = [(1, 1), (1, 17), (3, 64), (2, 160)]
 
 @pytest.mark.parametrize(("batch", "seq_len"), SHAPES)
 def test_pytorch_import_matches_transformers(hf_dir, reference, batch, seq_len):
-    model = load_hf_gpt2(hf_dir)
+    model, _ = load_hf(hf_dir)
     assert model.config.activation == "gelu_tanh" and model.config.tokenizer == "hf"
     ids = np.random.default_rng(seq_len).integers(
         0, reference.config.vocab_size, size=(batch, seq_len)
@@ -101,7 +101,7 @@ def copy_of(hf_dir, tmp_path):
     [
         ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
         ({"reorder_and_upcast_attn": True}, "reorder_and_upcast_attn=True"),
-        ({"activation_function": "relu"}, "activation_function='relu' is not supported"),
+        ({"activation_function": "tanh"}, "activation_function='tanh' is not supported"),
         ({"model_type": "bert"}, "model_type is 'bert'"),
         ({"n_head": 5}, "d_model (64) must be divisible by n_heads (5)"),
     ],
@@ -111,7 +111,7 @@ def test_unsupported_configs_are_named(hf_dir, tmp_path, change, message):
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(HFImportError) as excinfo:
-        load_hf_gpt2(directory)
+        load_hf(directory)
     assert message in str(excinfo.value)
 
 
@@ -123,18 +123,21 @@ def test_missing_and_mismatched_tensors(hf_dir, tmp_path):
     broken = {k: v for k, v in tensors.items() if k != "h.1.mlp.c_fc.weight"}
     save_file(broken, str(directory / "model.safetensors"))
     with pytest.raises(HFImportError, match=r"missing tensor h\.1\.mlp\.c_fc\.weight"):
-        load_hf_gpt2(directory)
+        load_hf(directory)
     save_file({**tensors, "wpe.weight": torch.zeros(10, 64)}, str(directory / "model.safetensors"))
     with pytest.raises(HFImportError, match=r"pos_emb\.weight has shape \(10, 64\)"):
-        load_hf_gpt2(directory)
+        load_hf(directory)
     save_file(
         {**tensors, "h.0.attn.q_proj.weight": torch.zeros(1)}, str(directory / "model.safetensors")
     )
     with pytest.raises(HFImportError, match=r"unexpected tensor\(s\) h\.0\.attn\.q_proj\.weight"):
-        load_hf_gpt2(directory)
+        load_hf(directory)
     (directory / "model.safetensors").unlink()
-    with pytest.raises(HFImportError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
-        load_hf_gpt2(directory)
+    with pytest.raises(
+        HFImportError,
+        match=r"neither model\.safetensors, model\.safetensors\.index\.json nor pytorch_model\.bin",
+    ):
+        load_hf(directory)
 
 
 def test_lm_head_checkpoint_as_pytorch_bin(hf_dir, reference, tmp_path):
@@ -146,7 +149,7 @@ def test_lm_head_checkpoint_as_pytorch_bin(hf_dir, reference, tmp_path):
     # The legacy layout: config.json beside a torch.save'd state dict.
     config.save_pretrained(tmp_path / "lm")
     torch.save(lm.state_dict(), tmp_path / "lm" / "pytorch_model.bin")
-    model = load_hf_gpt2(tmp_path / "lm")
+    model, _ = load_hf(tmp_path / "lm")
     ids = np.arange(1, 30)[None]
     with torch.no_grad():
         emb, _ = model(torch.from_numpy(ids))

@@ -1,0 +1,115 @@
+"""Random-weight Hugging Face checkpoints of the families attnserve imports, built offline.
+
+No hub is reachable here, so every checkpoint is made from a config by transformers
+itself (`from_config`, eager attention, `save_pretrained`) with a byte-level BPE
+tokenizer trained on the spot. The tests use tiny, awkward shapes; the families
+benchmark uses real models' shapes (SmolLM2-135M, Pythia-160M, Qwen2.5-0.5B).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention is all you need!",
+    "café crème brûlée, naïve façade",
+    "emoji 🤖🚀 and more",
+    "  whitespace   runs\n\tand tabs  ",
+]
+SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2 of every tokenizer trained here
+
+# Real models' shapes (random weights): the sizes of their config.json.
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    vocab_size=49152,
+)
+PYTHIA_160M = dict(
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=2048,
+    rotary_pct=0.25,
+    use_parallel_residual=True,
+    vocab_size=50304,
+)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE with <pad>, <s>, </s> as ids 0, 1, 2, trained on TEXTS in a second."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tokenizer = ByteLevelBPETokenizer()
+    tokenizer.train_from_iterator(
+        TEXTS * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIALS
+    )
+    return tokenizer
+
+
+def build_checkpoint(
+    model_type: str,
+    directory: Path,
+    seed: int = 0,
+    perturb: float = 0.05,
+    max_shard_size: str | None = None,
+    dtype: Any = None,
+    **fields: Any,
+):
+    """Save a random `model_type` causal LM with these config fields (and a tokenizer) to
+    `directory`; return the transformers model (eager attention, eval mode), the reference.
+
+    `perturb` adds noise of that size to every parameter: transformers initialises biases
+    to 0 and norm weights to 1 (or 0), where a weight mapped to the wrong place would go
+    unnoticed. `dtype` (e.g. torch.bfloat16, as published checkpoints are): the weights
+    saved in it; the returned model is then in it too.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = train_tokenizer(min(fields.get("vocab_size", 400), 400))
+    fields = {"vocab_size": tokenizer.get_vocab_size(), **fields}
+    config = AutoConfig.for_model(
+        model_type, pad_token_id=0, bos_token_id=1, eos_token_id=2, **fields
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * perturb)
+    if dtype is not None:
+        model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return model
+
+
+def reference_outputs(model, ids):
+    """transformers' last hidden state (B, T, D) and attention probabilities (B, L, H, T, T)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.base_model(torch.as_tensor(ids), output_attentions=True)
+    return out.last_hidden_state.numpy(), torch.stack(out.attentions, dim=1).numpy()
