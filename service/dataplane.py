@@ -177,6 +177,8 @@ class DataPlane:
             version=self.backend.version,
             n_layers=c.n_layers,
             n_heads=c.n_heads,
+            n_kv_heads=c.kv_heads,
+            kv_heads=c.kv_head_of,
             d_model=c.d_model,
             max_seq_len=c.max_seq_len,
             vocab_size=c.vocab_size,

@@ -164,6 +164,12 @@ def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = No
             ],
         }
 
+    @app.get("/v1/model-info", tags=["attnserve"], dependencies=authorized)
+    async def model_info() -> dict:
+        """`GetModelInfo` in JSON (protobuf's JSON mapping of GetModelInfoResponse): sizes,
+        limits, and `kvHeads`, the key/value head each query head reads."""
+        return json_format.MessageToDict(dataplane.model_info())
+
     @app.post("/v1/embeddings", tags=["openai"], dependencies=authorized)
     async def embeddings(body: EmbeddingsRequest, http: Request) -> JSONResponse:
         """One vector per input: the `--embeddings-pooling` of its token embeddings (default

@@ -149,3 +149,31 @@ def test_a_server_with_a_token_lets_the_page_ask_for_it(browser, small_model_dir
     finally:
         context.close()
         secured.stop()
+
+
+def test_grouped_query_heads_show_the_key_value_head_they_read(browser, families):
+    """Llama with 7 query heads on 1 KV head: every head is labelled with its KV group."""
+    grouped = ServerThread(families.exported("llama"))
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    try:
+        page.goto(f"{grouped.http_url}/?text={quote(TEXT)}&head=6")
+        page.locator("#heatmap[data-rows]").wait_for()
+        shape = page.locator("#model-shape").text_content()
+        assert shape == "2 layers, 7 heads, 1 KV head (grouped-query)"
+        labels = page.locator("#head option").all_text_contents()
+        assert labels == [f"{h} (kv 0)" for h in range(7)]
+        assert page.input_value("#head") == "6"
+        kv_row = page.locator("#entropy tr").nth(1).locator("th").all_text_contents()
+        assert kv_row == ["kv"] + ["0"] * 7
+        assert page.locator("#entropy td").count() == 2 * 7
+    finally:
+        context.close()
+        grouped.stop()
+
+
+def test_a_model_without_grouping_shows_no_kv_labels(page, server):
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}")
+    page.locator("#heatmap[data-rows]").wait_for()
+    assert page.locator("#model-shape").text_content() == "2 layers, 4 heads"
+    assert page.locator("#head option").all_text_contents() == ["0", "1", "2", "3"]

@@ -5,7 +5,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { encoding: null };
+const state = { encoding: null, kvHeads: null };
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
 
@@ -179,7 +179,19 @@ function drawEntropy() {
   table.innerHTML = "";
   const header = table.insertRow();
   header.appendChild(document.createElement("th")).textContent = "L\\H";
-  for (let h = 0; h < heads; h++) header.appendChild(document.createElement("th")).textContent = h;
+  for (let h = 0; h < heads; h++) {
+    const th = header.appendChild(document.createElement("th"));
+    th.textContent = h;
+    if (state.kvHeads) {
+      th.title = `reads KV head ${state.kvHeads[h]}`;
+      th.dataset.kv = state.kvHeads[h];
+    }
+  }
+  if (state.kvHeads) {  // a second header row: the KV group of each head
+    const groups = table.insertRow();
+    groups.appendChild(document.createElement("th")).textContent = "kv";
+    for (let h = 0; h < heads; h++) groups.appendChild(document.createElement("th")).textContent = state.kvHeads[h];
+  }
   const worst = Math.log(Math.max(2, t));
   for (let l = 0; l < layers; l++) {
     const tr = table.insertRow();
@@ -222,7 +234,7 @@ function fillSelect(id, n, wanted) {
   const select = $(id);
   const keep = wanted ?? select.value;
   select.innerHTML = "";
-  for (let i = 0; i < n; i++) select.add(new Option(String(i), String(i)));
+  for (let i = 0; i < n; i++) select.add(new Option(id === "head" ? headLabel(i) : String(i), String(i)));
   select.value = Number(keep) < n ? String(keep) : "0";
 }
 
@@ -252,7 +264,7 @@ async function useToken(event) {
   sessionStorage.setItem(TOKEN_KEY, $("token").value);
   $("token").value = "";
   $("auth").hidden = true;
-  await loadModelName();
+  await loadModelInfo();
   await show();
 }
 
@@ -268,11 +280,25 @@ async function post(path, body) {
   return json;
 }
 
-async function loadModelName() {
+// The model's name and shape; under grouped-query attention (fewer key/value heads than
+// query heads) each head is labelled with the KV head it reads: heads of one group share keys.
+async function loadModelInfo() {
   try {
-    const response = await fetch("/v1/models", { headers: authHeaders() });
-    if (response.ok) $("model").textContent = (await response.json()).data[0].id;
+    const response = await fetch("/v1/model-info", { headers: authHeaders() });
+    if (!response.ok) return;
+    const info = await response.json();
+    const grouped = info.nKvHeads < info.nHeads;
+    state.kvHeads = grouped ? info.kvHeads : null;
+    $("model").textContent = info.name;
+    $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
+      (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
+    if (state.encoding) fillSelect("head", state.encoding.packed.shape[1]);
+    if (state.encoding) drawEntropy();
   } catch (_) { /* the page still works without the name */ }
+}
+
+function headLabel(h) {
+  return state.kvHeads ? `${h} (kv ${state.kvHeads[h]})` : String(h);
 }
 
 async function show(event) {
@@ -323,7 +349,7 @@ async function init() {
   $("heatmap").addEventListener("mousemove", hover);
   $("heatmap").addEventListener("mouseleave", () => draw());
   $("auth").addEventListener("submit", useToken);
-  await loadModelName();
+  await loadModelInfo();
   if (params.get("text")) {
     $("text").value = params.get("text");
     await show();
