@@ -216,7 +216,7 @@ def gpt2_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
 
     out = {
         "tok_emb.weight": take("wte.weight"),
-        "pos_emb.weight": take("wpe.weight"),
+        "pos_emb.weight": take("wpe.weight")[: config.max_seq_len],  # --max-seq-len may cut
         "ln_f.weight": take("ln_f.weight"),
         "ln_f.bias": take("ln_f.bias"),
     }

@@ -101,24 +101,21 @@ def special_ids(directory: Path, data: dict[str, Any]) -> dict[str, int]:
     tokenizer_config = _json(directory / "tokenizer_config.json")
     ids: dict[str, int] = {}
     for kind in ("bos", "eos", "pad"):
-        for source in sources:
-            value = source.get(f"{kind}_token_id")
-            if isinstance(value, list):  # Llama 3 lists several eos ids; the first is <eos>
-                value = value[0] if value else None
-            if isinstance(value, int):
-                ids[kind] = value
-                break
-        else:
-            if (
-                token_id := _token_id(directory, tokenizer_config.get(f"{kind}_token"))
-            ) is not None:
-                ids[kind] = token_id
+        found = [
+            i for source in sources if (i := _as_id(source.get(f"{kind}_token_id"))) is not None
+        ]
+        if not found:
+            found = [_token_id(directory, tokenizer_config.get(f"{kind}_token"))]
+        if found[0] is not None:
+            ids[kind] = found[0]
     fallback = ids.get("eos", ids.get("bos", 0))
     return {kind: ids.get(kind, fallback) for kind in ("bos", "eos", "pad")}
 
 
 def load_hf(
-    source: str | Path, max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN, log=print
+    source: str | Path,
+    max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
+    log: Callable[[str], None] = print,
 ) -> tuple[Encoder, Path]:
     """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory."""
     directory = resolve_source(source, log)
@@ -143,8 +140,6 @@ def load_hf(
         taken.add(prefix + name)
         return tensor
 
-    if config.positions == "learned" and config.max_seq_len < data.get("n_positions", 0):
-        tensors[prefix + "wpe.weight"] = tensors[prefix + "wpe.weight"][: config.max_seq_len]
     mapped = family.weights(take, config)
     unknown = sorted(
         k
@@ -184,6 +179,14 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
                 f"{directory / TORCH_BIN} is not a plain tensor file: {exc}"
             ) from exc
     raise HFImportError(f"{directory} has neither {SAFETENSORS}, {SHARD_INDEX} nor {TORCH_BIN}")
+
+
+def _as_id(value: Any) -> int | None:
+    """A token id as configs give it: an int, or a list whose first is the main one (Llama 3
+    lists several eos ids)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _json(path: Path) -> dict[str, Any]:
