@@ -1,5 +1,5 @@
-"""`python -m benchmarks {peers,oip,perf-analyzer,containers,report}`, from the repository's
-root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
+"""`python -m benchmarks {peers,oip,perf-analyzer,families,containers,report}`, from the
+repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "perf-analyzer", help=f"Triton's perf_analyzer against the V2 endpoint ({TOOLS})"
     )
+    families = commands.add_parser(
+        "families",
+        help="SmolLM2-135M's and Pythia-160M's shapes: ONNX Runtime against transformers eager "
+        "across lengths, the server end to end; importing a 0.5B model",
+    )
+    families.add_argument(
+        "--quick", action="store_true", help="two layers, three lengths, no 0.5B import (smoke)"
+    )
     containers = commands.add_parser(
         "containers", help="the compose stack under load: host process vs 1 container vs 2 replicas"
     )
@@ -64,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             run_suite(args.out, args.quick)
         write_page(args.out, args.doc)
         progress(f"wrote {args.doc}")
+        return 0
+    if args.command == "families":
+        from benchmarks.families import run_families
+
+        run_families(args.out, args.quick, progress)
         return 0
     if args.command == "containers":
         from benchmarks.containers import run_containers

@@ -80,6 +80,16 @@ SECTIONS = [
         "attnserve bench latency --out bench-results",
     ),
     (
+        "families",
+        "The families people study",
+        "Random weights in real models' shapes, imported by `attnserve export --from-hf`: ONNX "
+        "Runtime on CPU (the graphs the server runs) against transformers' eager implementation "
+        "with `output_attentions` on and off, batch 1, alternating blocks, and the server end "
+        "to end through Encode; then what importing a 0.5B-parameter model costs (the export "
+        "process's wall time and peak RSS).",
+        "python -m benchmarks families",
+    ),
+    (
         "containers",
         "Containers",
         "The compose stack's encoder against the same model served by a host process, then "

@@ -13,6 +13,7 @@ from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
 from benchmarks.batching import run_batching
 from benchmarks.containers import run_containers
+from benchmarks.families import run_families
 from benchmarks.oip import run_oip
 from benchmarks.peer_env import PEERS_VENV
 from benchmarks.peers import run_peers
@@ -30,5 +31,6 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
         run_perf_analyzer(out, model_dir, TOOLS, progress, quick)
         run_attention(out, model_dir, quick)
+    run_families(out, quick, progress)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

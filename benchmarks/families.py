@@ -1,0 +1,189 @@
+"""`python -m benchmarks families`: the families people study, at real models' sizes.
+
+1. Latency across lengths, batch 1, on random weights in the shapes of SmolLM2-135M
+   (Llama: 30 layers, d 576, 9 query / 3 KV heads) and Pythia-160M (GPT-NeoX: 12 layers,
+   d 768, partial rotary, parallel residual), each imported by `attnserve export --from-hf`:
+   ONNX Runtime on CPU (the graphs the server runs: with every attention weight; embeddings
+   only) against transformers' eager implementation with `output_attentions` on and off,
+   alternating blocks; then the server end to end (Encode with every weight; embeddings).
+2. What importing a 0.5B-parameter model costs: `attnserve export --from-hf` of random
+   weights in Qwen2.5-0.5B's shape (bfloat16 on disk, as published), its wall time and the
+   peak resident memory of the export process.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.bench.results import save
+from attnserve.bench.timing import alternate, p50_ms
+from benchmarks.hf_checkpoints import PYTHIA_160M, QWEN25_05B, SMOLLM2_135M, build_checkpoint
+
+LENGTHS = [8, 16, 32, 64, 128, 256, 512, 1024]
+MODELS = {"SmolLM2-135M": ("llama", SMOLLM2_135M), "Pythia-160M": ("gpt_neox", PYTHIA_160M)}
+ENGINES = ["ort-attention", "eager-attention", "ort-embeddings", "eager-embeddings"]
+SERVED = ["server-attention", "server-embeddings"]
+TARGET = 1.5  # ORT >= 1.5x transformers eager with attention weights on, at every length
+
+
+def export(source: Path, out: Path, max_seq_len: int) -> dict:
+    """`attnserve export --from-hf` in a child process: wall seconds and the child's peak RSS."""
+    probe = (
+        "import resource, subprocess, sys, time; start = time.perf_counter(); "
+        "code = subprocess.call(sys.argv[1:]); "
+        "print(time.perf_counter() - start, "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)"
+    )
+    command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(source)]
+    command += ["--out", str(out), "--max-seq-len", str(max_seq_len)]
+    answer = subprocess.run(
+        [sys.executable, "-c", probe, *command], capture_output=True, text=True, check=True
+    )
+    seconds, peak_kib, code = answer.stdout.split()[-3:]
+    if code != "0":
+        raise RuntimeError(f"export of {source} failed:\n{answer.stderr[-2000:]}")
+    report = json.loads((out / "export_report.json").read_text())
+    return {
+        "seconds": round(float(seconds), 1),
+        "peak_rss_gib": round(int(peak_kib) / 2**20, 2),
+        "parameters": report["parameters"],
+        "graphs_gib": round(sum(report["onnx_bytes"].values()) / 2**30, 2),
+        "external_data": sorted(p.name for p in out.glob("*.data")),
+        "export_seconds": report["export_seconds"],
+        "parity_seconds": report["parity_seconds"],
+    }
+
+
+def latency(
+    name: str, work: Path, lengths: list[int], repeats: int, log, layers: int | None = None
+) -> dict:
+    """p50 ms per engine and length for one model shape (`layers`: fewer, for smoke runs)."""
+    import torch
+
+    from attnserve.client import ClientOptions, EncoderClient
+    from attnserve.service.process import spawn_server
+    from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+
+    family, fields = MODELS[name]
+    if layers is not None:
+        fields = {**fields, "num_hidden_layers": layers}
+    log(f"{name}: building a random {family} checkpoint and exporting it...")
+    reference = build_checkpoint(family, work / name, perturb=0.0, **fields)
+    exported = export(work / name, work / f"{name}-model", max(lengths))
+    runtime = OrtRuntime(work / f"{name}-model", RuntimeOptions(provider="cpu"))
+    server = spawn_server(work / f"{name}-model", "--provider", "cpu")
+    rows: dict[int, dict[str, float]] = {}
+    try:
+        with EncoderClient(server.address, ClientOptions(timeout_s=600)) as client:
+            for t in lengths:
+                ids = np.random.default_rng(t).integers(3, 400, size=(1, t), dtype=np.int64)
+                tensor = torch.from_numpy(ids)
+
+                def eager(weights: bool, tensor=tensor) -> object:
+                    with torch.inference_mode():
+                        return reference.base_model(tensor, output_attentions=weights)
+
+                calls: dict[str, Callable[[], object]] = {
+                    "ort-attention": lambda ids=ids: runtime.run(ids),
+                    "eager-attention": lambda: eager(True),
+                    "ort-embeddings": lambda ids=ids: runtime.embed(ids),
+                    "eager-embeddings": lambda: eager(False),
+                    "server-attention": lambda ids=ids: client.encode([ids[0]], attention=True),
+                    "server-embeddings": lambda ids=ids: client.encode([ids[0]]),
+                }
+                samples, _ = alternate(calls, least=repeats, most=4 * repeats, seconds=2.0)
+                rows[t] = {engine: round(p50_ms(s), 3) for engine, s in samples.items()}
+                ratio = rows[t]["eager-attention"] / rows[t]["ort-attention"]
+                log(
+                    f"  T={t}: ORT {rows[t]['ort-attention']:.2f} ms, eager "
+                    f"{rows[t]['eager-attention']:.2f} ms with attention ({ratio:.2f}x)"
+                )
+    finally:
+        server.process.terminate()
+        server.process.wait(30)
+    config = runtime.config
+    shape = (
+        f"{config.n_layers} layers, d_model {config.d_model}, {config.n_heads} query / "
+        f"{config.kv_heads} KV heads, head_dim {config.head_dim}"
+    )
+    return {"shape": shape, "export": exported, "p50_ms": rows}
+
+
+def table(result: dict) -> str:
+    """One row per model and length (p50 ms), then what importing each model cost."""
+    lines = [
+        "| model | T | ORT attention | eager attention | ratio | ORT embeddings "
+        "| eager embeddings | ratio | server attention | server embeddings |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts, imports = [], []
+    for name, model in result["models"].items():
+        for t, row in model["p50_ms"].items():
+            on = row["eager-attention"] / row["ort-attention"]
+            off = row["eager-embeddings"] / row["ort-embeddings"]
+            lines.append(
+                f"| {name} | {t} | {row['ort-attention']:.2f} | {row['eager-attention']:.2f} | "
+                f"{on:.2f}x | {row['ort-embeddings']:.2f} | {row['eager-embeddings']:.2f} | "
+                f"{off:.2f}x | {row['server-attention']:.2f} | {row['server-embeddings']:.2f} |"
+            )
+        worst = min(r["eager-attention"] / r["ort-attention"] for r in model["p50_ms"].values())
+        verdicts.append(f"{name} {worst:.2f}x ({'met' if worst >= TARGET else 'not met'})")
+        imports.append(f"{name} ({model['shape']}): {_cost(model['export'])}")
+    lines.append(
+        f"\np50 ms, batch 1. ORT / eager with attention weights at each model's worst length "
+        f"(target {TARGET}x at every length): {'; '.join(verdicts)}.\n"
+    )
+    if result["large_export"] is not None:
+        large = result["large_export"]
+        imports.append(f"{large['name']} ({large['parameters']:,} parameters): {_cost(large)}")
+    return "\n".join(
+        lines
+        + ["Importing (`attnserve export --from-hf`, five graphs checked):\n"]
+        + [f"- {line}" for line in imports]
+    )
+
+
+def _cost(export: dict) -> str:
+    data = ", ".join(export["external_data"]) or "none"
+    return (
+        f"{export['seconds']} s, peak RSS {export['peak_rss_gib']} GiB, "
+        f"{export['graphs_gib']} GiB of graphs (external data: {data}; export "
+        f"{export['export_seconds']} s, parity {export['parity_seconds']} s)"
+    )
+
+
+def run_families(out: Path, quick: bool = False, log=print) -> dict:
+    import torch
+
+    lengths = LENGTHS[:3] if quick else LENGTHS
+    repeats = 2 if quick else 6
+    with tempfile.TemporaryDirectory(prefix="attnserve-families-") as scratch:
+        work = Path(scratch)
+        layers = 2 if quick else None  # a smoke run: the real widths, two layers
+        models = {name: latency(name, work, lengths, repeats, log, layers) for name in MODELS}
+        large = None
+        if not quick:  # a 2 GB graph five times over: not for a smoke run
+            log("Qwen2.5-0.5B's shape: building a random checkpoint (bfloat16 on disk)...")
+            start = time.perf_counter()
+            build_checkpoint(
+                "qwen2", work / "qwen", perturb=0.0, dtype=torch.bfloat16, **QWEN25_05B
+            )
+            log(f"  built in {time.perf_counter() - start:.0f} s; exporting...")
+            large = {"name": "Qwen2.5-0.5B", **export(work / "qwen", work / "qwen-model", 1024)}
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "lengths": lengths,
+        "models": models,
+        "large_export": large,
+    }
+    save(out, "families", result, table(result))
+    return result
