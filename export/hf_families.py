@@ -70,24 +70,20 @@ class HFConfig:
         return default if value is None else value
 
     def rope_theta(self) -> float:
-        for value in (
+        return _first_float(
+            10000.0,
             self.rope.get("rope_theta"),
             self.data.get("rope_theta"),
             self.data.get("rotary_emb_base"),  # GPT-NeoX before transformers 5
-        ):
-            if value is not None:
-                return float(value)
-        return 10000.0
+        )
 
     def rotary_fraction(self) -> float:
-        for value in (
+        return _first_float(
+            1.0,
             self.rope.get("partial_rotary_factor"),
             self.data.get("partial_rotary_factor"),
             self.data.get("rotary_pct"),  # GPT-NeoX before transformers 5
-        ):
-            if value is not None:
-                return float(value)
-        return 1.0
+        )
 
     def rope_type(self) -> tuple[str, str]:
         """(the field that names it, the rope type): "default" is the only one implemented."""
@@ -99,6 +95,10 @@ class HFConfig:
             if kind != "default":
                 return "rope_scaling", kind
         return "rope_parameters.rope_type", "default"
+
+
+def _first_float(default: float, *values: Any) -> float:
+    return next((float(v) for v in values if v is not None), default)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnserve.model.config import ModelConfig
+from benchmarks.hf_checkpoints import TEXTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,13 +174,7 @@ def start_cli_server(model_dir: Path, *extra: str):
 
 # --- Hugging Face GPT-2 (no downloads: built and trained here) ---------------
 
-HF_TEXTS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Attention is all you need!",
-    "café crème brûlée, naïve façade",
-    "emoji 🤖🚀 and more",
-    "  whitespace   runs\n\tand tabs  ",
-]
+HF_TEXTS = TEXTS  # the texts every tokenizer of the tests is trained on
 
 
 @pytest.fixture(scope="session")

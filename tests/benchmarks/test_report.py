@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 def report(*args: str) -> subprocess.CompletedProcess:
     """`python -m benchmarks report ...` from the repository's root, as `make benchmarks`."""
     command = [sys.executable, "-m", "benchmarks", "report", *args]
-    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,168 @@
+"""DESIGN's properties with every family switch on at once, and what each switch means.
+
+The families' exactness against transformers is tested in tests/export/test_hf_families.py;
+here the encoder alone: causality with windows, right padding with rotary positions, the
+fused kernel against the textbook path, and rotary's defining property for both layouts.
+"""
+
+import pytest
+import torch
+
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.encoder import build_encoder
+from attnserve.model.layers import Rotary, apply_rotary
+
+WINDOW = 5
+# GQA 7:1, head_dim 10 apart from d_model 48 / 7, partial rotary, RMSNorm, SwiGLU, q/k/v
+# biases only, a parallel residual, Gemma's embedding scale, a window on layer 1 only.
+EVERYTHING = ModelConfig(
+    n_layers=2,
+    n_heads=7,
+    n_kv_heads=1,
+    d_model=48,
+    d_head=10,
+    d_ff=40,
+    max_seq_len=64,
+    norm="rmsnorm",
+    positions="rotary",
+    rotary_fraction=0.6,
+    mlp="gated",
+    activation="silu",
+    bias=False,
+    qkv_bias=True,
+    residual="parallel",
+    embedding_scale=48**0.5,
+    sliding_window=WINDOW,
+    sliding_layers=(1,),
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_encoder(EVERYTHING, seed=2)
+
+
+def run(model, ids, need_weights=True):
+    with torch.inference_mode():
+        return model(torch.as_tensor(ids), need_weights)
+
+
+def ids(batch, t, seed=0):
+    return torch.randint(3, 259, (batch, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_rows_sum_to_one_and_the_mask_is_exact_zeros(model):
+    _, att = run(model, ids(2, 30))  # (B, L, H, T, T)
+    assert att.shape == (2, 2, 7, 30, 30)
+    torch.testing.assert_close(att.sum(-1), torch.ones(2, 2, 7, 30), atol=1e-5, rtol=0)
+    future = torch.ones(30, 30, dtype=torch.bool).triu(1)
+    outside = torch.ones(30, 30, dtype=torch.bool).tril(-WINDOW)  # j <= i - WINDOW
+    assert (att[..., future] == 0).all()
+    assert (att[:, 1][..., outside] == 0).all()  # the windowed layer
+    assert (att[:, 1][..., ~(future | outside)] > 0).all()
+    assert (att[:, 0][..., outside] > 0).all()  # the other layer sees every earlier key
+
+
+def test_future_tokens_change_nothing_and_right_padding_is_exact(model):
+    x = ids(1, 30)
+    changed = x.clone()
+    changed[:, 12:] = (changed[:, 12:] + 5) % 259
+    emb_a, att_a = run(model, x)
+    emb_b, att_b = run(model, changed)
+    torch.testing.assert_close(emb_a[:, :12], emb_b[:, :12], atol=1e-6, rtol=0)
+    torch.testing.assert_close(att_a[..., :12, :], att_b[..., :12, :], atol=1e-6, rtol=0)
+    padded = torch.cat([x[:, :17], torch.zeros(1, 13, dtype=torch.int64)], dim=1)
+    emb_p, att_p = run(model, padded)
+    torch.testing.assert_close(emb_p[:, :17], emb_a[:, :17], atol=1e-5, rtol=0)
+    torch.testing.assert_close(att_p[..., :17, :17], att_a[..., :17, :17], atol=1e-5, rtol=0)
+
+
+def test_the_fused_kernel_gives_the_textbook_embeddings(model):
+    """need_weights=False runs PyTorch's fused attention (GQA and window masks included)."""
+    x = ids(3, 33, seed=4)
+    torch.testing.assert_close(run(model, x, False)[0], run(model, x)[0], atol=1e-5, rtol=0)
+
+
+def test_query_heads_of_one_group_read_the_same_keys():
+    """With one KV head, a query head's keys are the group's: swapping the q rows of two
+    heads swaps their attention maps exactly."""
+    model = build_encoder(EVERYTHING, seed=5)
+    layer = model.blocks[0].attn
+    d = EVERYTHING.head_dim
+    with torch.no_grad():
+        x = ids(1, 20, seed=6)
+        _, before = run(model, x)
+        w = layer.qkv.weight
+        w[: 2 * d] = torch.cat([w[d : 2 * d], w[:d]]).clone()  # swap query heads 0 and 1
+        b = layer.qkv.bias
+        b[: 2 * d] = torch.cat([b[d : 2 * d], b[:d]]).clone()
+        _, after = run(model, x)
+    torch.testing.assert_close(after[:, 0, 0], before[:, 0, 1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(after[:, 0, 1], before[:, 0, 0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_scores_depend_on_relative_position_only(interleaved):
+    """RoPE's defining property: <R_m q, R_n k> is a function of m - n, and R keeps norms
+    (the unrotated tail of a partial rotation passes untouched)."""
+    config = ModelConfig(
+        n_heads=1, d_model=16, positions="rotary", rotary_fraction=0.5,
+        rotary_interleaved=interleaved, max_seq_len=64,
+    )  # fmt: skip
+    cos, sin = Rotary(config)(64)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def rotated(x, position):
+        return apply_rotary(
+            x, cos[position : position + 1], sin[position : position + 1], interleaved
+        )
+
+    def score(m, n):
+        return float((rotated(q, m) * rotated(k, n)).sum())
+
+    assert score(10, 3) == pytest.approx(score(40, 33), abs=1e-4)
+    assert score(10, 3) != pytest.approx(score(10, 4), abs=1e-3)
+    assert float(rotated(q, 37).norm()) == pytest.approx(float(q.norm()), rel=1e-5)
+    torch.testing.assert_close(rotated(q, 37)[..., 8:], q[..., 8:])
+
+
+def test_rms_norm_forms():
+    """Llama's RMSNorm scales by w; Gemma's by 1 + w (so a zero weight is the identity scale)."""
+    x = torch.randn(2, 5, 48)
+    for norm, weight in (("rmsnorm", 1.0), ("rmsnorm_plus_one", 0.0)):
+        model = build_encoder(ModelConfig(n_heads=4, d_model=48, norm=norm))
+        rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        assert (model.ln_f.weight == weight).all()
+        torch.testing.assert_close(model.ln_f(x), rms, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"n_kv_heads": 3}, "n_kv_heads (3) must divide n_heads (8)"),
+        ({"positions": "alibi"}, "positions must be one of"),
+        ({"norm": "batchnorm"}, "norm must be one of"),
+        ({"positions": "rotary", "rotary_fraction": 0.1}, "even number of rotated dims, got 3"),
+        ({"rotary_fraction": 1.5}, "rotary_fraction must be in (0, 1]"),
+        ({"sliding_layers": [0]}, "sliding_layers needs sliding_window"),
+        ({"sliding_window": 4, "sliding_layers": [4]}, "sliding_layers [4] are outside"),
+        ({"sliding_window": 0}, "sliding_window must be a positive integer"),
+        ({"qkv_bias": "yes"}, "qkv_bias must be true or false"),
+        ({"d_model": 250}, "must be divisible by n_heads (8) unless d_head is set"),
+    ],
+)
+def test_switch_values_are_checked_naming_the_field(overrides, named):
+    with pytest.raises(ConfigError) as excinfo:
+        ModelConfig.from_dict({**ModelConfig().to_dict(), **overrides})
+    assert named in str(excinfo.value)
+
+
+def test_a_head_dim_set_apart_need_not_divide_d_model():
+    config = ModelConfig(d_model=250, d_head=32)
+    assert config.head_dim == 32 and build_encoder(config).blocks[0].attn.proj.in_features == 256
+
+
+def test_switches_survive_json():
+    again = ModelConfig.from_json(EVERYTHING.to_json())
+    assert again == EVERYTHING and again.sliding_layers == (1,)
+    assert again.kv_head_of == (0,) * 7 and again.window(0) is None and again.window(1) == WINDOW
