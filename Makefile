@@ -12,6 +12,8 @@ BUF := .tools/node_modules/.bin/buf
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
+	@echo "install: $(VENV) with attnserve and its extras gpu, export, dev from PyPI: ONNX Runtime," \
+		"torch 2.13.0 (CPU), transformers, the test tools; about 2 minutes and 2 GB the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[gpu,export,dev]'

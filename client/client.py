@@ -12,6 +12,7 @@ exponential backoff, inside the call's overall timeout.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -20,7 +21,6 @@ from pathlib import Path
 from types import ModuleType
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.client.codec import EncodeOutput, Input, build_request, decode_response
@@ -125,8 +125,7 @@ class EncoderClient:
         )
 
     def model_info(self, timeout: float | None = None) -> dict:
-        response = self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
-        return MessageToDict(response, preserving_proto_field_name=True)
+        return info_dict(self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout))
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
@@ -187,8 +186,8 @@ class AsyncEncoderClient:
             yield response
 
     async def model_info(self, timeout: float | None = None) -> dict:
-        response = await self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
-        return MessageToDict(response, preserving_proto_field_name=True)
+        request = pb.GetModelInfoRequest()
+        return info_dict(await self._call(self._stub.GetModelInfo, request, timeout))
 
     async def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
@@ -235,3 +234,15 @@ class AsyncEncoderClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def info_dict(response: pb.GetModelInfoResponse) -> dict:
+    """GetModelInfo as plain Python: numbers as numbers (protobuf's JSON mapping writes int64
+    as strings), repeated fields as lists, and the model config as an object under "config"
+    rather than a JSON document inside a string."""
+    info: dict = {}
+    for field in response.DESCRIPTOR.fields:
+        value = getattr(response, field.name)
+        info[field.name] = value if isinstance(value, str | int | float) else list(value)
+    info["config"] = json.loads(info.pop("config_json") or "{}")
+    return info

@@ -54,12 +54,5 @@ class ModelDirectory:
     def tokenizer_file(self) -> Path:
         return self.path / TOKENIZER_FILENAME
 
-    @property
-    def report_file(self) -> Path:
-        return self.path / REPORT_FILENAME
-
-    def has_model(self) -> bool:
-        return (self.path / ONNX_FILENAME).is_file()
-
     def __repr__(self) -> str:
         return f"ModelDirectory({str(self.path)!r})"

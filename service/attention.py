@@ -18,8 +18,6 @@ from attnserve.service.attention_graph import Recipe, build_graph
 from attnserve.service.backend import AttentionOutput, AttentionSelection
 from attnserve.v1.wire import pack_causal
 
-REDUCTIONS = ("none", "mean", "max")
-
 
 class AttentionReducer:
     """Runs selections on a provider; one ORT session per recipe, the most recent kept."""

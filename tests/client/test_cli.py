@@ -42,6 +42,10 @@ def test_info(cli_server):
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["n_layers"] == 2 and info["tokenizer"] == "byte"
+    # Numbers print as numbers (int64 included) and the config as an object, not a string.
+    assert info["max_message_bytes"] == 64 * 2**20 and info["bos_id"] == 257
+    assert info["config"]["n_layers"] == 2 and "config_json" not in info
+    assert info["kv_heads"] == [0, 1, 2, 3]
 
 
 def test_encode_summary_and_json(cli_server):

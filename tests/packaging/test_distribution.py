@@ -6,6 +6,7 @@ import subprocess
 import sys
 import venv
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +14,9 @@ from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def built(tmp_path_factory) -> tuple[Path, str]:
     """The wheel, built from a clean copy of the checkout's files (setuptools would reuse
-    and never prune a build/ folder left in the tree)."""
+    and never prune a build/ folder left in the tree), and what the build printed."""
     source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
@@ -37,7 +38,7 @@ def wheel(tmp_path_factory):
             "wheel",
             "--no-deps",
             "--no-build-isolation",
-            "--quiet",
+            "--verbose",  # the build backend's warnings too
             "-w",
             str(out),
             str(source),
@@ -47,7 +48,18 @@ def wheel(tmp_path_factory):
     )
     assert result.returncode == 0, result.stderr
     (path,) = out.glob("attnserve-*.whl")
-    return path
+    return path, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(built) -> Path:
+    return built[0]
+
+
+def test_the_build_warns_about_nothing(built):
+    """The data folders are declared packages: setuptools has nothing to say about them
+    (it printed ~80 lines of "Package would be ignored" for each `make serve` before)."""
+    assert "would be ignored" not in built[1] and "is absent from the" not in built[1]
 
 
 def test_the_wheel_has_one_top_level_package(wheel):
