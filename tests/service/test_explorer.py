@@ -85,6 +85,10 @@ def test_a_shared_url_renders_and_every_view_shows_the_servers_numbers(
     assert heatmap.get_attribute("data-rows") == heatmap.get_attribute("data-cols") == str(t)
     assert (page.input_value("#layer"), page.input_value("#head")) == ("1", "2")
 
+    # The colour scale runs from 0 to the largest weight of the head shown.
+    peak = expected.attention[1, 2][np.tril_indices(t)].max()
+    assert float(page.locator("#scale-max").text_content()) == pytest.approx(peak, abs=2e-3)
+
     # Hovering a cell names both tokens and shows the weight gRPC returns (float16 on the way).
     info = hover_cell(page, row=5, col=3)
     assert f'query 5 "{expected.tokens[5]}" -> key 3 "{expected.tokens[3]}"' in info

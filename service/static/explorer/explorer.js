@@ -103,6 +103,14 @@ function colour(v) {  // white -> deep blue
   return `rgb(${Math.round(255 - 215 * x)},${Math.round(255 - 170 * x)},${Math.round(255 - 60 * x)})`;
 }
 
+// The colour scale under the map: colours run from 0 (white) to the largest weight shown.
+function showScale(peak) {
+  $("scale-bar").style.background = `linear-gradient(to right, ${colour(0)}, ${colour(0.5)}, ${colour(1)})`;
+  $("scale-max").textContent = peak.toFixed(3);
+  $("scale").dataset.peak = String(peak);
+  $("scale").hidden = false;
+}
+
 function draw(highlight = null) {
   if (!state.encoding) return;
   const { full, rowIndex, t, tokens } = currentView();
@@ -121,6 +129,7 @@ function draw(highlight = null) {
   g.clearRect(0, 0, canvas.width, canvas.height);
   let peak = 0;
   for (const i of rowIndex) for (let j = 0; j <= i; j++) peak = Math.max(peak, full[i * t + j]);
+  showScale(peak);
   rowIndex.forEach((i, r) => {
     for (let j = 0; j < t; j++) {
       g.fillStyle = j > i ? "#f4f4f4" : colour(full[i * t + j] / (peak || 1));
