@@ -86,13 +86,11 @@ def build_model(args: argparse.Namespace):
     if args.seed is None and not args.config and not args.from_hf:
         return load_checkpoint(DEFAULT_CHECKPOINT), {}
     if args.from_hf:
-        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, HFImportError, load_hf
+        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, load_hf
 
-        model, directory = load_hf(args.from_hf, args.max_seq_len or DEFAULT_MAX_SEQ_LEN)
-        tokenizer = directory / TOKENIZER_FILENAME
-        if not tokenizer.is_file():
-            raise HFImportError(f"{args.from_hf} has no {TOKENIZER_FILENAME}")
-        return model, {TOKENIZER_FILENAME: tokenizer}
+        max_seq_len = args.max_seq_len or DEFAULT_MAX_SEQ_LEN
+        model, directory = load_hf(args.from_hf, max_seq_len, require_tokenizer=True)
+        return model, {TOKENIZER_FILENAME: directory / TOKENIZER_FILENAME}
     config = ModelConfig()
     if args.config:
         try:

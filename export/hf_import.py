@@ -116,8 +116,11 @@ def load_hf(
     source: str | Path,
     max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
     log: Callable[[str], None] = print,
+    require_tokenizer: bool = False,
 ) -> tuple[Encoder, Path]:
-    """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory."""
+    """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory.
+    require_tokenizer: refuse a directory without tokenizer.json (after the config's own
+    refusals, before any tensor is read)."""
     directory = resolve_source(source, log)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -125,6 +128,8 @@ def load_hf(
     data = json.loads(config_file.read_text())
     name = str(source).rstrip("/").split("/")[-1]
     config = config_from_hf(data, name, special_ids(directory, data), max_seq_len)
+    if require_tokenizer and not (directory / TOKENIZER_FILENAME).is_file():
+        raise HFImportError(f"{source} has no {TOKENIZER_FILENAME}")
     if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
         log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
     family = FAMILIES[data["model_type"]]

@@ -158,8 +158,10 @@ def test_lm_head_checkpoint_as_pytorch_bin(hf_dir, reference, tmp_path):
 
 
 def test_cli_refuses_a_directory_without_tokenizer(hf_dir, tmp_path):
+    """Before any tensor is read: without weights either, the tokenizer is what is named."""
     directory = copy_of(hf_dir, tmp_path)
     (directory / TOKENIZER_FILENAME).unlink()
+    (directory / "model.safetensors").unlink()
     result = run_cli("export", "--from-hf", str(directory), "--out", str(tmp_path / "m"))
     assert result.returncode == 2
     assert "has no tokenizer.json" in result.stderr
