@@ -23,11 +23,13 @@ import uvicorn
 from fastapi import Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from google.protobuf import json_format
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
+from swagger_ui_bundle import swagger_ui_path
 
 from attnserve.service.dataplane import DataPlane
 from attnserve.service.errors import (
@@ -45,6 +47,7 @@ from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import from_tensor
 
 EXPLORER = resources.files("attnserve.service") / "static" / "explorer"
+SWAGGER_ASSETS = "/docs/assets"  # Swagger UI's own files, from the swagger-ui-bundle-v2 package
 POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
 # EncodeResult's tensors: their name in protobuf's JSON mapping -> the field.
 TENSOR_FIELDS = {
@@ -79,6 +82,8 @@ def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = No
         description="Contextual embeddings and attention weights of a causal self-attention "
         "encoder. The same model and batcher as the gRPC API (attnserve.v1.EncoderService).",
         version=dataplane.backend.version,
+        docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from a CDN: see /docs below
+        redoc_url=None,
     )
     if settings.cors_origins:
         app.add_middleware(
@@ -228,6 +233,19 @@ def create_app(dataplane: DataPlane, settings: Settings, v2: V2Model | None = No
 
     if v2 is not None:
         app.include_router(v2_router(v2, deadline, authorized))
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        """Swagger UI from the installed swagger-ui-bundle-v2 package: it works offline."""
+        return get_swagger_ui_html(
+            openapi_url=str(app.openapi_url),
+            title="attnserve: API docs",
+            swagger_js_url=f"{SWAGGER_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_ASSETS}/favicon-32x32.png",
+        )
+
+    app.mount(SWAGGER_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
 
     @app.get("/", include_in_schema=False)
     async def explorer() -> FileResponse:

@@ -181,3 +181,12 @@ def test_a_model_without_grouping_shows_no_kv_labels(page, server):
     page.locator("#heatmap[data-rows]").wait_for()
     assert page.locator("#model-shape").text_content() == "2 layers, 4 heads"
     assert page.locator("#head option").all_text_contents() == ["0", "1", "2", "3"]
+
+
+def test_the_api_docs_render_offline(page, server):
+    """/docs is Swagger UI from an installed package: it renders the server's OpenAPI
+    document and asks nothing of any other host (FastAPI's default loads a CDN)."""
+    page.goto(f"{server.http_url}/docs")
+    page.locator(".swagger-ui .info .title", has_text="attnserve").wait_for()
+    page.locator("#operations-openai-embeddings_v1_embeddings_post").wait_for()
+    assert page.elsewhere == []
