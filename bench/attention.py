@@ -22,8 +22,8 @@ import numpy as np
 from attnserve.bench.results import progress, save
 from attnserve.bench.timing import alternate
 from attnserve.client import AsyncEncoderClient, ClientOptions, EncoderClient
+from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime
 
 F16_PACKED = dict(attention=True, attention_dtype="float16", attention_layout="causal-packed")
 MODES = {  # every layer and head, then reduced as named

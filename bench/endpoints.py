@@ -19,8 +19,8 @@ import numpy as np
 from attnserve.bench.results import save
 from attnserve.bench.timing import repeated
 from attnserve.client import ClientOptions, EncoderClient, InferenceClient
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 LENGTHS = (8, 32, 128, 512)
 PATHS = ("runtime alone", "gRPC Encode", "HTTP /v1/embeddings", "V2 ModelInfer")

@@ -16,8 +16,8 @@ import torch
 
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.model.encoder import Encoder
-from attnserve.service.errors import ProviderUnavailableError
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.core.errors import ProviderUnavailableError
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
 Engine = Callable[[np.ndarray], object]
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024  # the benchmark server's --max-message-bytes

@@ -92,8 +92,8 @@ def latency(
     import torch
 
     from attnserve.client import ClientOptions, EncoderClient
+    from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
     from attnserve.service.process import spawn_server
-    from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
     family, fields = MODELS[name]
     if layers is not None:

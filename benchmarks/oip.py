@@ -19,8 +19,8 @@ import numpy as np
 
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1.wire import packed_length
 from benchmarks.peer_env import TritonDriver, peer_venv
 from benchmarks.peers import LATENCY_LENGTHS, encode_ms

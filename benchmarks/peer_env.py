@@ -13,7 +13,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_settings
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, session_settings
 
 PEERS_VENV = Path(".venv-peers")  # made once, beside the project's .venv
 KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")

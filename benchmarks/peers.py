@@ -31,10 +31,10 @@ from attnserve.bench.load import LoadGenerator, RequestKind, summarize
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.model.artifacts import ModelDirectory
-from attnserve.service.batcher import Batcher, BatcherOptions
-from attnserve.service.metrics import Metrics
+from attnserve.service.core.batcher import Batcher, BatcherOptions
+from attnserve.service.core.metrics import Metrics
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.server import model_instances
 from attnserve.service.settings import Settings
 from benchmarks.peer_env import KSERVE_PINS, KServePeer, ort_distribution, peer_venv

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from attnserve.service.errors import AttnserveError
+from attnserve.service.core.errors import AttnserveError
 from attnserve.service.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger("attnserve.service")

@@ -20,24 +20,25 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.tokenizer import get_tokenizer
+from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
-from attnserve.service.auth import BearerTokenInterceptor
-from attnserve.service.backend import Backend
-from attnserve.service.batcher import Batcher
-from attnserve.service.dataplane import DataPlane
-from attnserve.service.http import HttpServer, create_app
-from attnserve.service.memory import keep_freed_heap
-from attnserve.service.metrics import Metrics
-from attnserve.service.oip import SERVICE_NAME as OIP_SERVICE_NAME
-from attnserve.service.oip import InferenceServicer, V2Model
-from attnserve.service.runtime import OrtRuntime
-from attnserve.service.servicer import EncoderServicer
+from attnserve.service.core.backend import Backend
+from attnserve.service.core.batcher import Batcher
+from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.memory import keep_freed_heap
+from attnserve.service.core.metrics import Metrics
+from attnserve.service.grpc.auth import BearerTokenInterceptor
+from attnserve.service.grpc.encoder import EncoderServicer
+from attnserve.service.grpc.reflection import enable_reflection
+from attnserve.service.http.app import HttpServer, create_app
+from attnserve.service.inference.model import SERVICE_NAME as OIP_SERVICE_NAME
+from attnserve.service.inference.model import InferenceServicer, V2Model
+from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
-from attnserve.service.shared_memory import SharedMemoryRegistry
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -149,14 +150,13 @@ async def start_server(
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            OIP_SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
+    enable_reflection(
         server,
+        [
+            pb.DESCRIPTOR.services_by_name["EncoderService"],
+            oip.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+            health_pb2.DESCRIPTOR.services_by_name["Health"],
+        ],
     )
     for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):  # "": the whole server, as probes ask
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

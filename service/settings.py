@@ -14,8 +14,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from attnserve.model.artifacts import PRECISIONS
-from attnserve.service.batcher import BatcherOptions
-from attnserve.service.runtime_options import PROVIDERS, RuntimeOptions
+from attnserve.service.core.batcher import BatcherOptions
+from attnserve.service.ort.options import PROVIDERS, RuntimeOptions
 
 ENV_PREFIX = "ATTNSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -77,7 +77,7 @@ def small_model_dir(small_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_runtime(small_model_dir):
-    from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+    from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
     return OrtRuntime(small_model_dir, RuntimeOptions(provider="cpu"))
 

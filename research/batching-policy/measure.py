@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from attnserve.service.batcher import Batcher, BatcherOptions
-from attnserve.service.metrics import Metrics
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.core.batcher import Batcher, BatcherOptions
+from attnserve.service.core.metrics import Metrics
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
 LENGTHS = (8, 16, 32, 64, 128, 256, 512)
 PREVIOUS = {"max_batched_seq_len": 100_000, "max_padding": 1e9}

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from attnserve.bench.latency import measure_cell
 from attnserve.export.hf_import import load_hf
 from attnserve.export.model_dir import write_model_dir
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
 DISTILGPT2 = {"n_layer": 6, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 PAIRS = {  # ours -> the transformers engine returning the same outputs

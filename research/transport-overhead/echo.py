@@ -73,7 +73,7 @@ class _ModelAnswer:
     """The `Model` methods: payload = a serialized EncodeRequest of one token-id input."""
 
     def __init__(self, model_dir: Path) -> None:
-        from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+        from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
         from attnserve.v1 import encoder_service_pb2 as pb
 
         self.runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))

@@ -25,8 +25,8 @@ from attnserve.bench.results import progress, save
 from attnserve.bench.timing import alternate, p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request, decode_response
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
 
 # Python servers that only run the model (echo.py): each row field's prefix, and where
 # that server runs the model.

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.timing import p50_ms, repeated, timed
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
 PAUSES_MS = (0.0, 0.5, 2.0, 10.0)
 

@@ -9,7 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions, session_options, session_settings
+from attnserve.service.ort.runtime import (
+    OrtRuntime,
+    RuntimeOptions,
+    session_options,
+    session_settings,
+)
 from benchmarks import kserve_peer
 from benchmarks.peer_env import KServePeer
 from benchmarks.peers import run_peers, table

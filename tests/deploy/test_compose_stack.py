@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from attnserve.client import ClientOptions, EncoderClient
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.compose import ComposeProject, find_engine, metric_total, wait_serving
 from tests.ci import skip_or_fail_in_ci
 

@@ -18,7 +18,7 @@ from attnserve.model.artifacts import (
 )
 from attnserve.model.checkpoint import save_checkpoint
 from attnserve.model.config import ModelConfig
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG, run_cli
 
 

@@ -16,7 +16,7 @@ import torch
 from attnserve.client import ClientOptions, EncoderClient, InferenceClient
 from attnserve.export.hf_import import HFImportError, config_from_hf, load_hf
 from attnserve.model.artifacts import TOKENIZER_FILENAME
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
 from tests.conftest import FAMILY_SHAPES, ServerThread, run_cli
 

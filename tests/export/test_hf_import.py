@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, GPT2TokenizerFa
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.hf_import import HFImportError, load_hf
 from attnserve.model.artifacts import TOKENIZER_FILENAME
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import HF_TEXTS, ServerThread, run_cli
 
 

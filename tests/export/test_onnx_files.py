@@ -11,7 +11,7 @@ from onnx.external_data_helper import uses_external_data
 
 from attnserve.export import onnx_files
 from attnserve.export.model_dir import GRAPHS, write_model_dir
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions, weights_version
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, weights_version
 
 
 def test_graphs_past_the_threshold_keep_their_weights_beside_them(

@@ -7,7 +7,7 @@ import torch
 from attnserve.export.parity import ParityError, check_parity
 from attnserve.model.artifacts import ONNX_FILENAME
 from attnserve.model.encoder import build_encoder
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
 
 

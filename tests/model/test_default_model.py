@@ -13,7 +13,7 @@ import numpy as np
 
 from attnserve.export.cli import DEFAULT_CHECKPOINT
 from attnserve.model.config import ModelConfig
-from attnserve.service.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
 ENGLISH = (
     "The cat sat on the mat because it was tired. Later that evening, the children "

@@ -73,7 +73,7 @@ def test_the_wheel_has_one_top_level_package(wheel):
     assert "attnserve/v1/wire.py" in names
     assert "attnserve/oip/grpc_service_pb2.py" in names
     # Data files: the explorer page, and the default model's weights (what `export` reads).
-    assert "attnserve/service/static/explorer/index.html" in names
+    assert "attnserve/service/http/static/explorer/index.html" in names
     assert "attnserve/model/pretrained/default.safetensors" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "attnserve = attnserve.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -135,7 +135,7 @@ def test_imports_resolve_without_an_import_hook():
     code = (
         "import sys\n"
         "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-        "import attnserve.service.batcher, attnserve.client.inference, attnserve.v1.wire\n"
+        "import attnserve.service.core.batcher, attnserve.client.inference, attnserve.v1.wire\n"
         "print(attnserve.service.batcher.__file__)\n"
     )
     result = subprocess.run(

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.service.backend import AttentionOutput, AttentionSelection
-from attnserve.service.errors import InferenceError
+from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.core.errors import InferenceError
 
 FAKE_CONFIG = ModelConfig(n_layers=2, n_heads=2, d_model=4, d_ff=8, max_seq_len=64)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
-from attnserve.service.runtime import OrtRuntime
+from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 from tests.conftest import ServerThread

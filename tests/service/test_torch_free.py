@@ -24,7 +24,11 @@ def serving_modules() -> list[str]:
 
 def test_the_module_walk_finds_the_serving_path():
     names = serving_modules()
-    for expected in ("attnserve.service.batcher", "attnserve.client.codec", "attnserve.v1.wire"):
+    for expected in (
+        "attnserve.service.core.batcher",
+        "attnserve.client.codec",
+        "attnserve.v1.wire",
+    ):
         assert expected in names
 
 
@@ -67,11 +71,11 @@ def test_service_never_imports_the_client():
 # The seam and what stands on it, and everything the container's probe (`attnserve health`,
 # every 10 s) loads: none of it may load the engine.
 ENGINE_FREE = (
-    "attnserve.service.backend",
-    "attnserve.service.batcher",
-    "attnserve.service.plan",
-    "attnserve.service.budget",
-    "attnserve.service.dataplane",
+    "attnserve.service.core.backend",
+    "attnserve.service.core.batcher",
+    "attnserve.service.core.plan",
+    "attnserve.service.core.budget",
+    "attnserve.service.core.dataplane",
     "attnserve.service.settings",
     "tests.service.fakes",
 )
@@ -94,7 +98,7 @@ def test_the_seam_and_the_health_probe_load_no_engine():
 
 
 def test_blocking_the_engine_really_blocks_it():
-    code = BLOCK_ENGINE + "import attnserve.service.runtime"
+    code = BLOCK_ENGINE + "import attnserve.service.ort.runtime"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
     )

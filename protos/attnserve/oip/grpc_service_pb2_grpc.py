@@ -5,7 +5,7 @@ import warnings
 
 from attnserve.oip import grpc_service_pb2 as attnserve_dot_oip_dot_grpc__service__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -1,0 +1,193 @@
+"""What every transport calls: admission, one pass from request to response, model info.
+
+A transport turns its wire format into an `EncodeRequest`, awaits
+`DataPlane.encode` inside `DataPlane.observed`, and maps the typed errors it raises
+(service.status). The data plane owns readiness and draining (so every transport refuses
+alike), the request metrics and the log of unexpected errors (so every transport counts
+alike), plans the request once, hands the sequences to the batcher and builds the answer;
+it never sees gRPC or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.backend import Backend
+from attnserve.service.core.batcher import Batcher, SequenceResult
+from attnserve.service.core.budget import ByteBudget, request_bytes
+from attnserve.service.core.errors import AttnserveError, DeadlineExceededError, NotReadyError
+from attnserve.service.core.metrics import Metrics
+from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
+from attnserve.service.core.response import build_response
+from attnserve.service.core.status import code_name
+from attnserve.v1 import encoder_service_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Give memory back once the server has been idle this long after at least this much work
+# came and went (not after every request: the next one would pay to allocate it again).
+TRIM_AFTER_BYTES = 256 * 1024 * 1024
+TRIM_AFTER_IDLE_S = 2.0
+WARMING_UP = "the model is warming up; retry shortly"
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
+
+
+class DataPlane:
+    def __init__(
+        self,
+        backend: Backend,
+        batcher: Batcher,
+        tokenizer: Tokenizer,
+        metrics: Metrics,
+        max_message_bytes: int,
+        max_inflight_bytes: int = 0,
+        release_memory: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.batcher = batcher
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.max_message_bytes = max_message_bytes
+        self.budget = ByteBudget(max_inflight_bytes)
+        self.release_memory = release_memory
+        self._released_since_trim = 0
+        self._release_timer: asyncio.TimerHandle | None = None
+        self._releasing: asyncio.Task | None = None
+        # Why new work is refused (UNAVAILABLE), or None while serving.
+        self.refusal: str | None = WARMING_UP
+        self._in_flight = 0  # requests between admission and answer
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Gauges read the state when scraped: nothing to update per request.
+        metrics.in_flight.set_function(lambda: self._in_flight)
+        metrics.inflight_bytes.set_function(lambda: self.budget.used)
+        metrics.budget_waiting.set_function(lambda: self.budget.waiting)
+
+    def start_serving(self) -> None:
+        self.refusal = None
+
+    def start_draining(self) -> None:
+        self.refusal = SHUTTING_DOWN
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight (draining); False if `timeout` ran out first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def observed(self, method: str) -> Iterator[None]:
+        """Count and time one call of `method` by its outcome, and log anything unexpected with
+        its traceback; what was raised goes on to the transport, which maps it."""
+        start = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            yield
+        except Exception as exc:
+            error = exc
+            if not isinstance(exc, AttnserveError):
+                log.exception("%s failed unexpectedly", method)
+            raise
+        finally:
+            self.metrics.requests.labels(method, code_name(error)).inc()
+            self.metrics.request_latency.labels(method).observe(time.perf_counter() - start)
+
+    async def encode(
+        self, request: pb.EncodeRequest, timeout: float | None = None
+    ) -> pb.EncodeResponse:
+        """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
+        caller will still wait (its deadline); queued work past it is dropped unrun."""
+        start = time.perf_counter_ns()
+        async with self.results(request, timeout) as (plan, results):
+            response = build_response(
+                plan, results, self.tokenizer, self.backend.version, request.request_id
+            )
+        response.timings.total_ns = time.perf_counter_ns() - start
+        return response
+
+    @contextlib.asynccontextmanager
+    async def results(
+        self, request: pb.EncodeRequest, timeout: float | None = None
+    ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
+        """Refuse or admit, plan and run a request; yields the plan and each sequence's
+        arrays, which stay counted in the memory budget until the caller has built its
+        answer from them (Encode's protobuf, or the V2 protocol's outputs)."""
+        if self.refusal:
+            raise NotReadyError(self.refusal)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            config = self.backend.config
+            plan = plan_request(request, config, self.tokenizer)
+            check_response_size(plan, config, self.max_message_bytes)
+            reserved = request_bytes(plan, config)
+            self._cancel_release()  # not idle after all
+            deadline = None if timeout is None else time.monotonic() + timeout
+            await self.budget.acquire(reserved, timeout)
+            try:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                try:  # gRPC cancels a call at its deadline; this does it for every transport
+                    async with asyncio.timeout(left):
+                        results = await self.batcher.encode(plan.sequences, plan.attention, left)
+                except TimeoutError:
+                    raise DeadlineExceededError(
+                        f"the deadline ({timeout:g} s) passed before the answer was ready"
+                    ) from None
+                yield plan, results
+            finally:
+                self._give_back(reserved)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    def _give_back(self, reserved: int) -> None:
+        """Return a request's room to the budget; after a burst, give memory back once idle."""
+        self.budget.release(reserved)
+        self._released_since_trim += reserved
+        idle = self.budget.used == 0 and not self.budget.waiting
+        if self.release_memory and idle and self._released_since_trim >= TRIM_AFTER_BYTES:
+            self._cancel_release()
+            loop = asyncio.get_running_loop()
+            self._release_timer = loop.call_later(TRIM_AFTER_IDLE_S, self._release)
+
+    def _cancel_release(self) -> None:
+        if self._release_timer:
+            self._release_timer.cancel()
+            self._release_timer = None
+
+    def _release(self) -> None:
+        """A burst has ended: hand its freed buffers back to the OS."""
+        self._release_timer = None
+        self._released_since_trim = 0
+        if self._releasing is None or self._releasing.done():
+            self._releasing = asyncio.ensure_future(self.batcher.release_memory())
+
+    def model_info(self) -> pb.GetModelInfoResponse:
+        c = self.backend.config
+        return pb.GetModelInfoResponse(
+            name=c.name,
+            version=self.backend.version,
+            n_layers=c.n_layers,
+            n_heads=c.n_heads,
+            n_kv_heads=c.kv_heads,
+            kv_heads=c.kv_head_of,
+            d_model=c.d_model,
+            max_seq_len=c.max_seq_len,
+            vocab_size=c.vocab_size,
+            tokenizer=self.tokenizer.kind,
+            provider=self.backend.provider,
+            precision=self.backend.precision,
+            config_json=c.to_json(),
+            max_message_bytes=self.max_message_bytes,
+            max_batch_tokens=self.batcher.options.max_batch_tokens,
+            bos_id=c.bos_id,
+            pad_id=c.pad_id,
+        )

@@ -1,0 +1,237 @@
+"""EncodeRequest -> EncodePlan: every input decoded, tokenized and validated, once.
+
+Every check names the request field and the limit it breaks; nothing here
+touches the transport, the queue or the model. What passes here is what the
+batcher and the backend may trust.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.backend import AttentionSelection
+from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import packed_length
+
+# Room for everything in a response besides tensor bytes (ids, shapes, framing).
+_OVERHEAD_BYTES_PER_TOKEN = 16
+_OVERHEAD_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class EncodePlan:
+    sequences: list[np.ndarray]  # (T,) int64 each, validated
+    truncated: list[bool]
+    pooling: int  # pb.Pooling value
+    token_embeddings: bool
+    attention: list[AttentionSelection] | None  # one per sequence, or None: no attention
+    return_tokens: bool
+
+
+def plan_request(
+    request: pb.EncodeRequest, config: ModelConfig, tokenizer: Tokenizer
+) -> EncodePlan:
+    """Validate and tokenize; InvalidInputError names the field and the limit."""
+    if not request.inputs:
+        raise InvalidInputError("inputs: at least one input is required")
+    options = request.options
+    truncation = _enum_field(
+        "options.truncation", options.truncation, pb.Truncation, default=pb.TRUNCATION_NONE
+    )
+    pooling = _enum_field("options.pooling", options.pooling, pb.Pooling, default=pb.POOLING_NONE)
+    sequences, truncated = [], []
+    for index, item in enumerate(request.inputs):
+        field = f"inputs[{index}]"
+        kind = item.WhichOneof("content")
+        if kind == "text":
+            ids = tokenizer.encode(item.text)
+        elif kind == "token_ids":
+            ids = list(item.token_ids.ids)
+            field += ".token_ids"
+        else:
+            raise InvalidInputError(f"{field}: set either text or token_ids")
+        if not ids:
+            raise InvalidInputError(f"{field}: the sequence is empty")
+        cut = len(ids) > config.max_seq_len
+        if cut and truncation != pb.TRUNCATION_RIGHT:
+            raise InvalidInputError(
+                f"{field} has {len(ids)} tokens, more than max_seq_len={config.max_seq_len}; "
+                "send fewer or set options.truncation=TRUNCATION_RIGHT"
+            )
+        array = np.asarray(ids[: config.max_seq_len], dtype=np.int64)
+        bad = array[(array < 0) | (array >= config.vocab_size)]
+        if bad.size:
+            raise InvalidInputError(
+                f"{field}: token id {int(bad[0])} is outside the vocabulary "
+                f"[0, {config.vocab_size})"
+            )
+        sequences.append(array)
+        truncated.append(cut)
+    attention = (
+        _plan_attention(options.attention, config, sequences)
+        if options.HasField("attention")
+        else None
+    )
+    return EncodePlan(
+        sequences,
+        truncated,
+        pooling,
+        not options.skip_token_embeddings,
+        attention,
+        options.return_tokens,
+    )
+
+
+def _enum_field(name: str, value: int, enum, default: int) -> int:
+    if value not in enum.DESCRIPTOR.values_by_number:
+        raise InvalidInputError(f"{name}: {value} is not one of {list(enum.keys())}")
+    return value or default
+
+
+_REDUCTIONS = {
+    pb.HEAD_REDUCTION_NONE: "none",
+    pb.HEAD_REDUCTION_MEAN: "mean",
+    pb.HEAD_REDUCTION_MAX: "max",
+}
+
+
+def _plan_attention(
+    request: pb.AttentionRequest, config: ModelConfig, sequences: list[np.ndarray]
+) -> list[AttentionSelection]:
+    """One selection per sequence (query_positions resolve against each one's length)."""
+    field = "options.attention"
+    layers = _indices(f"{field}.layers", request.layers, config.n_layers)
+    heads = _indices(f"{field}.heads", request.heads, config.n_heads)
+    if request.dtype not in (pb.DTYPE_UNSPECIFIED, pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16):
+        raise InvalidInputError(
+            f"{field}.dtype: {request.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
+        )
+    layout = _enum_field(
+        f"{field}.layout", request.layout, pb.AttentionLayout, pb.ATTENTION_LAYOUT_FULL
+    )
+    packed = layout == pb.ATTENTION_LAYOUT_CAUSAL_PACKED
+    reduction = _enum_field(f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, 0)
+    if request.rollout and reduction == pb.HEAD_REDUCTION_NONE:
+        raise InvalidInputError(
+            f"{field}.rollout needs the heads combined: set {field}.head_reduction to "
+            "HEAD_REDUCTION_MEAN or HEAD_REDUCTION_MAX (or leave it unspecified: mean)"
+        )
+    if request.top_k and not 1 <= request.top_k <= config.max_seq_len:
+        raise InvalidInputError(
+            f"{field}.top_k: {request.top_k} is outside [1, max_seq_len={config.max_seq_len}]"
+        )
+    if packed and request.top_k:
+        raise InvalidInputError(
+            f"{field}.layout: ATTENTION_LAYOUT_CAUSAL_PACKED cannot hold {field}.top_k "
+            "results (k per row, not a triangle); use ATTENTION_LAYOUT_FULL"
+        )
+    if packed and request.query_positions:
+        raise InvalidInputError(
+            f"{field}.layout: ATTENTION_LAYOUT_CAUSAL_PACKED needs every row; leave "
+            f"{field}.query_positions empty or use ATTENTION_LAYOUT_FULL"
+        )
+    if request.omit_weights and not (request.head_entropy or request.top_k):
+        raise InvalidInputError(
+            f"{field}.omit_weights leaves nothing to return: set {field}.head_entropy "
+            f"or {field}.top_k too"
+        )
+    if reduction == pb.HEAD_REDUCTION_UNSPECIFIED:
+        reduction = pb.HEAD_REDUCTION_MEAN if request.rollout else pb.HEAD_REDUCTION_NONE
+    common = dict(
+        layers=tuple(sorted(layers) if request.rollout else layers),
+        heads=tuple(heads),
+        reduction=_REDUCTIONS[reduction],
+        rollout=request.rollout,
+        top_k=request.top_k,
+        entropy=request.head_entropy,
+        weights=not request.omit_weights,
+        float16=request.dtype == pb.DTYPE_FLOAT16,
+        packed=packed,
+    )
+    return [
+        AttentionSelection(rows=_rows(request.query_positions, len(ids), index), **common)
+        for index, ids in enumerate(sequences)
+    ]
+
+
+def _rows(positions, length: int, index: int) -> tuple[int, ...] | None:
+    """Absolute query positions of inputs[index] (None: every row)."""
+    if not positions:
+        return None
+    rows = []
+    for q in positions:
+        if not -length <= q < length:
+            raise InvalidInputError(
+                f"options.attention.query_positions: {q} is outside [-{length}, {length}) "
+                f"for inputs[{index}], which has {length} tokens"
+            )
+        rows.append(q % length)
+    if len(set(rows)) != len(rows):
+        raise InvalidInputError(
+            f"options.attention.query_positions: {list(positions)} name the same row "
+            f"twice in inputs[{index}] ({length} tokens)"
+        )
+    return tuple(rows)
+
+
+def _indices(name: str, values, limit: int) -> list[int]:
+    chosen = list(values) or list(range(limit))
+    for v in chosen:
+        if not 0 <= v < limit:
+            raise InvalidInputError(f"{name}: {v} is outside [0, {limit})")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"{name}: {chosen} repeats an index")
+    return chosen
+
+
+def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
+    """About what the serialised answer to `plan` will weigh."""
+    total = _OVERHEAD_BYTES
+    for index, ids in enumerate(plan.sequences):
+        t = len(ids)
+        total += t * _OVERHEAD_BYTES_PER_TOKEN
+        if plan.token_embeddings:
+            total += t * config.d_model * 4
+        if plan.pooling != pb.POOLING_NONE:
+            total += config.d_model * 4
+        if plan.attention:
+            total += attention_bytes(plan.attention[index], t)
+    return total
+
+
+def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> None:
+    """Refuse, before any work, an answer that would not fit in one gRPC message."""
+    total = response_bytes(plan, config)
+    if total > limit:
+        advice = (
+            "request fewer options.attention.layers/heads/query_positions, a head_reduction, "
+            "top_k, DTYPE_FLOAT16, ATTENTION_LAYOUT_CAUSAL_PACKED, or fewer inputs per request"
+            if plan.attention
+            else "send fewer inputs per request or set options.skip_token_embeddings"
+        )
+        raise ResponseTooLargeError(
+            f"the response would be about {total:,} bytes, more than the "
+            f"{limit:,}-byte message limit; {advice}"
+        )
+
+
+def attention_bytes(selection: AttentionSelection, length: int) -> int:
+    """Bytes of the tensors `selection` makes of a sequence of `length` tokens."""
+    s = selection
+    layers, heads = (1, 1) if s.rollout else (len(s.layers), len(s.heads))
+    if s.reduction != "none":
+        heads = 1
+    rows = length if s.rows is None else len(s.rows)
+    per_head = packed_length(length) if s.packed else rows * (s.top_k or length)
+    values = layers * heads * per_head
+    total = values * (2 if s.float16 else 4) if s.weights else 0
+    if s.top_k:
+        total += values * 4  # int32 indices
+    if s.entropy:
+        total += len(s.layers) * len(s.heads) * 4
+    return total

@@ -1,0 +1,55 @@
+"""Results -> EncodeResponse: the whole answer (tensors, tokens, timings) built in one place."""
+
+from __future__ import annotations
+
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.plan import EncodePlan
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import fill_tensor
+
+
+def build_response(
+    plan: EncodePlan,
+    results: list[SequenceResult],
+    tokenizer: Tokenizer,
+    model_version: str,
+    request_id: str,
+) -> pb.EncodeResponse:
+    """One result per planned sequence, in order; timings.total_ns is left to the caller,
+    who alone knows when the request arrived."""
+    response = pb.EncodeResponse(model_version=model_version, request_id=request_id)
+    for index, result in enumerate(results):
+        out = response.results.add()
+        _fill_result(out, index, result, plan)
+        if plan.return_tokens:
+            out.tokens[:] = tokenizer.token_strings(out.token_ids)
+    response.timings.queue_ns = max(r.queue_ns for r in results)
+    response.timings.inference_ns = max(r.inference_ns for r in results)
+    return response
+
+
+def _fill_result(
+    out: pb.EncodeResult, index: int, result: SequenceResult, plan: EncodePlan
+) -> None:
+    """Write input `index`'s result into `out` (built in place: no copies of large bytes)."""
+    out.token_ids[:] = plan.sequences[index].tolist()
+    out.truncated = plan.truncated[index]
+    if plan.token_embeddings:
+        fill_tensor(out.embeddings, result.embeddings)
+    if plan.pooling == pb.POOLING_MEAN:
+        fill_tensor(out.pooled, result.embeddings.mean(axis=0))
+    elif plan.pooling == pb.POOLING_LAST:
+        fill_tensor(out.pooled, result.embeddings[-1])
+    if result.attention is not None:
+        selection, a = plan.attention[index], result.attention
+        if a.weights is not None:
+            dtype = pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32
+            fill_tensor(out.attention, a.weights, dtype)
+        if a.indices is not None:
+            fill_tensor(out.attention_indices, a.indices, pb.DTYPE_INT32)
+        if a.entropy is not None:
+            fill_tensor(out.head_entropy, a.entropy)
+        out.attention_layers[:] = selection.layers
+        out.attention_heads[:] = selection.heads
+        out.attention_rows[:] = a.rows.tolist()

@@ -1,0 +1,88 @@
+"""The gRPC transport: EncoderService methods over the data plane, errors -> status codes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.status import status_for
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
+
+# Requests of one EncodeStream in flight at once: enough for them to share batches,
+# bounded so that one stream cannot fill the queue by itself.
+STREAM_WINDOW = 32
+
+
+class EncoderServicer(pb_grpc.EncoderServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def Encode(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeResponse:
+        response, code, message = await self._answer("Encode", request, context)
+        if response is None:
+            await context.abort(code, message)
+        return response
+
+    async def EncodeStream(
+        self,
+        request_iterator: AsyncIterator[pb.EncodeStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.EncodeStreamResponse]:
+        """Pipelined: up to STREAM_WINDOW requests run at once (so they batch together),
+        answers go back in request order; a failed request gets an EncodeError and the
+        stream goes on."""
+        window: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for item in request_iterator:
+                    answer = self._stream_answer(item.request, context)
+                    await window.put(asyncio.ensure_future(answer))
+            finally:
+                await window.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await window.get()) is not None:
+                yield await task
+            await reader  # raises what broke the request stream, if anything did
+        finally:
+            reader.cancel()
+            while not window.empty():
+                if task := window.get_nowait():
+                    task.cancel()
+
+    async def _stream_answer(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeStreamResponse:
+        response, code, message = await self._answer("EncodeStream", request, context)
+        if response is None:
+            return pb.EncodeStreamResponse(
+                request_id=request.request_id,
+                error=pb.EncodeError(code=code.value[0], message=message),
+            )
+        return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
+
+    async def _answer(
+        self, method: str, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[pb.EncodeResponse | None, grpc.StatusCode, str]:
+        """The response, or None with the status code and message that explain why not
+        (anything unexpected is INTERNAL; the data plane has logged it)."""
+        try:
+            with self.dataplane.observed(method):
+                response = await self.dataplane.encode(request, context.time_remaining())
+        except Exception as exc:
+            return None, status_for(exc), str(exc) or type(exc).__name__
+        return response, grpc.StatusCode.OK, ""
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        with self.dataplane.observed("GetModelInfo"):
+            return self.dataplane.model_info()

@@ -1,0 +1,337 @@
+"""The encoder as Open Inference Protocol (KServe V2) tensors: ModelInfer <-> Encode.
+
+A ModelInfer request becomes one attnserve.v1 EncodeRequest, so it runs through the
+same data plane, plan, memory budget and batcher as Encode (V2, v1 and HTTP requests
+batch together and get the same numbers); the EncodeResponse becomes named tensors.
+Transport-free: the gRPC servicer (service/inference/model.py) and tests call these functions.
+
+Inputs (one of):
+  input_ids      INT64 [batch, seq]   right-padded rows; input_lengths gives each row's
+  input_lengths  INT64 [batch]        length (without it every row is seq tokens long)
+  text           BYTES [batch]        UTF-8, tokenized by the model's tokenizer
+Outputs (by name; none asked for means embeddings):
+  embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
+  pooled            FP32 [batch, d_model]        parameter pooling: last (default) | mean
+  token_ids         INT64 [batch, seq]           what the model saw (pad_id past a length)
+  lengths           INT64 [batch]
+  attention         FP32|FP16 [batch, layers, heads, rows, keys]  (or [..., packed])
+  attention_indices INT32 [batch, layers, heads, rows, k]         (top_k)
+  head_entropy      FP32 [batch, layers, heads]
+Attention options are request parameters named as in attnserve.v1's AttentionRequest
+(PARAMETERS). Ragged results are zero-padded to the longest row.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.plan import EncodePlan
+from attnserve.v1 import encoder_service_pb2 as pb
+
+INPUTS = {  # name: (datatype, rank)
+    "input_ids": ("INT64", 2),
+    "input_lengths": ("INT64", 1),
+    "text": ("BYTES", 1),
+}
+OUTPUT_DATATYPES = {
+    "embeddings": "FP32",
+    "pooled": "FP32",
+    "token_ids": "INT64",
+    "lengths": "INT64",
+    "attention": "FP32",  # FP16 with attention_dtype=FP16
+    "attention_indices": "INT32",
+    "head_entropy": "FP32",
+}
+ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
+NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
+NUMPY["FP16"] = np.dtype("<f2")
+# Parameters that clients of the protocol send on their own (Triton reserves the prefix
+# "triton_"; perf_analyzer sends triton_enable_empty_final_response); they change nothing.
+IGNORED_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start"})
+IGNORED_PARAMETERS |= {"sequence_end", "binary_data_output"}
+IGNORED_PREFIX = "triton_"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    kind: type  # bool, int, str, or list (comma-separated ints)
+    help: str
+
+
+PARAMETERS = {
+    "pooling": Parameter(str, "none | mean | last (the pooled output; default last)"),
+    "truncate": Parameter(bool, "cut text or ids longer than max_seq_len instead of refusing"),
+    "attention_layers": Parameter(list, "layers, comma-separated (default all)"),
+    "attention_heads": Parameter(list, "heads, comma-separated (default all)"),
+    "attention_rows": Parameter(list, "query positions, comma-separated; -1 is the last"),
+    "attention_dtype": Parameter(str, "FP32 (default) | FP16"),
+    "attention_layout": Parameter(str, "full (default) | causal_packed"),
+    "head_reduction": Parameter(str, "none | mean | max"),
+    "rollout": Parameter(bool, "attention rollout over the selected layers"),
+    "top_k": Parameter(int, "keep the k largest weights per row"),
+}
+_POOLING = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
+_REDUCTION = {
+    "none": pb.HEAD_REDUCTION_NONE,
+    "mean": pb.HEAD_REDUCTION_MEAN,
+    "max": pb.HEAD_REDUCTION_MAX,
+}
+_LAYOUT = {"full": pb.ATTENTION_LAYOUT_FULL, "causal_packed": pb.ATTENTION_LAYOUT_CAUSAL_PACKED}
+_DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
+
+
+@dataclass(frozen=True)
+class InferPlan:
+    """What a ModelInfer request asks: the Encode request and the outputs, in order."""
+
+    encode: pb.EncodeRequest
+    outputs: list[str]
+
+
+def to_encode_request(request: oip.ModelInferRequest) -> InferPlan:
+    """Validate a ModelInfer request's tensors and translate it (the ids themselves are checked
+    by the data plane's plan, as Encode's are); InvalidInputError names the field."""
+    inputs = _read_inputs(request)
+    params = _read_parameters(request.parameters)
+    outputs = _requested_outputs(request)
+
+    encode = pb.EncodeRequest(request_id=request.id)
+    if "text" in inputs:
+        if "input_ids" in inputs or "input_lengths" in inputs:
+            raise InvalidInputError("inputs: give either text or input_ids, not both")
+        for value in inputs["text"]:
+            try:
+                encode.inputs.add(text=value.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InvalidInputError(f"inputs: text is not UTF-8 ({exc.reason})") from None
+    elif "input_ids" in inputs:
+        for row in _rows(inputs["input_ids"], inputs.get("input_lengths")):
+            encode.inputs.add(token_ids=pb.TokenIds(ids=row.tolist()))
+    else:
+        raise InvalidInputError(
+            "inputs: give input_ids (INT64 [batch, seq], with input_lengths INT64 [batch] "
+            "for ragged rows) or text (BYTES [batch])"
+        )
+
+    options = encode.options
+    options.skip_token_embeddings = "embeddings" not in outputs
+    if params.get("truncate"):
+        options.truncation = pb.TRUNCATION_RIGHT
+    if "pooled" in outputs:
+        pooling = params.get("pooling", "last")
+        options.pooling = _choice("pooling", pooling, _POOLING)
+        if options.pooling == pb.POOLING_NONE:
+            raise InvalidInputError("parameters: pooling=none, but the pooled output was asked")
+    if any(name in outputs for name in ATTENTION_OUTPUTS):
+        _fill_attention(options.attention, params, outputs)
+    elif any(
+        name.startswith("attention_") or name in ("head_reduction", "rollout", "top_k")
+        for name in params
+    ):
+        raise InvalidInputError(
+            "parameters: attention options need an attention output "
+            f"(outputs: one of {', '.join(ATTENTION_OUTPUTS)})"
+        )
+    return InferPlan(encode, outputs)
+
+
+def _read_inputs(request: oip.ModelInferRequest) -> dict[str, object]:
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} inputs"
+        )
+    values: dict[str, object] = {}
+    for i, tensor in enumerate(request.inputs):
+        field = f"inputs[{i}]"
+        if tensor.name not in INPUTS:
+            raise InvalidInputError(
+                f"{field}.name: unknown input {tensor.name!r}; this model takes "
+                + ", ".join(f"{n} ({d})" for n, (d, _) in INPUTS.items())
+            )
+        if tensor.name in values:
+            raise InvalidInputError(f"{field}.name: {tensor.name} given twice")
+        datatype, rank = INPUTS[tensor.name]
+        if tensor.datatype != datatype:
+            raise InvalidInputError(
+                f"{field}.datatype: {tensor.name} must be {datatype}, got {tensor.datatype!r}"
+            )
+        shape = tuple(tensor.shape)
+        if len(shape) != rank or any(d < 0 for d in shape) or (shape and shape[0] < 1):
+            raise InvalidInputError(
+                f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
+                f"({'[batch, seq]' if rank == 2 else '[batch]'}), got {list(shape)}"
+            )
+        if datatype == "BYTES":
+            items = _bytes_elements(raw[i]) if raw else list(tensor.contents.bytes_contents)
+            if len(items) != shape[0]:
+                raise InvalidInputError(
+                    f"{field}: shape {list(shape)} holds {shape[0]} strings, got {len(items)}"
+                )
+            values[tensor.name] = items
+            continue
+        if raw:
+            data = raw[i]
+            expected = int(np.prod(shape)) * 8
+            if len(data) != expected:
+                raise InvalidInputError(
+                    f"raw_input_contents[{i}]: {tensor.name} of shape {list(shape)} needs "
+                    f"{expected} bytes, got {len(data)}"
+                )
+            array = np.frombuffer(data, dtype=NUMPY["INT64"]).reshape(shape)
+        else:
+            contents = tensor.contents.int64_contents
+            if len(contents) != int(np.prod(shape)):
+                raise InvalidInputError(
+                    f"{field}.contents: {tensor.name} of shape {list(shape)} needs "
+                    f"{int(np.prod(shape))} int64_contents, got {len(contents)}"
+                )
+            array = np.array(contents, dtype=np.int64).reshape(shape)
+        values[tensor.name] = array
+    return values
+
+
+def _bytes_elements(data: bytes) -> list[bytes]:
+    """The protocol's BYTES layout: each element a 4-byte little-endian length, then it."""
+    items, offset = [], 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise InvalidInputError("raw_input_contents: text ends inside an element's length")
+        (size,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + size > len(data):
+            raise InvalidInputError("raw_input_contents: text element longer than its bytes")
+        items.append(data[offset : offset + size])
+        offset += size
+    return items
+
+
+def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
+    batch, seq = ids.shape
+    if lengths is None:
+        return list(ids)
+    if lengths.shape != (batch,):
+        raise InvalidInputError(
+            f"inputs: input_lengths has shape {list(lengths.shape)}, input_ids has {batch} rows"
+        )
+    bad = [int(n) for n in lengths if not 1 <= n <= seq]
+    if bad:
+        raise InvalidInputError(
+            f"inputs: input_lengths must be in [1, {seq}] (the rows' width), got {bad[0]}"
+        )
+    return [row[:n] for row, n in zip(ids, lengths, strict=True)]
+
+
+def _read_parameters(parameters) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in parameters.items():
+        if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):
+            continue
+        spec = PARAMETERS.get(name)
+        if spec is None:
+            raise InvalidInputError(
+                f"parameters: unknown parameter {name!r}; known: {', '.join(PARAMETERS)}"
+            )
+        out[name] = _parameter_value(name, value, spec.kind)
+    return out
+
+
+def _parameter_value(name: str, value: oip.InferParameter, kind: type) -> object:
+    which = value.WhichOneof("parameter_choice")
+    given = getattr(value, which) if which else None
+    if kind is bool and which == "bool_param":
+        return given
+    if kind is int and which in ("int64_param", "uint64_param"):
+        return int(given)
+    if kind is str and which == "string_param":
+        return given
+    if kind is list:
+        if which in ("int64_param", "uint64_param"):
+            return [int(given)]
+        if which == "string_param":
+            try:
+                return [int(part) for part in given.split(",") if part.strip()]
+            except ValueError:
+                pass
+    expected = {bool: "a bool", int: "an integer", str: "a string", list: "comma-separated ints"}
+    raise InvalidInputError(f"parameters: {name} must be {expected[kind]}, got {given!r}")
+
+
+def _choice(name: str, value: str, choices: dict[str, int]) -> int:
+    key = value.lower() if name != "attention_dtype" else value.upper()
+    if key not in choices:
+        raise InvalidInputError(f"parameters: {name} must be one of {list(choices)}, got {value!r}")
+    return choices[key]
+
+
+def _requested_outputs(request: oip.ModelInferRequest) -> list[str]:
+    names = [o.name for o in request.outputs] or ["embeddings"]
+    for i, name in enumerate(names):
+        if name not in OUTPUT_DATATYPES:
+            raise InvalidInputError(
+                f"outputs[{i}].name: unknown output {name!r}; this model has "
+                + ", ".join(OUTPUT_DATATYPES)
+            )
+        if names.index(name) != i:
+            raise InvalidInputError(f"outputs[{i}].name: {name} asked twice")
+    return names
+
+
+def _fill_attention(attention: pb.AttentionRequest, params: dict, outputs: list[str]) -> None:
+    attention.layers[:] = params.get("attention_layers", [])
+    attention.heads[:] = params.get("attention_heads", [])
+    attention.query_positions[:] = params.get("attention_rows", [])
+    attention.dtype = _choice("attention_dtype", params.get("attention_dtype", "FP32"), _DTYPE)
+    attention.layout = _choice("attention_layout", params.get("attention_layout", "full"), _LAYOUT)
+    if "head_reduction" in params:
+        attention.head_reduction = _choice("head_reduction", params["head_reduction"], _REDUCTION)
+    attention.rollout = bool(params.get("rollout", False))
+    attention.top_k = int(params.get("top_k", 0))
+    attention.head_entropy = "head_entropy" in outputs
+    attention.omit_weights = "attention" not in outputs
+    if "attention_indices" in outputs and not attention.top_k:
+        raise InvalidInputError("outputs: attention_indices needs the top_k parameter")
+
+
+# ------------------------------------------------------------------ the answer
+
+
+def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> list[np.ndarray]:
+    """Output `name` of each sequence, as the data plane's arrays (no copies)."""
+    if name == "embeddings":
+        return [r.embeddings for r in results]
+    if name == "pooled":
+        pool = (lambda e: e.mean(axis=0)) if plan.pooling == pb.POOLING_MEAN else (lambda e: e[-1])
+        return [pool(r.embeddings) for r in results]
+    if name == "token_ids":
+        return [np.asarray(ids, dtype=np.int64) for ids in plan.sequences]
+    if name == "lengths":
+        return [np.array(len(ids), dtype=np.int64) for ids in plan.sequences]
+    field = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
+    return [getattr(r.attention, field[name]) for r in results]
+
+
+def stacked_shape(rows: list[np.ndarray]) -> tuple[int, ...]:
+    """[batch, ...]: every axis as long as the longest row's."""
+    return (len(rows), *(max(sizes) for sizes in zip(*(r.shape for r in rows), strict=True)))
+
+
+def stack_into(out: np.ndarray, rows: list[np.ndarray], name: str) -> None:
+    """Write the rows into `out` (stacked_shape), zero-padded (-1 for attention_indices).
+    A row as large as `out`'s rows is written once, without padding first."""
+    for i, row in enumerate(rows):
+        if row.shape != out.shape[1:]:
+            out[i].fill(-1 if name == "attention_indices" else 0)
+        out[(i, *(slice(0, n) for n in row.shape))] = row
+
+
+def datatype_of(array: np.ndarray) -> str:
+    return {np.dtype("<f4"): "FP32", np.dtype("<f2"): "FP16"}.get(
+        array.dtype, {np.dtype("<i8"): "INT64", np.dtype("<i4"): "INT32"}.get(array.dtype, "")
+    )

@@ -1,0 +1,286 @@
+"""The ONNX Runtime backend: a model directory's graphs in ORT sessions.
+
+It owns the sessions and nothing else (no queueing, no transport, no request
+validation: the transports check ids once per request). Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
+from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.core.errors import InferenceError, ModelLoadError, ProviderUnavailableError
+from attnserve.service.core.memory import give_back_memory
+from attnserve.service.ort.options import RuntimeOptions
+from attnserve.service.ort.reducer import AttentionReducer
+
+log = logging.getLogger(__name__)
+
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+# No TF32: float32 stays float32 on Ampere and later GPUs (parity within 1e-4, not ~1e-3).
+# The arena grows by what is asked, not to the next power of two, so that a mix of sequence
+# lengths does not ratchet GPU memory up.
+CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
+_ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
+_ORT_WARNING = 2  # ORT's default log severity
+
+
+class OrtRuntime:
+    """A model directory in ONNX Runtime sessions; implements service.backend.Backend.
+
+    `session` runs the full graph (embeddings and attentions): on CPU in float32 the
+    fused one when the directory has it (the same outputs, faster), else the traced
+    one. `embeddings_session` runs the embeddings-only graph when the directory has
+    one (it is faster), else the full graph too. `config` is read back from the ONNX
+    metadata, the single source of truth.
+    """
+
+    def __init__(
+        self, model_dir: ModelDirectory | str | Path, options: RuntimeOptions | None = None
+    ) -> None:
+        options = options or RuntimeOptions()
+        if not isinstance(model_dir, ModelDirectory):
+            model_dir = ModelDirectory(model_dir)
+        self.model_dir = model_dir
+        self.precision = options.precision
+        self.model_path = model_path = model_dir.graph(options.precision, attention=True)
+        if not model_path.is_file():
+            raise ModelLoadError(
+                f"no {model_path.name} in {model_dir.path} (precision={options.precision}); "
+                "create it with `attnserve export --out DIR`, which writes the fp32 and fp16 graphs"
+            )
+        self.session, self.provider = _create_session(model_path, options)
+        if self.precision == "fp16" and self.provider == "cpu":
+            log.warning(
+                "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
+            )
+        self.config = _read_config(self.session, model_path)
+        self.version = weights_version(model_path)
+        _check_io(self.session, self.config, model_path, with_attentions=True)
+        self.attention_graph = model_path  # the file `session` runs
+        fused = options.fused_attention and model_dir.fused_graph.is_file()
+        if fused and self.provider == "cpu" and self.precision == "fp32":
+            # ORT's CUDA Attention kernel cannot return probabilities yet: CPU only.
+            self.attention_graph = model_dir.fused_graph
+            self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
+
+        # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
+        providers = [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if self.provider == "cuda" else [CPU_EP]
+        self.reducer = AttentionReducer(
+            providers, session_options(options), self.config.n_layers, self.config.n_heads
+        )
+
+        self.embeddings_session = self.session
+        fast_path = model_dir.graph(options.precision, attention=False)
+        if fast_path.is_file():
+            self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
+
+    def _open_beside(
+        self, path: Path, options: RuntimeOptions, with_attentions: bool
+    ) -> ort.InferenceSession:
+        """Another graph of the directory, on the provider the first one settled on."""
+        session, _ = _create_session(path, replace(options, provider=self.provider))
+        if _read_config(session, path) != self.config:
+            raise ModelLoadError(f"{path} and {self.model_path} carry different configs")
+        _check_io(session, self.config, path, with_attentions)
+        return session
+
+    def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """input_ids int64 (B, T) -> embeddings (B, T, D), attentions (B, L, H, T, T)."""
+        c = self.config
+        return tuple(self._run(self.session, [c.embeddings_name, c.attentions_name], input_ids))
+
+    def attend(
+        self,
+        input_ids: np.ndarray,
+        lengths: list[int],
+        selections: list[AttentionSelection],
+    ) -> tuple[np.ndarray, list[AttentionOutput]]:
+        """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) and, per row, what its
+        selection asks of the row's first `lengths[row]` positions."""
+        embeddings, attentions = self.run(input_ids)
+        try:
+            outputs = [
+                self.reducer(attentions[row], n, selection)
+                for row, (n, selection) in enumerate(zip(lengths, selections, strict=True))
+            ]
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on the attention options: {exc}") from exc
+        return embeddings, outputs
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray:
+        """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
+        return self._run(self.embeddings_session, [self.config.embeddings_name], input_ids)[0]
+
+    def _run(
+        self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
+    ) -> list[np.ndarray]:
+        try:
+            return session.run(outputs, {self.config.input_name: input_ids})
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(
+                f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
+            ) from exc
+
+    def release_memory(self) -> None:
+        """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
+        1-token run per session that asks ORT to shrink its arenas when it ends (after a
+        burst of long requests the CPU arena otherwise keeps their peak, GiBs)."""
+        shrink = ort.RunOptions()
+        arenas = "cpu:0;gpu:0" if self.provider == "cuda" else "cpu:0"
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", arenas)
+        ids = np.full((1, 1), self.config.bos_id, dtype=np.int64)
+        for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
+            session.run(None, {self.config.input_name: ids}, shrink)
+        self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
+        give_back_memory()
+
+    def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:
+        """Run each length once per graph so first requests skip allocation and setup."""
+        for seq_len in sorted({min(t, self.config.max_seq_len) for t in seq_lens}):
+            ids = np.full((1, seq_len), self.config.bos_id, dtype=np.int64)
+            self.run(ids)
+            self.embed(ids)
+
+
+def session_settings(options: RuntimeOptions) -> dict:
+    """The server's ORT session settings as plain data: the peers benchmark hands the very same
+    ones to the peer servers it compares against."""
+    return {
+        "intra_op_num_threads": options.intra_op_threads,
+        "inter_op_num_threads": 1,
+        # Lengths vary per request: a memory pattern planned for one shape is wasted on the next.
+        "enable_mem_pattern": False,
+        "config_entries": {
+            "session.intra_op.allow_spinning": "1" if options.intra_op_spinning else "0",
+            "session.force_spinning_stop": "1",  # not after a run
+            "session.inter_op.allow_spinning": "0",
+        },
+    }
+
+
+def weights_version(graph: Path) -> str:
+    """Identifies the served weights: two exports of different models never share it. A graph
+    past 2 GB keeps its weights in `<graph>.data` (ONNX external data): hashed too."""
+    digest = hashlib.sha256(graph.read_bytes())
+    data = graph.with_name(graph.name + ".data")
+    if data.is_file():
+        with data.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+def session_options(options: RuntimeOptions) -> ort.SessionOptions:
+    """The server's ORT session settings, as an ORT SessionOptions."""
+    settings = session_settings(options)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    so.enable_mem_pattern = settings["enable_mem_pattern"]
+    for key, value in settings["config_entries"].items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
+def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceSession, str]:
+    """Open the session on the requested provider; returns it and the provider really used."""
+    so = session_options(options)
+    if options.provider == "cpu":
+        return _open(path, so, [CPU_EP]), "cpu"
+
+    # ORT lists CUDA as available even without a GPU and silently falls back to
+    # CPU when it cannot start, so we try it and look at what the session got.
+    probe_output = io.StringIO()
+    with contextlib.redirect_stdout(probe_output), contextlib.suppress(Exception):
+        ort.preload_dlls()  # CUDA/cuDNN libraries from the nvidia-* wheels, if present
+    quiet = options.provider == "auto"
+    if quiet:
+        ort.set_default_logger_severity(_ORT_SILENT)
+    try:
+        session = _open(path, so, [(CUDA_EP, CUDA_OPTIONS), CPU_EP])
+    finally:
+        if quiet:
+            ort.set_default_logger_severity(_ORT_WARNING)
+    if session.get_providers()[0] == CUDA_EP:
+        return session, "cuda"
+
+    probe_lines = probe_output.getvalue().strip().splitlines()
+    reason = probe_lines[0] if probe_lines else "see ONNX Runtime's log"
+    if options.provider == "cuda":
+        raise ProviderUnavailableError(
+            "provider=cuda was requested but ONNX Runtime's CUDA execution provider could not "
+            f"start ({reason}); install the CUDA 13 / cuDNN 9 libraries or use provider=cpu"
+        )
+    log.warning("CUDA execution provider unavailable (%s); running on CPU", reason)
+    return session, "cpu"
+
+
+def _open(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as exc:  # InvalidProtobuf, Fail, NoSuchFile...: all mean "not loadable"
+        raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from exc
+
+
+def _read_config(session: ort.InferenceSession, path: Path) -> ModelConfig:
+    metadata = session.get_modelmeta().custom_metadata_map
+    if CONFIG_METADATA_KEY not in metadata:
+        raise ModelLoadError(
+            f"{path} has no {CONFIG_METADATA_KEY!r} metadata: it was not written by "
+            "`attnserve export`"
+        )
+    try:
+        return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
+    except ConfigError as exc:
+        raise ModelLoadError(f"{path} carries an invalid model config: {exc}") from exc
+
+
+def _check_io(
+    session: ort.InferenceSession, config: ModelConfig, path: Path, with_attentions: bool
+) -> None:
+    """The graph's inputs and outputs must be the ones its config promises."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    expected = {
+        config.input_name: (inputs, "tensor(int64)", 2),
+        config.embeddings_name: (outputs, "tensor(float)", 3),
+    }
+    fixed_dims = {config.embeddings_name: {2: config.d_model}}
+    if with_attentions:
+        expected[config.attentions_name] = (outputs, "tensor(float)", 5)
+        fixed_dims[config.attentions_name] = {1: config.n_layers, 2: config.n_heads}
+    for name, (group, dtype, rank) in expected.items():
+        arg = group.get(name)
+        if arg is None:
+            raise ModelLoadError(
+                f"{path} has no {name!r} {'input' if group is inputs else 'output'}; "
+                f"it has inputs {sorted(inputs)} and outputs {sorted(outputs)}"
+            )
+        if arg.type != dtype or len(arg.shape) != rank:
+            raise ModelLoadError(
+                f"{path}: {name!r} is {arg.type} of rank {len(arg.shape)}, "
+                f"expected {dtype} of rank {rank}"
+            )
+    for name, dims in fixed_dims.items():
+        shape = outputs[name].shape
+        for axis, size in dims.items():
+            if shape[axis] != size:
+                raise ModelLoadError(
+                    f"{path}: output {name!r} has shape {shape}, its config needs "
+                    f"{size} on axis {axis}"
+                )
+    if len(inputs) != 1:
+        raise ModelLoadError(f"{path} must have exactly one input, has {sorted(inputs)}")

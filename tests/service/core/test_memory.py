@@ -1,0 +1,53 @@
+"""The C heap policy on the real allocator, each case in a fresh process (glibc's
+thresholds move with what a process has freed before)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from attnserve.service.core.memory import _GLIBC
+
+pytestmark = pytest.mark.skipif(_GLIBC is None, reason="not glibc")
+
+# Allocates and frees a 16 MiB buffer; reports glibc's mallinfo2 along the way.
+PROBE = """
+import ctypes, json, sys
+import numpy as np
+from attnserve.service.core.memory import _GLIBC, give_back_memory, keep_freed_heap
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split())]
+
+_GLIBC.mallinfo2.restype = MallInfo2
+if sys.argv[1] == "keep":
+    keep_freed_heap()
+buffer = np.ones(2**21)  # 16 MiB
+mapped = _GLIBC.mallinfo2().hblkhd
+del buffer
+kept = _GLIBC.mallinfo2().fordblks
+give_back_memory()
+print(json.dumps({"mapped": mapped, "kept": kept, "after_trim": _GLIBC.mallinfo2().fordblks}))
+"""
+
+
+def probe(policy: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, policy], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_the_heap_keeps_a_freed_answer_until_it_is_given_back():
+    default, keep = probe("default"), probe("keep")
+    mib16 = 2**24
+    # glibc's default maps a fresh 16 MiB buffer and unmaps it when freed ...
+    assert default["mapped"] >= mib16 and default["kept"] < mib16
+    # ... kept, it comes from the heap and stays there for the next answer,
+    assert keep["mapped"] < mib16 and keep["kept"] >= mib16
+    # until the release after a burst trims it.
+    assert keep["after_trim"] < mib16

@@ -1,0 +1,292 @@
+"""The Open Inference Protocol (KServe V2) over gRPC and HTTP.
+
+tritonclient, unmodified and in its own environment (tritonclient_driver.py), calls a
+real server (its own process, port 0) with its gRPC and its HTTP client; its numbers
+must equal Encode's. The translation between V2 tensors and Encode is also checked on
+its own, field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnserve.client import EncoderClient
+from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.plan import EncodePlan
+from attnserve.service.inference.tensors import (
+    output_rows,
+    stack_into,
+    stacked_shape,
+    to_encode_request,
+)
+from attnserve.service.process import spawn_server
+from attnserve.v1 import encoder_service_pb2 as pb
+from tests.conftest import SMALL_CONFIG
+
+DRIVER = Path(__file__).with_name("tritonclient_driver.py")
+MODEL = SMALL_CONFIG.name
+
+
+@pytest.fixture(scope="module")
+def v2_server(small_model_dir):
+    server = spawn_server(small_model_dir, "--provider", "cpu")
+    yield server
+    server.process.terminate()
+    server.process.wait(30)
+
+
+# A refusal's status as each of tritonclient's clients reports it.
+STATUS = {
+    "grpc": {
+        "INVALID_ARGUMENT": "StatusCode.INVALID_ARGUMENT",
+        "NOT_FOUND": "StatusCode.NOT_FOUND",
+    },
+    "http": {"INVALID_ARGUMENT": "400", "NOT_FOUND": "404"},
+}
+
+
+class Triton:
+    """One of tritonclient's clients in .venv-peers, one call per line."""
+
+    def __init__(self, python: Path, protocol: str, address: str) -> None:
+        self.protocol = protocol
+        self.process = subprocess.Popen(
+            [str(python), str(DRIVER), protocol, address],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def send(self, command: dict) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def call(self, name: str, *args) -> object:
+        answer = self.send({"call": name, "args": list(args)})
+        assert "error" not in answer, answer
+        return answer["result"]
+
+    def status(self, code: str) -> str:
+        return STATUS[self.protocol][code]
+
+    def infer(self, inputs, outputs=(), parameters=None, model=MODEL, shm_bytes=0) -> dict:
+        spec = {"model": model, "inputs": inputs, "outputs": list(outputs)}
+        if parameters:
+            spec["parameters"] = parameters
+        return self.send({"infer": spec, "shm_bytes": shm_bytes})
+
+
+@pytest.fixture(scope="module", params=["grpc", "http"])
+def triton(request, peer_python, v2_server):
+    address = v2_server.address if request.param == "grpc" else f"127.0.0.1:{v2_server.http_port}"
+    client = Triton(peer_python, request.param, address)
+    yield client
+    client.process.terminate()
+    client.process.wait(30)
+
+
+def ids_input(rows: list[list[int]]) -> dict:
+    return {
+        "name": "input_ids",
+        "datatype": "INT64",
+        "shape": [len(rows), len(rows[0])],
+        "data": [i for row in rows for i in row],
+    }
+
+
+def array(output: dict) -> np.ndarray:
+    return np.array(output["data"]).reshape(output["shape"])
+
+
+def test_health_and_metadata_through_tritonclient(triton, small_runtime):
+    assert triton.call("is_server_live") is True
+    assert triton.call("is_server_ready") is True
+    assert triton.call("is_model_ready", MODEL) is True
+    assert triton.call("is_model_ready", "no-such-model") is False
+    server = triton.call("get_server_metadata")
+    assert server["name"] == "attnserve" and "statistics" in server["extensions"]
+    meta = triton.call("get_model_metadata", MODEL)
+    assert meta["versions"] == ["1"]  # numeric, as Triton's tools expect
+    assert triton.call("is_model_ready", MODEL, small_runtime.version) is True  # the hash too
+    inputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]}
+    assert inputs["input_ids"] == ("INT64", [-1, -1])
+    assert inputs["text"] == ("BYTES", [-1])
+    outputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]}
+    assert outputs["embeddings"] == ("FP32", [-1, -1, SMALL_CONFIG.d_model])
+    assert set(outputs) >= {"pooled", "attention", "attention_indices", "head_entropy"}
+    config = triton.call("get_model_config", MODEL)
+    config = config.get("config", config)  # gRPC wraps it in ModelConfigResponse
+    assert config["name"] == MODEL and config["platform"] == "onnxruntime_onnx"
+    assert [i["name"] for i in config["input"]] == ["input_ids", "input_lengths", "text"]
+
+
+def test_model_infer_equals_encode(triton, v2_server):
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 256, 256, 256]]  # the second is 3 long
+    lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [6, 3]}
+    answer = triton.infer(
+        [ids_input(rows), lengths],
+        outputs=["embeddings", "pooled", "lengths"],
+        parameters={"pooling": "mean"},
+    )
+    outputs = answer["outputs"]
+    with EncoderClient(v2_server.address) as client:
+        expected = client.encode([rows[0], rows[1][:3]], pooling="mean")
+    embeddings = array(outputs["embeddings"])
+    assert embeddings.shape == (2, 6, SMALL_CONFIG.d_model)
+    np.testing.assert_allclose(embeddings[0], expected[0].embeddings, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(embeddings[1, :3], expected[1].embeddings, atol=1e-6, rtol=0)
+    assert not embeddings[1, 3:].any()  # past its length: zeros
+    np.testing.assert_allclose(
+        array(outputs["pooled"]), np.stack([e.pooled for e in expected]), atol=1e-6, rtol=0
+    )
+    assert array(outputs["lengths"]).tolist() == [6, 3]
+
+
+def test_text_and_attention_options_through_tritonclient(triton, v2_server):
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["attention"]}
+    answer = triton.infer(
+        [text],
+        outputs=["attention", "head_entropy", "token_ids"],
+        parameters={"attention_layers": "1", "attention_rows": "-1", "head_reduction": "mean"},
+    )
+    outputs = answer["outputs"]
+    with EncoderClient(v2_server.address) as client:
+        (expected,) = client.encode(
+            "attention", layers=[1], rows=[-1], head_reduction="mean", head_entropy=True
+        )
+    assert outputs["attention"]["datatype"] == "FP32"
+    np.testing.assert_allclose(array(outputs["attention"])[0], expected.attention, atol=1e-6)
+    np.testing.assert_allclose(array(outputs["head_entropy"])[0], expected.head_entropy, atol=1e-6)
+    assert array(outputs["token_ids"])[0].tolist() == list(expected.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "parameters", "field"),
+    [
+        (
+            [{"name": "input_ids", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}],
+            [],
+            None,
+            "inputs[0].datatype",
+        ),
+        (
+            [{"name": "tokens", "datatype": "INT64", "shape": [1, 2], "data": [1, 2]}],
+            [],
+            None,
+            "inputs[0].name",
+        ),
+        (
+            [{"name": "input_ids", "datatype": "INT64", "shape": [2], "data": [1, 2]}],
+            [],
+            None,
+            "inputs[0].shape",
+        ),
+        ([ids_input([[1, 2]])], ["logits"], None, "outputs[0].name"),
+        ([ids_input([[1, 2]])], [], {"temperature": 0.5}, "parameters"),
+        ([ids_input([[1, 9999]])], [], None, "vocab"),
+        (
+            [{"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}],
+            [],
+            None,
+            "input_ids",
+        ),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_field(triton, inputs, outputs, parameters, field):
+    before = triton.infer([ids_input([[1, 2, 3]])])["outputs"]["embeddings"]
+    answer = triton.infer(inputs, outputs, parameters)
+    assert answer["error"]["status"] == triton.status("INVALID_ARGUMENT"), answer
+    assert field in answer["error"]["message"]
+    after = triton.infer([ids_input([[1, 2, 3]])])["outputs"]["embeddings"]
+    np.testing.assert_allclose(array(after), array(before), atol=1e-6)  # nothing changed
+
+
+def test_tritonclients_shared_memory_utilities(triton):
+    """tritonclient makes, registers, reads and removes the region; the numbers are the wire's."""
+    inputs, parameters = [ids_input([[1, 2, 3, 4]])], {"attention_layers": "0"}
+    wire = triton.infer(inputs, ["attention"], parameters)["outputs"]["attention"]
+    size = array(wire).size * 4
+    shared = triton.infer(inputs, ["attention"], parameters, shm_bytes=size)
+    np.testing.assert_array_equal(array(shared["outputs"]["attention"]), array(wire))
+    too_small = triton.infer(inputs, ["attention"], parameters, shm_bytes=size - 4)
+    assert too_small["error"]["status"] == triton.status("INVALID_ARGUMENT")
+    assert "shared_memory_byte_size" in too_small["error"]["message"]
+
+
+def test_an_unknown_model_is_not_found(triton):
+    answer = triton.infer([ids_input([[1, 2]])], model="gpt-5")
+    assert answer["error"]["status"] == triton.status("NOT_FOUND")
+    assert MODEL in answer["error"]["message"]  # says what is served instead
+
+
+def test_statistics_count_the_requests(triton):
+    before = triton.call("get_inference_statistics", MODEL)["model_stats"][0]
+    triton.infer([ids_input([[1, 2, 3], [4, 5, 6]])])
+    after = triton.call("get_inference_statistics", MODEL)["model_stats"][0]
+    assert int(after["inference_count"]) == int(before.get("inference_count", 0)) + 2
+    assert int(after["execution_count"]) == int(before.get("execution_count", 0)) + 1
+
+
+# -------------------------------------------------------- the translation on its own
+
+
+def _request(**inputs) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name=MODEL, id="r1")
+    for name, (datatype, values) in inputs.items():
+        values = np.asarray(values)
+        request.inputs.add(name=name, datatype=datatype, shape=values.shape)
+        request.raw_input_contents.append(values.astype("<i8").tobytes())
+    return request
+
+
+def test_ragged_rows_become_one_input_each():
+    request = _request(
+        input_ids=("INT64", [[1, 2, 3], [4, 5, 256]]), input_lengths=("INT64", [3, 2])
+    )
+    plan = to_encode_request(request)
+    assert [list(i.token_ids.ids) for i in plan.encode.inputs] == [[1, 2, 3], [4, 5]]
+    assert plan.outputs == ["embeddings"] and plan.encode.request_id == "r1"
+
+
+def test_text_elements_use_the_protocols_length_prefixed_bytes():
+    request = oip.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="text", datatype="BYTES", shape=[2])
+    request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x03\x00\x00\x00you")
+    plan = to_encode_request(request)
+    assert [i.text for i in plan.encode.inputs] == ["hi", "you"]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [([3, 4], "input_lengths must be in [1, 3]"), ([3], "input_ids has 2 rows")],
+)
+def test_input_lengths_are_checked_against_the_rows(lengths, message):
+    request = _request(
+        input_ids=("INT64", [[1, 2, 3], [4, 5, 6]]), input_lengths=("INT64", lengths)
+    )
+    with pytest.raises(InvalidInputError, match=message.replace("[", r"\[")):
+        to_encode_request(request)
+
+
+def test_outputs_are_stacked_with_ragged_rows_zero_padded():
+    sequences = [np.arange(3, dtype=np.int64), np.arange(1, dtype=np.int64)]
+    plan = EncodePlan(sequences, [False, False], pb.POOLING_MEAN, True, None, False)
+    results = [SequenceResult(np.ones((len(s), 2), np.float32), None, 0, 0) for s in sequences]
+    stacked = {}
+    for name in ("embeddings", "token_ids", "lengths", "pooled"):
+        rows = output_rows(name, plan, results)
+        stacked[name] = np.empty(stacked_shape(rows), rows[0].dtype)
+        stack_into(stacked[name], rows, name)
+    assert stacked["embeddings"].shape == (2, 3, 2)
+    assert stacked["embeddings"][1].tolist() == [[1, 1], [0, 0], [0, 0]]
+    assert stacked["token_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert stacked["lengths"].tolist() == [3, 1]
+    assert stacked["pooled"].tolist() == [[1, 1], [1, 1]]
