@@ -19,7 +19,6 @@ import contextlib
 import math
 import mmap
 import os
-import struct
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,11 +29,11 @@ import numpy as np
 from attnserve.client.client import ClientOptions, call_with_retries
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
+from attnserve.oip.wire import DATATYPES, from_bytes, pack_bytes, write_parameter
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 SHM_ROOT = Path("/dev/shm")
-NUMPY = {"FP32": "<f4", "FP16": "<f2", "INT64": "<i8", "INT32": "<i4"}
 ALIGN = 64  # each output starts on a cache line
 
 
@@ -55,7 +54,7 @@ class _Region:
 
     def read(self, offset: int, shape: Sequence[int], datatype: str) -> np.ndarray:
         """A copy of the output at `offset`: the region is written again by the next call."""
-        view = np.frombuffer(self.memory, NUMPY[datatype], math.prod(shape), offset=offset)
+        view = np.frombuffer(self.memory, DATATYPES[datatype], math.prod(shape), offset=offset)
         return view.reshape(shape).copy()
 
     def close(self) -> None:
@@ -114,7 +113,9 @@ class InferenceClient:
         else:
             raise ValueError("give input_ids or text")
         for name, value in parameters.items():
-            _set_parameter(request.parameters[name], value)
+            if not isinstance(value, bool | int | str):  # a list of layers, heads or rows
+                value = ",".join(str(int(v)) for v in value)
+            write_parameter(request.parameters[name], value, f"parameters.{name}")
         offsets = self._place(outputs, batch, seq)
         for name in outputs:
             tensor = request.outputs.add(name=name)
@@ -129,8 +130,8 @@ class InferenceClient:
             if offsets:
                 result[out.name] = self._region.read(offsets[out.name][0], out.shape, out.datatype)
             else:
-                array = np.frombuffer(response.raw_output_contents[i], NUMPY[out.datatype])
-                result[out.name] = array.reshape(out.shape)
+                raw = response.raw_output_contents[i]
+                result[out.name] = from_bytes(raw, out.datatype, out.shape, out.name)
         return result
 
     def _place(self, outputs: Sequence[str], batch: int, seq: int) -> dict[str, tuple[int, int]]:
@@ -215,18 +216,6 @@ def _add_ids(request: oip.ModelInferRequest, rows: Sequence[Sequence[int]], seq:
 
 
 def _add_text(request: oip.ModelInferRequest, texts: Sequence[str]) -> None:
-    """BYTES [batch]: each element a 4-byte little-endian length, then its UTF-8."""
-    data = b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in texts))
+    """BYTES [batch] of UTF-8 texts."""
     request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
-    request.raw_input_contents.append(data)
-
-
-def _set_parameter(param: oip.InferParameter, value: bool | int | str | Sequence[int]) -> None:
-    if isinstance(value, bool):
-        param.bool_param = value
-    elif isinstance(value, int):
-        param.int64_param = value
-    elif isinstance(value, str):
-        param.string_param = value
-    else:
-        param.string_param = ",".join(str(int(v)) for v in value)
+    request.raw_input_contents.append(pack_bytes(t.encode() for t in texts))

@@ -32,10 +32,12 @@ from attnserve.service.core.memory import keep_freed_heap
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.grpc.auth import BearerTokenInterceptor
 from attnserve.service.grpc.encoder import EncoderServicer
+from attnserve.service.grpc.inference import SERVICE_NAME as OIP_SERVICE_NAME
+from attnserve.service.grpc.inference import InferenceServicer
 from attnserve.service.grpc.reflection import enable_reflection
-from attnserve.service.http.app import HttpServer, create_app
-from attnserve.service.inference.model import SERVICE_NAME as OIP_SERVICE_NAME
-from attnserve.service.inference.model import InferenceServicer, V2Model
+from attnserve.service.http.app import create_app
+from attnserve.service.http.server import HttpServer
+from attnserve.service.inference.model import V2Model
 from attnserve.service.inference.shared_memory import SharedMemoryRegistry
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings

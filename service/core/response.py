@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
@@ -29,6 +31,12 @@ def build_response(
     return response
 
 
+def pooled(embeddings: np.ndarray, pooling: int) -> np.ndarray:
+    """One vector of a sequence's (T, d_model) embeddings: their mean, or the last token's
+    (in a causal model only the last token has seen the whole input)."""
+    return embeddings.mean(axis=0) if pooling == pb.POOLING_MEAN else embeddings[-1]
+
+
 def _fill_result(
     out: pb.EncodeResult, index: int, result: SequenceResult, plan: EncodePlan
 ) -> None:
@@ -37,10 +45,8 @@ def _fill_result(
     out.truncated = plan.truncated[index]
     if plan.token_embeddings:
         fill_tensor(out.embeddings, result.embeddings)
-    if plan.pooling == pb.POOLING_MEAN:
-        fill_tensor(out.pooled, result.embeddings.mean(axis=0))
-    elif plan.pooling == pb.POOLING_LAST:
-        fill_tensor(out.pooled, result.embeddings[-1])
+    if plan.pooling != pb.POOLING_NONE:
+        fill_tensor(out.pooled, pooled(result.embeddings, plan.pooling))
     if result.attention is not None:
         selection, a = plan.attention[index], result.attention
         if a.weights is not None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 
 import grpc
 
+from attnserve.service.core.auth import check_bearer
 from attnserve.service.core.errors import UnauthenticatedError
 from attnserve.service.core.status import status_for
 
@@ -15,7 +15,7 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
 
     async def intercept_service(
         self,
@@ -25,11 +25,15 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if details.method.startswith(OPEN_SERVICES):
             return await continuation(details)
         metadata = dict(details.invocation_metadata or ())
-        given = metadata.get("authorization", "").encode()
-        if hmac.compare_digest(given, self._expected):
-            return await continuation(details)
-        handler = await continuation(details)
-        return _refusing(handler, "missing or wrong 'authorization: Bearer <token>' metadata")
+        try:
+            check_bearer(
+                str(metadata.get("authorization", "")),
+                self._token,
+                "'authorization: Bearer <token>' metadata",
+            )
+        except UnauthenticatedError as exc:
+            return _refusing(await continuation(details), str(exc))
+        return await continuation(details)
 
 
 def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:

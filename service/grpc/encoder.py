@@ -1,4 +1,5 @@
-"""The gRPC transport: EncoderService methods over the data plane, errors -> status codes."""
+"""attnserve.v1.EncoderService over the data plane; errors become status codes through
+handle_errors (a stream's failed request becomes an EncodeError in the stream)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import grpc
 
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.status import status_for
+from attnserve.service.grpc.utils import handle_errors
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -21,13 +23,12 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
 
+    @handle_errors
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeResponse:
-        response, code, message = await self._answer("Encode", request, context)
-        if response is None:
-            await context.abort(code, message)
-        return response
+        with self.dataplane.observed("Encode"):
+            return await self.dataplane.encode(request, context.time_remaining())
 
     async def EncodeStream(
         self,
@@ -61,25 +62,16 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     async def _stream_answer(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeStreamResponse:
-        response, code, message = await self._answer("EncodeStream", request, context)
-        if response is None:
-            return pb.EncodeStreamResponse(
-                request_id=request.request_id,
-                error=pb.EncodeError(code=code.value[0], message=message),
-            )
-        return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
-
-    async def _answer(
-        self, method: str, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> tuple[pb.EncodeResponse | None, grpc.StatusCode, str]:
-        """The response, or None with the status code and message that explain why not
+        """The answer to one request of a stream, or the EncodeError that says why not
         (anything unexpected is INTERNAL; the data plane has logged it)."""
         try:
-            with self.dataplane.observed(method):
+            with self.dataplane.observed("EncodeStream"):
                 response = await self.dataplane.encode(request, context.time_remaining())
         except Exception as exc:
-            return None, status_for(exc), str(exc) or type(exc).__name__
-        return response, grpc.StatusCode.OK, ""
+            message = str(exc) or type(exc).__name__
+            error = pb.EncodeError(code=status_for(exc).value[0], message=message)
+            return pb.EncodeStreamResponse(request_id=request.request_id, error=error)
+        return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

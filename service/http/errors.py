@@ -1,17 +1,30 @@
-"""Every HTTP refusal in the shape of the API it was sent to, and the request-size limit.
+"""The HTTP transport's one error wrapper: every refusal in the shape of the API it was sent
+to, with the status of service/core/status.py's one table; and the request-size limit.
 
-The status comes from service/core/status.py's one table; the shape from the path: OpenAI's
-`{"error": {"message", "type", "param", "code"}}` (its SDK reads that) everywhere but the
-Open Inference Protocol's `/v2`, which answers `{"error": "..."}`.
+The shape comes from the path: OpenAI's `{"error": {"message", "type", "param", "code"}}`
+(its SDK reads that) everywhere but the Open Inference Protocol's `/v2`, which answers
+`{"error": "..."}`. Routes raise the service's typed errors; `ErrorRoute` answers them, and
+the app's handlers (`add_error_handlers`) answer the framework's own refusals alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from http import HTTPStatus
+from typing import Any
 
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
-from attnserve.service.core.errors import ModelNotFoundError, RequestTooLargeError
+from attnserve.service.core.errors import (
+    AttnserveError,
+    InvalidInputError,
+    ModelNotFoundError,
+    RequestTooLargeError,
+)
 from attnserve.service.core.status import http_status_for
 
 # OpenAI's error "type" for each HTTP status the API answers with.
@@ -55,6 +68,53 @@ def error_response(path: str, exc: BaseException) -> JSONResponse:
         }
     }
     return JSONResponse(body, status_code=status)
+
+
+class ErrorRoute(APIRoute):
+    """A route whose errors, its dependencies' included, are answered by `error_response`
+    (the framework's validation and HTTP errors go on to the app's handlers)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (RequestValidationError, HTTPException):
+                raise
+            except Exception as exc:
+                return error_response(request.url.path, exc)
+
+        return answer
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """The framework's own refusals (a body that does not validate, no such route, wrong
+    method, a body it cannot read) in the API's error shape, with their status."""
+
+    @app.exception_handler(AttnserveError)
+    async def refused(request: Request, exc: AttnserveError) -> JSONResponse:
+        return error_response(request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        return error_response(request.url.path, InvalidInputError(problems))
+
+    @app.exception_handler(HTTPException)
+    async def framework_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 413:
+            return error_response(request.url.path, RequestTooLargeError(str(exc.detail)))
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # what FastAPI's 400 is about
+            bad = exc.__cause__
+            message = f"the body is not UTF-8 JSON: {bad.reason} at byte {bad.start}"
+        if exc.status_code == 400:
+            return error_response(request.url.path, InvalidInputError(message))
+        return error_response(request.url.path, FrameworkError(exc.status_code, message))
 
 
 class BodyLimit:

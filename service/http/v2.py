@@ -1,208 +1,154 @@
-"""The Open Inference Protocol (KServe V2) over HTTP: /v2 routes on the HTTP app.
+"""The Open Inference Protocol (KServe V2) over HTTP: the /v2 routes.
 
-A JSON body (or JSON and binary tensors, the protocol's binary data extension: the
-`Inference-Header-Content-Length` header says how many bytes of the body are JSON)
-becomes the same ModelInferRequest the gRPC transport gets, and goes through the same
-V2Model (service/inference/model.py), data plane and batcher. Errors answer the protocol's
-`{"error": "..."}` with the status of service/core/status.py's table.
+A JSON body (or JSON and binary tensors, the binary data extension: the
+`Inference-Header-Content-Length` header says how many bytes of the body are JSON) becomes
+the model's Python request (service/inference/messages.py): numpy arrays straight from the
+JSON numbers or the binary bytes, no protobuf in between. Every field is checked against
+the type the protocol gives it; nothing is coerced. Errors answer `{"error": "..."}` with
+the status of the one table (service/http/errors.py).
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from attnserve.oip import grpc_service_pb2 as oip
-from attnserve.service.core.errors import AttnserveError, InvalidInputError, ModelNotFoundError
-from attnserve.service.http.errors import error_response
-from attnserve.service.inference.model import SHM_REGION, V2Model
+from attnserve.oip.wire import (
+    BYTES,
+    INT64_MAX,
+    Parameter,
+    WireError,
+    element_count,
+    from_bytes,
+    numpy_dtype,
+    unpack_bytes,
+)
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.http.errors import ErrorRoute
+from attnserve.service.http.state import authorized, deadline, state
+from attnserve.service.inference.messages import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+)
+from attnserve.service.inference.model import V2Model
 
+router = APIRouter(
+    prefix="/v2", tags=["open inference protocol (KServe V2)"], route_class=ErrorRoute
+)
+protected = [Depends(authorized)]
 HEADER_LENGTH = "inference-header-content-length"
-NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
-NUMPY["FP16"] = np.dtype("<f2")
-# Parameters of the HTTP transport itself, not of the model.
-BINARY_PARAMETERS = ("binary_data", "binary_data_size", "binary_data_output")
+SHM = "/systemsharedmemory"
+# Parameters of the HTTP transport itself (the binary data extension), not of the model.
+BINARY_DATA, BINARY_DATA_SIZE, BINARY_DATA_OUTPUT = (
+    "binary_data",
+    "binary_data_size",
+    "binary_data_output",
+)
 
 
-def v2_router(
-    model: V2Model, deadline: Callable[[Request], float], dependencies: list
-) -> APIRouter:
-    """The protocol's routes over `model`; `deadline(request)`: the seconds a call may take."""
-    router = APIRouter(prefix="/v2", tags=["open inference protocol (KServe V2)"])
+def _model(request: Request) -> V2Model:
+    return state(request).v2
 
-    def error(exc: BaseException) -> JSONResponse:
-        return error_response(router.prefix, exc)
 
-    def guarded(build: Callable[[], dict]) -> JSONResponse:
-        try:
-            return JSONResponse(build())
-        except AttnserveError as exc:
-            return error(exc)
+@router.get("")
+async def server_metadata(request: Request) -> dict:
+    return _model(request).server_metadata()
 
-    @router.get("")
-    async def server_metadata() -> dict:
-        m = model.server_metadata()
-        return {"name": m.name, "version": m.version, "extensions": list(m.extensions)}
 
-    @router.get("/health/live")
-    async def live() -> dict:
-        return {"live": True}
+@router.get("/health/live")
+async def live() -> dict:
+    return {"live": True}
 
-    @router.get("/health/ready")
-    async def ready() -> JSONResponse:
+
+@router.get("/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    model = _model(request)
+    if not model.ready:
+        return JSONResponse({"error": model.dataplane.refusal}, 503)
+    return JSONResponse({"ready": True})
+
+
+@router.get(SHM + "/status", dependencies=protected)
+async def shm_status(request: Request) -> list[dict]:
+    return _regions(_model(request))
+
+
+@router.get(SHM + "/region/{name}/status", dependencies=protected)
+async def shm_region_status(name: str, request: Request) -> list[dict]:
+    return _regions(_model(request), name)
+
+
+@router.post(SHM + "/region/{name}/register", dependencies=protected)
+async def shm_register(name: str, request: Request) -> dict:
+    body, _ = _split_body(await request.body(), {})
+    for key, kind in {"key": str, "offset": int, "byte_size": int}.items():
+        value = body.get(key, 0 if key == "offset" else None)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise InvalidInputError(f"{key}: a {kind.__name__} is required, got {value!r}")
+    _model(request).shared_memory.register(
+        name, body["key"], body.get("offset", 0), body["byte_size"]
+    )
+    return {}
+
+
+@router.post(SHM + "/unregister", dependencies=protected)
+async def shm_unregister_all(request: Request) -> dict:
+    _model(request).shared_memory.unregister()
+    return {}
+
+
+@router.post(SHM + "/region/{name}/unregister", dependencies=protected)
+async def shm_unregister(name: str, request: Request) -> dict:
+    _model(request).shared_memory.unregister(name)
+    return {}
+
+
+def _regions(model: V2Model, name: str = "") -> list[dict]:
+    return [
+        {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+        for r in model.shared_memory.status(name)
+    ]
+
+
+for _base in ("/models/{name}", "/models/{name}/versions/{version}"):
+
+    @router.get(_base, dependencies=protected)
+    async def model_metadata(request: Request, name: str, version: str = "") -> dict:
+        return _model(request).metadata(name, version)
+
+    @router.get(_base + "/ready", dependencies=protected)
+    async def model_ready(request: Request, name: str, version: str = "") -> JSONResponse:
+        model = _model(request)
+        model.check(name, version)
         if not model.ready:
             return JSONResponse({"error": model.dataplane.refusal}, 503)
-        return JSONResponse({"ready": True})
+        return JSONResponse({"name": name, "ready": True})
 
-    shm = "/systemsharedmemory"
+    @router.get(_base + "/config", dependencies=protected)
+    async def model_config(request: Request, name: str, version: str = "") -> dict:
+        return _model(request).config(name, version)["config"]
 
-    def regions(name: str = "") -> list[dict]:
-        return [
-            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-            for r in model.shared_memory.status(name)
-        ]
+    @router.get(_base + "/stats", dependencies=protected)
+    async def model_stats(request: Request, name: str, version: str = "") -> dict:
+        return _model(request).statistics(name, version)
 
-    @router.get(shm + "/status", dependencies=dependencies)
-    async def shm_status() -> JSONResponse:
-        return guarded(regions)
-
-    @router.get(shm + "/region/{name}/status", dependencies=dependencies)
-    async def shm_region_status(name: str) -> JSONResponse:
-        return guarded(lambda: regions(name))
-
-    @router.post(shm + "/region/{name}/register", dependencies=dependencies)
-    async def shm_register(name: str, request: Request) -> JSONResponse:
-        async def register() -> dict:
-            body, _ = _split_body(await request.body(), {})
-            fields = {"key": str, "offset": int, "byte_size": int}
-            for field, kind in fields.items():
-                if not isinstance(body.get(field, 0 if kind is int else None), kind):
-                    raise InvalidInputError(f"{field}: a {kind.__name__} is required")
-            model.shared_memory.register(
-                name, body["key"], body.get("offset", 0), body["byte_size"]
-            )
-            return {}
-
-        try:
-            return JSONResponse(await register())
-        except AttnserveError as exc:
-            return error(exc)
-
-    @router.post(shm + "/unregister", dependencies=dependencies)
-    async def shm_unregister_all() -> JSONResponse:
-        return guarded(lambda: model.shared_memory.unregister() or {})
-
-    @router.post(shm + "/region/{name}/unregister", dependencies=dependencies)
-    async def shm_unregister(name: str) -> JSONResponse:
-        return guarded(lambda: model.shared_memory.unregister(name) or {})
-
-    for versioned in ("", "/versions/{version}"):
-        base = "/models/{name}" + versioned
-
-        @router.get(base, dependencies=dependencies)
-        async def model_metadata(name: str, version: str = "") -> JSONResponse:
-            return guarded(lambda: _metadata_json(model.metadata(name, version)))
-
-        @router.get(base + "/ready", dependencies=dependencies)
-        async def model_ready(name: str, version: str = "") -> JSONResponse:
-            try:
-                model.check(name, version)
-            except ModelNotFoundError as exc:
-                return error(exc)
-            if not model.ready:
-                return JSONResponse({"error": model.dataplane.refusal}, 503)
-            return JSONResponse({"name": name, "ready": True})
-
-        @router.get(base + "/config", dependencies=dependencies)
-        async def model_config(name: str, version: str = "") -> JSONResponse:
-            return guarded(lambda: _config_json(model.config(name, version)))
-
-        @router.get(base + "/stats", dependencies=dependencies)
-        async def model_stats(name: str, version: str = "") -> JSONResponse:
-            return guarded(lambda: _stats_json(model.statistics(name, version)))
-
-        @router.post(base + "/infer", dependencies=dependencies)
-        async def infer(request: Request, name: str, version: str = "") -> Response:
-            try:
-                with model.dataplane.observed("POST /v2/infer"):
-                    body, binary = _split_body(await request.body(), request.headers)
-                    infer_request, binary_outputs = _infer_request(body, binary, name, version)
-                    response = await model.infer(infer_request, deadline(request))
-                    return _infer_response(response, binary_outputs)
-            except Exception as exc:
-                return error(exc)
-
-    return router
+    @router.post(_base + "/infer", dependencies=protected)
+    async def infer(request: Request, name: str, version: str = "") -> Response:
+        model = _model(request)
+        with model.dataplane.observed("POST /v2/infer"):
+            body, binary = _split_body(await request.body(), request.headers)
+            infer_request, binary_outputs = _infer_request(body, binary, name, version)
+            answer = await model.infer(infer_request, deadline(request))
+            return _infer_response(answer, binary_outputs)
 
 
-def _metadata_json(m: oip.ModelMetadataResponse) -> dict:
-    def tensors(items) -> list[dict]:
-        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
-
-    return {
-        "name": m.name,
-        "versions": list(m.versions),
-        "platform": m.platform,
-        "inputs": tensors(m.inputs),
-        "outputs": tensors(m.outputs),
-    }
-
-
-def _config_json(response: oip.ModelConfigResponse) -> dict:
-    c = response.config
-
-    def tensors(items) -> list[dict]:
-        return [
-            {"name": t.name, "data_type": oip.DataType.Name(t.data_type), "dims": list(t.dims)}
-            for t in items
-        ]
-
-    return {
-        "name": c.name,
-        "platform": c.platform,
-        "backend": c.backend,
-        "max_batch_size": c.max_batch_size,
-        "input": tensors(c.input),
-        "output": tensors(c.output),
-    }
-
-
-def _stats_json(response: oip.ModelStatisticsResponse) -> dict:
-    out = []
-    for s in response.model_stats:
-        durations = {
-            field: {
-                "count": getattr(s.inference_stats, field).count,
-                "ns": getattr(s.inference_stats, field).ns,
-            }
-            for field in (
-                "success",
-                "fail",
-                "queue",
-                "compute_input",
-                "compute_infer",
-                "compute_output",
-            )
-        }
-        out.append(
-            {
-                "name": s.name,
-                "version": s.version,
-                "last_inference": s.last_inference,
-                "inference_count": s.inference_count,
-                "execution_count": s.execution_count,
-                "inference_stats": durations,
-            }
-        )
-    return {"model_stats": out}
-
-
-def _split_body(raw: bytes, headers) -> tuple[dict, bytes]:
+def _split_body(raw: bytes, headers: Mapping[str, str]) -> tuple[dict, bytes]:
     """The JSON part of the body, and the binary tensors after it (the extension)."""
     declared = headers.get(HEADER_LENGTH)
     if declared is None:
@@ -226,96 +172,115 @@ def _split_body(raw: bytes, headers) -> tuple[dict, bytes]:
     return body, binary
 
 
-def _parameter(message_map, key: str, value: object, field: str) -> None:
-    target = message_map[key]
-    if isinstance(value, bool):
-        target.bool_param = value
-    elif isinstance(value, int):
-        if not -(2**63) <= value < 2**63:
-            raise InvalidInputError(f"{field}.{key}: {value} is outside int64")
-        target.int64_param = value
-    elif isinstance(value, float):
-        target.double_param = value
-    elif isinstance(value, str):
-        target.string_param = value
-    else:
-        raise InvalidInputError(f"{field}.{key}: must be a bool, number or string")
+def _object(value: object, field: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{field}: must be a JSON object, got {value!r}")
+    return value
+
+
+def _string(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{field}: must be a string, got {value!r}")
+    return value
+
+
+def _parameters(value: object, field: str) -> dict[str, Parameter]:
+    """$parameters: "a JSON object ... key/value pairs" whose values are booleans, numbers
+    or strings."""
+    parameters = _object(value, field)
+    for key, item in parameters.items():
+        if not isinstance(item, bool | int | float | str) or (
+            isinstance(item, int) and not -(2**63) <= item <= INT64_MAX
+        ):
+            raise InvalidInputError(
+                f"{field}.{key}: a bool, an int64, a number or a string, got {item!r}"
+            )
+    return parameters
+
+
+def _flag(parameters: dict[str, Parameter], key: str, field: str) -> bool:
+    value = parameters.pop(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{field}.{key}: must be a bool, got {value!r}")
+    return value
 
 
 def _infer_request(
     body: dict, binary: bytes, name: str, version: str
-) -> tuple[oip.ModelInferRequest, set[str]]:
-    """The ModelInferRequest a JSON body describes, and the outputs to answer in binary."""
-    request = oip.ModelInferRequest(model_name=name, model_version=version)
-    request.id = str(body.get("id", ""))
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInputError("parameters: must be a JSON object")
-    for key, value in parameters.items():
-        if key not in BINARY_PARAMETERS:
-            _parameter(request.parameters, key, value, "parameters")
-    all_binary = bool(parameters.get("binary_data_output", False))
+) -> tuple[InferRequest, set[str]]:
+    """The request a JSON body describes, and the outputs to answer in binary ("*": all)."""
+    identifier = body.get("id", "")
+    request = InferRequest(name, version, _string(identifier, "id"))
+    request.parameters = _parameters(body.get("parameters"), "parameters")
+    all_binary = _flag(request.parameters, BINARY_DATA_OUTPUT, "parameters")
 
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInputError("inputs: a non-empty list of tensors is required")
     offset = 0
-    for i, tensor in enumerate(inputs):
+    for i, item in enumerate(inputs):
+        tensor, size = _input(_object(item, f"inputs[{i}]"), f"inputs[{i}]")
         field = f"inputs[{i}]"
-        if not isinstance(tensor, dict):
-            raise InvalidInputError(f"{field}: must be a JSON object")
-        shape = tensor.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise InvalidInputError(f"{field}.shape: a list of integers is required")
-        datatype = str(tensor.get("datatype", ""))
-        request.inputs.add(name=str(tensor.get("name", "")), datatype=datatype, shape=shape)
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if offset + size > len(binary):
                 raise InvalidInputError(
-                    f"{field}.parameters.binary_data_size: {size} overruns the "
+                    f"{field}.parameters.{BINARY_DATA_SIZE}: {size} overruns the "
                     f"{len(binary)} binary bytes after the JSON"
                 )
-            request.raw_input_contents.append(binary[offset : offset + size])
+            tensor.data = _binary_data(binary[offset : offset + size], tensor, field)
             offset += size
-        else:
-            request.raw_input_contents.append(_json_data(tensor.get("data"), datatype, field))
+        request.inputs.append(tensor)
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"body: {len(binary) - offset} binary bytes after the JSON belong to no input"
+        )
 
-    binary_outputs = set()
-    for i, output in enumerate(body.get("outputs") or []):
-        if not isinstance(output, dict) or "name" not in output:
-            raise InvalidInputError(f"outputs[{i}]: an object with a name is required")
-        requested = request.outputs.add(name=str(output["name"]))
-        output_parameters = output.get("parameters") or {}
-        for key, value in output_parameters.items():
-            if key not in BINARY_PARAMETERS:
-                _parameter(requested.parameters, key, value, f"outputs[{i}].parameters")
-        if all_binary or output_parameters.get("binary_data", False):
-            binary_outputs.add(output["name"])
-    if all_binary and not body.get("outputs"):
-        binary_outputs.add("*")
+    outputs = body.get("outputs")
+    if outputs is not None and not isinstance(outputs, list):
+        raise InvalidInputError("outputs: must be a list")
+    binary_outputs = {"*"} if all_binary and not outputs else set()
+    for i, item in enumerate(outputs or []):
+        output = _object(item, f"outputs[{i}]")
+        parameters = _parameters(output.get("parameters"), f"outputs[{i}].parameters")
+        requested = RequestedOutput(_string(output.get("name"), f"outputs[{i}].name"), parameters)
+        if _flag(parameters, BINARY_DATA, f"outputs[{i}].parameters") or all_binary:
+            binary_outputs.add(requested.name)
+        request.outputs.append(requested)
     return request, binary_outputs
 
 
-def _json_data(data: object, datatype: str, field: str) -> bytes:
-    """A tensor's JSON `data` (nested or flat) as the protocol's raw bytes."""
-    if data is None:
-        raise InvalidInputError(f"{field}.data: required (or binary_data_size)")
-    if datatype == "BYTES":
-        items = data if isinstance(data, list) else [data]
-        flat = list(_flatten(items))
-        if not all(isinstance(item, str) for item in flat):
-            raise InvalidInputError(f"{field}.data: BYTES elements must be strings")
-        return b"".join(struct.pack("<I", len(b)) + b for b in (s.encode() for s in flat))
-    if datatype not in NUMPY:
-        return b""  # the translation refuses the datatype, naming the input
+def _input(tensor: dict, field: str) -> tuple[InputTensor, int | None]:
+    """An input's header and JSON data, and the size of its binary data if it has some."""
+    shape = tensor.get("shape")
+    if not isinstance(shape, list):
+        raise InvalidInputError(f"{field}.shape: a list of integers is required")
     try:
-        return np.asarray(list(_flatten(data)), dtype=NUMPY[datatype]).tobytes()
-    except (OverflowError, ValueError, TypeError) as exc:
-        raise InvalidInputError(f"{field}.data: not {datatype} numbers ({exc})") from None
+        element_count(shape, f"{field}.shape")
+    except WireError as exc:
+        raise InvalidInputError(str(exc)) from None
+    parameters = _parameters(tensor.get("parameters"), f"{field}.parameters")
+    size = parameters.pop(BINARY_DATA_SIZE, None)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise InvalidInputError(
+            f"{field}.parameters.{BINARY_DATA_SIZE}: a non-negative integer, got {size!r}"
+        )
+    result = InputTensor(
+        _string(tensor.get("name"), f"{field}.name"),
+        _string(tensor.get("datatype"), f"{field}.datatype"),
+        tuple(shape),
+        None,
+        parameters,
+    )
+    if "data" in tensor:
+        if size is not None:
+            raise InvalidInputError(f"{field}.data: not with {BINARY_DATA_SIZE} as well")
+        result.data = _json_data(tensor["data"], result, field)
+    return result, size
 
 
-def _flatten(data: object):
+def _flatten(data: object) -> Iterator[object]:
     if isinstance(data, list):
         for item in data:
             yield from _flatten(item)
@@ -323,26 +288,66 @@ def _flatten(data: object):
         yield data
 
 
-def _infer_response(response: oip.ModelInferResponse, binary_outputs: set[str]) -> Response:
+def _json_data(data: object, tensor: InputTensor, field: str) -> np.ndarray | list[bytes]:
+    """A tensor's JSON `data`, nested or flat, as its array; elements of the wrong JSON type
+    are refused, not converted."""
+    flat = list(_flatten(data))
+    count = element_count(tensor.shape, field)
+    if len(flat) != count:
+        raise InvalidInputError(
+            f"{field}.data: shape {list(tensor.shape)} holds {count:,} elements, got {len(flat):,}"
+        )
+    if tensor.datatype == BYTES:
+        if not all(isinstance(item, str) for item in flat):
+            raise InvalidInputError(f"{field}.data: BYTES elements must be strings")
+        return [item.encode() for item in flat]  # type: ignore[union-attr]
+    try:
+        dtype = numpy_dtype(tensor.datatype, f"{field}.datatype")
+    except WireError as exc:
+        raise InvalidInputError(str(exc)) from None
+    for x in flat:
+        if not _is_element(x, dtype.kind):
+            raise InvalidInputError(f"{field}.data: {x!r} is not a {tensor.datatype} element")
+    try:
+        return np.array(flat, dtype=dtype).reshape(tensor.shape)
+    except OverflowError:
+        raise InvalidInputError(f"{field}.data: an element is outside {tensor.datatype}") from None
+
+
+def _is_element(value: object, kind: str) -> bool:
+    """Whether a JSON value is an element of a numpy kind: JSON's true is not the integer 1."""
+    if kind == "b" or isinstance(value, bool):
+        return kind == "b" and isinstance(value, bool)
+    return isinstance(value, int) if kind in "iu" else isinstance(value, int | float)
+
+
+def _binary_data(data: bytes, tensor: InputTensor, field: str) -> np.ndarray | list[bytes]:
+    try:
+        if tensor.datatype == BYTES:
+            return unpack_bytes(data, f"{field} (binary data)")
+        return from_bytes(data, tensor.datatype, tensor.shape, f"{field} (binary data)")
+    except WireError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def _infer_response(answer: InferResponse, binary_outputs: set[str]) -> Response:
     outputs, chunks = [], []
-    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
-        item = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
-        if SHM_REGION in tensor.parameters:  # written into the client's region
-            item["parameters"] = {
-                key: getattr(value, value.WhichOneof("parameter_choice"))
-                for key, value in tensor.parameters.items()
-            }
+    for tensor in answer.outputs:
+        item: dict = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if tensor.data is None:  # written into the client's region
+            item["parameters"] = tensor.parameters
         elif tensor.name in binary_outputs or "*" in binary_outputs:
-            item["parameters"] = {"binary_data_size": len(raw)}
+            raw = tensor.data.tobytes()
+            item["parameters"] = {BINARY_DATA_SIZE: len(raw)}
             chunks.append(raw)
         else:
-            item["data"] = np.frombuffer(raw, dtype=NUMPY[tensor.datatype]).tolist()
+            item["data"] = tensor.data.ravel().tolist()
         outputs.append(item)
     body = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-        "id": response.id,
-        "parameters": {key: p.int64_param for key, p in response.parameters.items()},
+        "model_name": answer.model_name,
+        "model_version": answer.model_version,
+        "id": answer.id,
+        "parameters": answer.parameters,
         "outputs": outputs,
     }
     header = json.dumps(body).encode()

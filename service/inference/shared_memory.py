@@ -1,11 +1,12 @@
-"""System shared memory for outputs (the protocol's extension, as Triton defines it).
+"""System shared memory for inputs and outputs (the protocol's extension, as Triton defines it).
 
 A client on the same host creates a POSIX shared-memory object (/dev/shm/KEY), registers
-a region of it by name, and asks for an output to be written there instead of sent over
-the socket: the answer then carries only the tensor's shape. Registering checks that the
-object exists, belongs to this server's user and holds the region; a request's output is
-checked against its region's size. Unregistering only forgets the name: a request that
-is writing into the region keeps its mapping until it is done.
+a region of it by name, and places an input there, or asks for an output to be written
+there, instead of sending it over the socket: the request or answer then carries only the
+tensor's shape and where it is. Registering checks that the object exists, belongs to this
+server's user and holds the region; a tensor is checked against its region's size.
+Unregistering only forgets the name: a request that is using the region keeps its
+mapping until it is done.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.oip.wire import Parameter
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.inference.messages import SHM_OFFSET, SHM_REGION, SHM_SIZE
 
 SHM_ROOT = Path("/dev/shm")
 
@@ -31,25 +34,31 @@ class Region:
     byte_size: int
     memory: mmap.mmap  # the whole object, mapped read-write
 
-    def array(
-        self, offset: int, size: int, shape: tuple[int, ...], dtype: np.dtype, field: str
-    ) -> np.ndarray:
-        """A writable array of `shape` over the region's bytes [offset, offset + size)."""
-        needed = math.prod(shape) * dtype.itemsize
-        if needed > size:
+    def span(self, offset: int, size: int, field: str) -> tuple[int, int]:
+        """[start, end) in the mapped object of `size` bytes at `offset` into the region."""
+        if offset + size > self.byte_size:
             raise InvalidInputError(
-                f"{field}.shared_memory_byte_size: the output needs {needed:,} bytes, "
-                f"{size:,} were given"
-            )
-        if offset < 0 or offset + needed > self.byte_size:
-            raise InvalidInputError(
-                f"{field}: {needed:,} bytes at offset {offset:,} do not fit region "
+                f"{field}: {size:,} bytes at offset {offset:,} do not fit region "
                 f"{self.name!r} of {self.byte_size:,} bytes; register a larger region or ask "
                 "for less (fewer layers or heads, float16, causal_packed)"
             )
+        return self.offset + offset, self.offset + offset + size
+
+    def read(self, offset: int, size: int, field: str) -> memoryview:
+        """The region's bytes [offset, offset + size), without a copy."""
+        start, end = self.span(offset, size, field)
+        return memoryview(self.memory)[start:end]
+
+    def array(self, offset: int, size: int, shape: tuple[int, ...], dtype: np.dtype, field: str):
+        """A writable array of `shape` over the region's bytes [offset, offset + size)."""
         count = math.prod(shape)
-        view = np.frombuffer(self.memory, dtype, count, offset=self.offset + offset)
-        return view.reshape(shape)
+        needed = count * dtype.itemsize
+        if needed > size:
+            raise InvalidInputError(
+                f"{field}.{SHM_SIZE}: the output needs {needed:,} bytes, {size:,} were given"
+            )
+        start, _ = self.span(offset, needed, field)
+        return np.frombuffer(self.memory, dtype, count, offset=start).reshape(shape)
 
 
 class SharedMemoryRegistry:
@@ -105,3 +114,20 @@ class SharedMemoryRegistry:
         if name:
             return [self.get(name, "name")]
         return list(self._regions.values())
+
+    def locate(self, parameters: dict[str, Parameter], field: str) -> tuple[Region, int, int]:
+        """The region, offset and byte size a tensor's parameters name. Triton's extension:
+        "The shared_memory_offset parameter is optional and defaults to zero. The other two
+        parameters are required."; the region is a string, offset and size int64."""
+        field = f"{field}.parameters"
+        if SHM_REGION not in parameters or SHM_SIZE not in parameters:
+            missing = SHM_SIZE if SHM_REGION in parameters else SHM_REGION
+            raise InvalidInputError(f"{field}.{missing}: required with shared memory")
+        name = parameters[SHM_REGION]
+        if not isinstance(name, str):
+            raise InvalidInputError(f"{field}.{SHM_REGION}: a string, got {name!r}")
+        offset, size = parameters.get(SHM_OFFSET, 0), parameters[SHM_SIZE]
+        for key, value in ((SHM_OFFSET, offset), (SHM_SIZE, size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(f"{field}.{key}: a non-negative int64, got {value!r}")
+        return self.get(name, f"{field}.{SHM_REGION}"), offset, size

@@ -9,7 +9,7 @@ Inputs (one of):
   input_ids      INT64 [batch, seq]   right-padded rows; input_lengths gives each row's
   input_lengths  INT64 [batch]        length (without it every row is seq tokens long)
   text           BYTES [batch]        UTF-8, tokenized by the model's tokenizer
-Outputs (by name; none asked for means embeddings):
+Outputs (by name; none asked for means all of them, attention_indices only with top_k):
   embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
   pooled            FP32 [batch, d_model]        parameter pooling: last (default) | mean
   token_ids         INT64 [batch, seq]           what the model saw (pad_id past a length)
@@ -23,21 +23,22 @@ Attention options are request parameters named as in attnserve.v1's AttentionReq
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.oip.wire import BYTES, Parameter
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan
+from attnserve.service.core.response import pooled
+from attnserve.service.inference.messages import InferRequest, InputTensor
 from attnserve.v1 import encoder_service_pb2 as pb
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
     "input_lengths": ("INT64", 1),
-    "text": ("BYTES", 1),
+    "text": (BYTES, 1),
 }
 OUTPUT_DATATYPES = {
     "embeddings": "FP32",
@@ -49,8 +50,6 @@ OUTPUT_DATATYPES = {
     "head_entropy": "FP32",
 }
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
-NUMPY = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4")}
-NUMPY["FP16"] = np.dtype("<f2")
 # Parameters that clients of the protocol send on their own (Triton reserves the prefix
 # "triton_"; perf_analyzer sends triton_enable_empty_final_response); they change nothing.
 IGNORED_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start"})
@@ -59,22 +58,22 @@ IGNORED_PREFIX = "triton_"
 
 
 @dataclass(frozen=True)
-class Parameter:
-    kind: type  # bool, int, str, or list (comma-separated ints)
+class ParameterSpec:
+    kind: type  # bool, int, str, or list (comma-separated ints, or one int)
     help: str
 
 
 PARAMETERS = {
-    "pooling": Parameter(str, "none | mean | last (the pooled output; default last)"),
-    "truncate": Parameter(bool, "cut text or ids longer than max_seq_len instead of refusing"),
-    "attention_layers": Parameter(list, "layers, comma-separated (default all)"),
-    "attention_heads": Parameter(list, "heads, comma-separated (default all)"),
-    "attention_rows": Parameter(list, "query positions, comma-separated; -1 is the last"),
-    "attention_dtype": Parameter(str, "FP32 (default) | FP16"),
-    "attention_layout": Parameter(str, "full (default) | causal_packed"),
-    "head_reduction": Parameter(str, "none | mean | max"),
-    "rollout": Parameter(bool, "attention rollout over the selected layers"),
-    "top_k": Parameter(int, "keep the k largest weights per row"),
+    "pooling": ParameterSpec(str, "none | mean | last (the pooled output; default last)"),
+    "truncate": ParameterSpec(bool, "cut text or ids longer than max_seq_len instead of refusing"),
+    "attention_layers": ParameterSpec(list, "layers, comma-separated (default all)"),
+    "attention_heads": ParameterSpec(list, "heads, comma-separated (default all)"),
+    "attention_rows": ParameterSpec(list, "query positions, comma-separated; -1 is the last"),
+    "attention_dtype": ParameterSpec(str, "FP32 (default) | FP16"),
+    "attention_layout": ParameterSpec(str, "full (default) | causal_packed"),
+    "head_reduction": ParameterSpec(str, "none | mean | max"),
+    "rollout": ParameterSpec(bool, "attention rollout over the selected layers"),
+    "top_k": ParameterSpec(int, "keep the k largest weights per row"),
 }
 _POOLING = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 _REDUCTION = {
@@ -94,12 +93,37 @@ class InferPlan:
     outputs: list[str]
 
 
-def to_encode_request(request: oip.ModelInferRequest) -> InferPlan:
-    """Validate a ModelInfer request's tensors and translate it (the ids themselves are checked
-    by the data plane's plan, as Encode's are); InvalidInputError names the field."""
+def check_input(index: int, tensor: InputTensor) -> None:
+    """An input's name, datatype and shape against the model's; the data is read after."""
+    field = f"inputs[{index}]"
+    if tensor.name not in INPUTS:
+        raise InvalidInputError(
+            f"{field}.name: unknown input {tensor.name!r}; this model takes "
+            + ", ".join(f"{n} ({d})" for n, (d, _) in INPUTS.items())
+        )
+    datatype, rank = INPUTS[tensor.name]
+    if tensor.datatype != datatype:
+        raise InvalidInputError(
+            f"{field}.datatype: {tensor.name} must be {datatype}, got {tensor.datatype!r}"
+        )
+    shape = tensor.shape
+    if len(shape) != rank or any(d < 1 for d in shape):
+        raise InvalidInputError(
+            f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
+            f"({'[batch, seq]' if rank == 2 else '[batch]'}), got {list(shape)}"
+        )
+    if datatype == BYTES and tensor.data is not None and len(tensor.data) != shape[0]:
+        raise InvalidInputError(
+            f"{field}: shape {list(shape)} holds {shape[0]} strings, got {len(tensor.data)}"
+        )
+
+
+def to_encode_request(request: InferRequest) -> InferPlan:
+    """Translate a request whose inputs hold their data (the ids themselves are checked by
+    the data plane's plan, as Encode's are); InvalidInputError names the field."""
     inputs = _read_inputs(request)
     params = _read_parameters(request.parameters)
-    outputs = _requested_outputs(request)
+    outputs = _requested_outputs(request, params)
 
     encode = pb.EncodeRequest(request_id=request.id)
     if "text" in inputs:
@@ -141,75 +165,14 @@ def to_encode_request(request: oip.ModelInferRequest) -> InferPlan:
     return InferPlan(encode, outputs)
 
 
-def _read_inputs(request: oip.ModelInferRequest) -> dict[str, object]:
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInputError(
-            f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} inputs"
-        )
-    values: dict[str, object] = {}
+def _read_inputs(request: InferRequest) -> dict:
+    values: dict = {}
     for i, tensor in enumerate(request.inputs):
-        field = f"inputs[{i}]"
-        if tensor.name not in INPUTS:
-            raise InvalidInputError(
-                f"{field}.name: unknown input {tensor.name!r}; this model takes "
-                + ", ".join(f"{n} ({d})" for n, (d, _) in INPUTS.items())
-            )
+        check_input(i, tensor)
         if tensor.name in values:
-            raise InvalidInputError(f"{field}.name: {tensor.name} given twice")
-        datatype, rank = INPUTS[tensor.name]
-        if tensor.datatype != datatype:
-            raise InvalidInputError(
-                f"{field}.datatype: {tensor.name} must be {datatype}, got {tensor.datatype!r}"
-            )
-        shape = tuple(tensor.shape)
-        if len(shape) != rank or any(d < 0 for d in shape) or (shape and shape[0] < 1):
-            raise InvalidInputError(
-                f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
-                f"({'[batch, seq]' if rank == 2 else '[batch]'}), got {list(shape)}"
-            )
-        if datatype == "BYTES":
-            items = _bytes_elements(raw[i]) if raw else list(tensor.contents.bytes_contents)
-            if len(items) != shape[0]:
-                raise InvalidInputError(
-                    f"{field}: shape {list(shape)} holds {shape[0]} strings, got {len(items)}"
-                )
-            values[tensor.name] = items
-            continue
-        if raw:
-            data = raw[i]
-            expected = int(np.prod(shape)) * 8
-            if len(data) != expected:
-                raise InvalidInputError(
-                    f"raw_input_contents[{i}]: {tensor.name} of shape {list(shape)} needs "
-                    f"{expected} bytes, got {len(data)}"
-                )
-            array = np.frombuffer(data, dtype=NUMPY["INT64"]).reshape(shape)
-        else:
-            contents = tensor.contents.int64_contents
-            if len(contents) != int(np.prod(shape)):
-                raise InvalidInputError(
-                    f"{field}.contents: {tensor.name} of shape {list(shape)} needs "
-                    f"{int(np.prod(shape))} int64_contents, got {len(contents)}"
-                )
-            array = np.array(contents, dtype=np.int64).reshape(shape)
-        values[tensor.name] = array
+            raise InvalidInputError(f"inputs[{i}].name: {tensor.name} given twice")
+        values[tensor.name] = tensor.data
     return values
-
-
-def _bytes_elements(data: bytes) -> list[bytes]:
-    """The protocol's BYTES layout: each element a 4-byte little-endian length, then it."""
-    items, offset = [], 0
-    while offset < len(data):
-        if offset + 4 > len(data):
-            raise InvalidInputError("raw_input_contents: text ends inside an element's length")
-        (size,) = struct.unpack_from("<I", data, offset)
-        offset += 4
-        if offset + size > len(data):
-            raise InvalidInputError("raw_input_contents: text element longer than its bytes")
-        items.append(data[offset : offset + size])
-        offset += size
-    return items
 
 
 def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
@@ -228,7 +191,7 @@ def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
     return [row[:n] for row, n in zip(ids, lengths, strict=True)]
 
 
-def _read_parameters(parameters) -> dict[str, object]:
+def _read_parameters(parameters: dict[str, Parameter]) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, value in parameters.items():
         if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):
@@ -242,25 +205,27 @@ def _read_parameters(parameters) -> dict[str, object]:
     return out
 
 
-def _parameter_value(name: str, value: oip.InferParameter, kind: type) -> object:
-    which = value.WhichOneof("parameter_choice")
-    given = getattr(value, which) if which else None
-    if kind is bool and which == "bool_param":
-        return given
-    if kind is int and which in ("int64_param", "uint64_param"):
-        return int(given)
-    if kind is str and which == "string_param":
-        return given
+def _parameter_value(name: str, value: Parameter, kind: type) -> object:
+    """`value` if it is of the parameter's type; never coerced (a bool is not an integer)."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind is int and is_int:
+        return value
+    if kind is str and isinstance(value, str):
+        return value
     if kind is list:
-        if which in ("int64_param", "uint64_param"):
-            return [int(given)]
-        if which == "string_param":
+        if is_int:
+            return [value]
+        if isinstance(value, str):
             try:
-                return [int(part) for part in given.split(",") if part.strip()]
+                return [int(part) for part in value.split(",") if part.strip()]
             except ValueError:
                 pass
     expected = {bool: "a bool", int: "an integer", str: "a string", list: "comma-separated ints"}
-    raise InvalidInputError(f"parameters: {name} must be {expected[kind]}, got {given!r}")
+    raise InvalidInputError(
+        f"parameters.{name}: must be {expected[kind]}, got {type(value).__name__} {value!r}"
+    )
 
 
 def _choice(name: str, value: str, choices: dict[str, int]) -> int:
@@ -270,8 +235,13 @@ def _choice(name: str, value: str, choices: dict[str, int]) -> int:
     return choices[key]
 
 
-def _requested_outputs(request: oip.ModelInferRequest) -> list[str]:
-    names = [o.name for o in request.outputs] or ["embeddings"]
+def _requested_outputs(request: InferRequest, params: dict[str, object]) -> list[str]:
+    """The outputs asked for, or, as the protocol says of "outputs": "Optional, if not
+    specified all outputs produced by the model will be returned" (attention_indices is
+    produced only with top_k)."""
+    if not request.outputs:
+        return [n for n in OUTPUT_DATATYPES if n != "attention_indices" or "top_k" in params]
+    names = [o.name for o in request.outputs]
     for i, name in enumerate(names):
         if name not in OUTPUT_DATATYPES:
             raise InvalidInputError(
@@ -307,8 +277,7 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
     if name == "embeddings":
         return [r.embeddings for r in results]
     if name == "pooled":
-        pool = (lambda e: e.mean(axis=0)) if plan.pooling == pb.POOLING_MEAN else (lambda e: e[-1])
-        return [pool(r.embeddings) for r in results]
+        return [pooled(r.embeddings, plan.pooling) for r in results]
     if name == "token_ids":
         return [np.asarray(ids, dtype=np.int64) for ids in plan.sequences]
     if name == "lengths":
@@ -329,9 +298,3 @@ def stack_into(out: np.ndarray, rows: list[np.ndarray], name: str) -> None:
         if row.shape != out.shape[1:]:
             out[i].fill(-1 if name == "attention_indices" else 0)
         out[(i, *(slice(0, n) for n in row.shape))] = row
-
-
-def datatype_of(array: np.ndarray) -> str:
-    return {np.dtype("<f4"): "FP32", np.dtype("<f2"): "FP16"}.get(
-        array.dtype, {np.dtype("<i8"): "INT64", np.dtype("<i4"): "INT32"}.get(array.dtype, "")
-    )

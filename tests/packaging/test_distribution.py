@@ -136,10 +136,10 @@ def test_imports_resolve_without_an_import_hook():
         "import sys\n"
         "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
         "import attnserve.service.core.batcher, attnserve.client.inference, attnserve.v1.wire\n"
-        "print(attnserve.service.batcher.__file__)\n"
+        "print(attnserve.service.core.batcher.__file__)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service" / "batcher.py")
+    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service" / "core" / "batcher.py")

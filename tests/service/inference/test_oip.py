@@ -20,7 +20,9 @@ from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan
+from attnserve.service.grpc.inference import infer_request
 from attnserve.service.inference.tensors import (
+    OUTPUT_DATATYPES,
     output_rows,
     stack_into,
     stacked_shape,
@@ -251,16 +253,18 @@ def test_ragged_rows_become_one_input_each():
     request = _request(
         input_ids=("INT64", [[1, 2, 3], [4, 5, 256]]), input_lengths=("INT64", [3, 2])
     )
-    plan = to_encode_request(request)
+    plan = to_encode_request(infer_request(request))
     assert [list(i.token_ids.ids) for i in plan.encode.inputs] == [[1, 2, 3], [4, 5]]
-    assert plan.outputs == ["embeddings"] and plan.encode.request_id == "r1"
+    assert plan.encode.request_id == "r1"
+    # "Optional, if not specified all outputs produced by the model will be returned"
+    assert plan.outputs == [n for n in OUTPUT_DATATYPES if n != "attention_indices"]
 
 
 def test_text_elements_use_the_protocols_length_prefixed_bytes():
     request = oip.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="text", datatype="BYTES", shape=[2])
     request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x03\x00\x00\x00you")
-    plan = to_encode_request(request)
+    plan = to_encode_request(infer_request(request))
     assert [i.text for i in plan.encode.inputs] == ["hi", "you"]
 
 
@@ -273,7 +277,7 @@ def test_input_lengths_are_checked_against_the_rows(lengths, message):
         input_ids=("INT64", [[1, 2, 3], [4, 5, 6]]), input_lengths=("INT64", lengths)
     )
     with pytest.raises(InvalidInputError, match=message.replace("[", r"\[")):
-        to_encode_request(request)
+        to_encode_request(infer_request(request))
 
 
 def test_outputs_are_stacked_with_ragged_rows_zero_padded():

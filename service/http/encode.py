@@ -1,0 +1,88 @@
+"""attnserve.v1 in JSON: POST /v1/encode and GET /v1/model-info, protobuf's JSON mapping of
+the gRPC API's messages (the same data plane answers both)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Body, Depends, Request
+from google.protobuf import json_format
+
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.http.errors import ErrorRoute
+from attnserve.service.http.state import authorized, deadline, state
+from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import from_tensor
+
+router = APIRouter(
+    prefix="/v1", tags=["attnserve"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
+)
+# EncodeResult's tensors: their name in protobuf's JSON mapping -> the field.
+TENSOR_FIELDS = {
+    "embeddings": "embeddings",
+    "pooled": "pooled",
+    "attention": "attention",
+    "attentionIndices": "attention_indices",
+    "headEntropy": "head_entropy",
+}
+DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16", pb.DTYPE_INT32: "int32"}
+EXAMPLE = {
+    "inputs": [{"text": "The cat sat."}],
+    "options": {"pooling": "POOLING_MEAN", "attention": {"layers": [0]}},
+    "tensor_format": "list",
+}
+
+
+@router.get("/model-info")
+async def model_info(request: Request) -> dict:
+    """`GetModelInfo` in JSON (protobuf's JSON mapping of GetModelInfoResponse): sizes,
+    limits, and `kvHeads`, the key/value head each query head reads."""
+    return json_format.MessageToDict(state(request).dataplane.model_info())
+
+
+@router.post("/encode")
+async def encode(
+    request: Request,
+    body: dict[str, Any] = Body(examples=[EXAMPLE]),  # noqa: B008  (FastAPI's JSON body)
+) -> dict:
+    """`Encode` in JSON: the body is protobuf's JSON mapping of attnserve.v1.EncodeRequest,
+    the answer that of EncodeResponse. `"tensor_format": "list"` turns each tensor into
+    `{"shape", "dtype", "values"}` (nested numbers); the default `"base64"` keeps the
+    raw little-endian bytes of the gRPC API."""
+    dataplane = state(request).dataplane
+    with dataplane.observed("POST /v1/encode"):
+        encode_request, as_lists = _encode_request(body)
+        response = await dataplane.encode(encode_request, deadline(request))
+        return _encode_response(response, as_lists)
+
+
+def _encode_request(body: dict[str, Any]) -> tuple[pb.EncodeRequest, bool]:
+    body = dict(body)
+    tensor_format = body.pop("tensor_format", body.pop("tensorFormat", "base64"))
+    if tensor_format not in ("base64", "list"):
+        raise InvalidInputError(f"tensor_format: {tensor_format!r} is not 'base64' or 'list'")
+    try:
+        request = json_format.ParseDict(body, pb.EncodeRequest())
+    except json_format.ParseError as exc:
+        raise InvalidInputError(f"not an attnserve.v1.EncodeRequest: {exc}") from None
+    return request, tensor_format == "list"
+
+
+def _encode_response(response: pb.EncodeResponse, as_lists: bool) -> dict:
+    body = json_format.MessageToDict(response)
+    if as_lists:
+        for result, message in zip(body.get("results", []), response.results, strict=True):
+            for json_name, field in TENSOR_FIELDS.items():
+                if json_name in result:
+                    result[json_name] = _tensor_as_list(getattr(message, field))
+    return body
+
+
+def _tensor_as_list(tensor: pb.Tensor) -> dict:
+    array = from_tensor(tensor)
+    return {
+        "shape": list(array.shape),
+        "dtype": DTYPE_NAMES.get(tensor.dtype, str(array.dtype)),
+        "values": array.astype(np.float64 if array.dtype.kind == "f" else array.dtype).tolist(),
+    }

@@ -1,0 +1,100 @@
+"""OpenAI's embeddings API: GET /v1/models and POST /v1/embeddings, as its SDK calls them."""
+
+from __future__ import annotations
+
+import base64
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from attnserve.service.core.errors import InvalidInputError, ModelNotFoundError
+from attnserve.service.core.response import pooled
+from attnserve.service.http.errors import ErrorRoute
+from attnserve.service.http.state import authorized, deadline, state
+from attnserve.v1 import encoder_service_pb2 as pb
+
+router = APIRouter(
+    prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
+)
+POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request, as its official SDK sends it."""
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text, a list of texts, a token array or a list of token arrays"
+    )
+    model: str | None = Field(None, description="the served model's name (GET /v1/models)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, description="if given, must equal the model's d_model")
+    user: str | None = None
+
+
+@router.get("/models")
+async def models(request: Request) -> dict:
+    """The one served model, as OpenAI's model list."""
+    s = state(request)
+    model = {
+        "id": s.dataplane.backend.config.name,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "attnserve",
+    }
+    return {"object": "list", "data": [model]}
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
+    """One vector per input: the `--embeddings-pooling` of its token embeddings (default
+    `last`: in a causal model only the last token has seen the whole input)."""
+    s = state(request)
+    dataplane, config = s.dataplane, s.dataplane.backend.config
+    with dataplane.observed("POST /v1/embeddings"):
+        if body.model is not None and body.model != config.name:
+            raise ModelNotFoundError(
+                f"model: no model {body.model!r}; this server serves {config.name!r}"
+            )
+        encode = _encode_request(body, config.d_model, s.settings.embeddings_pooling)
+        data = []
+        async with dataplane.results(encode, deadline(request)) as (plan, results):
+            for index, result in enumerate(results):
+                vector = pooled(result.embeddings, plan.pooling)
+                embedding = (
+                    base64.b64encode(vector.astype("<f4").tobytes()).decode()
+                    if body.encoding_format == "base64"
+                    else vector.tolist()
+                )
+                data.append({"object": "embedding", "index": index, "embedding": embedding})
+            tokens = sum(len(ids) for ids in plan.sequences)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": config.name, "usage": usage}
+
+
+def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.EncodeRequest:
+    if body.dimensions is not None and body.dimensions != d_model:
+        raise InvalidInputError(
+            f"dimensions: this model's embeddings have {d_model} dimensions, "
+            f"{body.dimensions} were asked for"
+        )
+    items = body.input
+    if isinstance(items, str) or (items and isinstance(items[0], int)):
+        items = [items]
+    if not items:
+        raise InvalidInputError("input: at least one input is required")
+    request = pb.EncodeRequest()
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            request.inputs.add(text=item)
+            continue
+        token = next((t for t in item if not INT64_MIN <= t <= INT64_MAX), None)
+        if token is not None:
+            raise InvalidInputError(
+                f"input[{i}]: token id {token} is out of range (token ids are int64)"
+            )
+        request.inputs.add(token_ids=pb.TokenIds(ids=item))
+    request.options.pooling = POOLINGS[pooling]
+    request.options.skip_token_embeddings = True
+    return request

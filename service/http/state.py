@@ -1,0 +1,56 @@
+"""What the HTTP routes read from the app: the data plane, the settings, the V2 model.
+
+The routes are module-level (one router per API); create_app puts these on `app.state`
+and the routes take them from the request, so no route is a closure over the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from attnserve.service.core.auth import check_bearer
+from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.inference.model import V2Model
+from attnserve.service.settings import Settings
+
+
+@dataclass(frozen=True)
+class AppState:
+    dataplane: DataPlane
+    settings: Settings
+    v2: V2Model
+    started: int  # the Unix time the app was made (OpenAI's model "created")
+
+
+def state(request: Request) -> AppState:
+    return request.app.state.attnserve
+
+
+def deadline(request: Request) -> float:
+    """Seconds this call may take: the server's --http-timeout-s, or less if the client's
+    Request-Timeout header says so (gRPC clients send their deadline the same way)."""
+    limit = state(request).settings.http_timeout_s
+    given = request.headers.get("request-timeout")
+    if given is None:
+        return limit
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise InvalidInputError(f"Request-Timeout: {given!r} is not a positive number of seconds")
+    return min(seconds, limit)
+
+
+def authorized(request: Request) -> None:
+    """The routes' dependency: with --auth-token set, the Authorization header must match."""
+    token = state(request).settings.auth_token
+    if token:
+        check_bearer(
+            request.headers.get("authorization", ""),
+            token,
+            "'Authorization: Bearer <token>' header",
+        )

@@ -1,0 +1,70 @@
+"""A V2 inference request and response as Python values: what both transports translate to
+and from (protobuf on gRPC, JSON and binary on HTTP), so nothing in between is protobuf.
+
+Numeric tensors are numpy arrays, BYTES tensors lists of bytes; a tensor in a client's
+shared-memory region has no data (its parameters say where it is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnserve.oip.wire import Parameter
+
+SHM_REGION = "shared_memory_region"
+SHM_OFFSET = "shared_memory_offset"
+SHM_SIZE = "shared_memory_byte_size"
+SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_SIZE)
+
+
+@dataclass
+class InputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | list[bytes] | None  # None: in shared memory
+    parameters: dict[str, Parameter] = field(default_factory=dict)
+
+    @property
+    def in_shared_memory(self) -> bool:
+        return SHM_REGION in self.parameters or SHM_SIZE in self.parameters
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Parameter] = field(default_factory=dict)
+
+    @property
+    def in_shared_memory(self) -> bool:
+        return SHM_REGION in self.parameters or SHM_SIZE in self.parameters
+
+
+@dataclass
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    parameters: dict[str, Parameter] = field(default_factory=dict)
+    inputs: list[InputTensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | None  # None: written into the client's shared-memory region
+    parameters: dict[str, Parameter] = field(default_factory=dict)
+
+
+@dataclass
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    parameters: dict[str, Parameter]
+    outputs: list[OutputTensor]
