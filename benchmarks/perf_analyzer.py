@@ -82,21 +82,32 @@ def measure(
     concurrency: tuple[int, ...],
     work: Path,
     interval_ms: int = 4000,
+    shared_memory: str = "none",
 ) -> list[dict]:
-    """One perf_analyzer run over `concurrency`: a row per level, latencies in ms."""
+    """One perf_analyzer run over `concurrency`: a row per level, latencies in ms.
+    shared_memory "system": inputs and outputs go through POSIX shared memory."""
     ids = np.random.default_rng(seq_len).integers(0, 256, size=seq_len).tolist()
     data, report = work / f"ids{seq_len}.json", work / f"perf{seq_len}.csv"
-    data.write_text(json.dumps({"data": [{"input_ids": {"content": ids, "shape": [1, seq_len]}}]}))
+    # Every input the model lists: perf_analyzer's shared-memory mode sends all of them (an
+    # empty text beside input_ids means no text).
+    inputs = {
+        "input_ids": {"content": ids, "shape": [1, seq_len]},
+        "input_lengths": {"content": [seq_len], "shape": [1]},
+        "text": {"content": [""], "shape": [1]},
+    }
+    data.write_text(json.dumps({"data": [inputs]}))
     levels = f"{min(concurrency)}:{max(concurrency)}:{max(1, max(concurrency) - min(concurrency))}"
     command = [str(binary), "-m", model, "-u", address, "-i", "grpc", "--input-data", str(data)]
     command += ["--request-parameter", "top_k:1:int"]  # it asks for attention_indices too
     command += ["--concurrency-range", levels, "--measurement-interval", str(interval_ms)]
     command += ["--stability-percentage", "50", "--max-trials", "6", "-f", str(report)]
+    command += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(1 << 20)]
     subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     with report.open() as f:  # its rows come ordered by throughput
         rows = [
             {
                 "seq_len": seq_len,
+                "shared_memory": shared_memory,
                 "concurrency": int(row["Concurrency"]),
                 "infer_per_s": float(row["Inferences/Second"]),
                 "p50_ms": int(row["p50 latency"]) / 1e3,

@@ -200,8 +200,9 @@ def _parameters(value: object, field: str) -> dict[str, Parameter]:
     return parameters
 
 
-def _flag(parameters: dict[str, Parameter], key: str, field: str) -> bool:
-    value = parameters.pop(key, False)
+def _flag(parameters: dict[str, Parameter], key: str, field: str, default: bool = False) -> bool:
+    """Take a bool parameter of the binary data extension out of `parameters`."""
+    value = parameters.pop(key, default)
     if not isinstance(value, bool):
         raise InvalidInputError(f"{field}.{key}: must be a bool, got {value!r}")
     return value
@@ -245,7 +246,8 @@ def _infer_request(
         output = _object(item, f"outputs[{i}]")
         parameters = _parameters(output.get("parameters"), f"outputs[{i}].parameters")
         requested = RequestedOutput(_string(output.get("name"), f"outputs[{i}].name"), parameters)
-        if _flag(parameters, BINARY_DATA, f"outputs[{i}].parameters") or all_binary:
+        # "If "binary_data" is specified on an output it overrides this setting."
+        if _flag(parameters, BINARY_DATA, f"outputs[{i}].parameters", all_binary):
             binary_outputs.add(requested.name)
         request.outputs.append(requested)
     return request, binary_outputs

@@ -113,8 +113,12 @@ class V2Model:
 
     def config(self, name: str, version: str = "") -> dict:
         self.check(name, version)
+        # No input is marked optional, though text and input_ids are alternatives and
+        # input_lengths has a default: perf_analyzer's shared-memory mode refuses a model
+        # with optional inputs, and sends every input instead (tensors.py reads an all-empty
+        # text beside input_ids as no text).
         inputs = [
-            {"name": n, "data_type": CONFIG_TYPES[d], "dims": s, "optional": n != "input_ids"}
+            {"name": n, "data_type": CONFIG_TYPES[d], "dims": s}
             for n, (d, s) in self._inputs().items()
         ]
         outputs = [

@@ -31,3 +31,18 @@ def test_perf_analyzer_loads_the_v2_endpoint(server, client, tmp_path):
     success_after, fail_after = _counts(client)
     assert success_after - success >= sum(r["infer_per_s"] * 0.5 for r in rows)
     assert fail_after == fail
+
+
+def test_perf_analyzer_runs_through_system_shared_memory(server, client, tmp_path):
+    """`--shared-memory system`: perf_analyzer places every input and output in POSIX
+    shared memory regions it registers; the server reads and writes them, refusing none."""
+    binary, env = install(Path.cwd() / TOOLS)
+    success, fail = _counts(client)
+    rows = measure(
+        binary, env, server.address, SMALL_CONFIG.name, 8, (1,), tmp_path, 500, "system"
+    )
+    assert [(r["concurrency"], r["shared_memory"]) for r in rows] == [(1, "system")]
+    assert rows[0]["infer_per_s"] > 0
+    success_after, fail_after = _counts(client)
+    assert success_after - success >= rows[0]["infer_per_s"] * 0.5
+    assert fail_after == fail
