@@ -38,9 +38,7 @@ def test_perf_analyzer_runs_through_system_shared_memory(server, client, tmp_pat
     shared memory regions it registers; the server reads and writes them, refusing none."""
     binary, env = install(Path.cwd() / TOOLS)
     success, fail = _counts(client)
-    rows = measure(
-        binary, env, server.address, SMALL_CONFIG.name, 8, (1,), tmp_path, 500, "system"
-    )
+    rows = measure(binary, env, server.address, SMALL_CONFIG.name, 8, (1,), tmp_path, 500, "system")
     assert [(r["concurrency"], r["shared_memory"]) for r in rows] == [(1, "system")]
     assert rows[0]["infer_per_s"] > 0
     success_after, fail_after = _counts(client)
