@@ -45,6 +45,7 @@ proto: $(VENV)/.installed
 lint: $(VENV)/.installed $(BUF)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	cd protos && ../$(BUF) lint
 
 # A container engine for tests/deploy: podman where no Docker engine exists (skips without root).

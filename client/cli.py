@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -185,11 +186,13 @@ def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
     if args.entropy:
         out = client.encode(args.text, rows=args.rows, head_entropy=True, omit_weights=True)
         e = out[0]
+        assert e.head_entropy is not None  # asked for
         path = render_entropy_grid(
             e.head_entropy, e.layers, e.heads, args.out, title=f"{name}: head entropy (nats)"
         )
         print(f"wrote {path} ({len(e.layers)} layers x {len(e.heads)} heads)")
         return 0
+    what: dict[str, Any]
     if args.rollout:
         what = {"rollout": True}
         title = f"rollout over all layers, heads {args.head_reduction.replace('none', 'mean')}"
@@ -203,6 +206,7 @@ def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
         what["head_reduction"] = args.head_reduction
     out = client.encode(args.text, rows=args.rows, return_tokens=True, **what)
     encoding = out[0]
+    assert encoding.attention is not None  # asked for
     tokens = encoding.tokens  # the server's tokenizer says what each token is
     path = render_heatmap(
         encoding.attention[0, 0],

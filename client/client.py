@@ -52,7 +52,7 @@ class ClientOptions:
         return flavour.insecure_channel(target, options=self.channel_args())
 
     def channel_args(self) -> list[tuple[str, object]]:
-        args = [
+        args: list[tuple[str, object]] = [
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
         ]

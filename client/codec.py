@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import from_tensor, unpack_causal
 
 Input = str | Sequence[int] | np.ndarray  # text, or token ids
+Choice = TypeVar("Choice")  # an enum value of the .proto
 
 POOLINGS = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16}
@@ -73,7 +75,7 @@ class EncodeOutput:
         return iter(self.encodings)
 
 
-def _choice(name: str, value: str, choices: dict[str, int]) -> int:
+def _choice(name: str, value: str, choices: Mapping[str, Choice]) -> Choice:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
     return choices[value]
@@ -106,16 +108,15 @@ def build_request(
     `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, and
     `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
     """
-    if isinstance(inputs, str) or (
-        isinstance(inputs, np.ndarray | Sequence) and len(inputs) and _is_id(inputs[0])
-    ):
-        inputs = [inputs]
+    single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
+    items = [inputs] if single else list(cast(Sequence[Input], inputs))
     request = pb.EncodeRequest(request_id=request_id)
-    for item in inputs:
+    for item in items:
         if isinstance(item, str):
             request.inputs.add(text=item)
         else:
-            request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in item]))
+            ids = cast(Sequence[int], item)
+            request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in ids]))
     options = request.options
     options.pooling = _choice("pooling", pooling, POOLINGS)
     options.skip_token_embeddings = not token_embeddings

@@ -117,18 +117,19 @@ class InferenceClient:
                 value = ",".join(str(int(v)) for v in value)
             write_parameter(request.parameters[name], value, f"parameters.{name}")
         offsets = self._place(outputs, batch, seq)
+        region = self._region
         for name in outputs:
             tensor = request.outputs.add(name=name)
-            if offsets:
+            if offsets and region:
                 params = tensor.parameters
-                params["shared_memory_region"].string_param = self._region.name
+                params["shared_memory_region"].string_param = region.name
                 params["shared_memory_offset"].int64_param = offsets[name][0]
                 params["shared_memory_byte_size"].int64_param = offsets[name][1]
         response = self._call(self._stub.ModelInfer, request, timeout)
         result = {}
         for i, out in enumerate(response.outputs):
-            if offsets:
-                result[out.name] = self._region.read(offsets[out.name][0], out.shape, out.datatype)
+            if offsets and region:
+                result[out.name] = region.read(offsets[out.name][0], out.shape, out.datatype)
             else:
                 raw = response.raw_output_contents[i]
                 result[out.name] = from_bytes(raw, out.datatype, out.shape, out.name)

@@ -88,12 +88,12 @@ class HFConfig:
     def rope_type(self) -> tuple[str, str]:
         """(the field that names it, the rope type): "default" is the only one implemented."""
         if self.rope.get("rope_type") not in (None, "default"):
-            return "rope_parameters.rope_type", self.rope["rope_type"]
+            return "rope_parameters.rope_type", str(self.rope["rope_type"])
         scaling = self.data.get("rope_scaling")
         if isinstance(scaling, dict):
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind != "default":
-                return "rope_scaling", kind
+                return "rope_scaling", str(kind)
         return "rope_parameters.rope_type", "default"
 
 
@@ -250,7 +250,7 @@ def _linear(out: dict[str, torch.Tensor], take: Take, ours: str, *theirs: str) -
         if any(b is None for b in biases):
             missing = [f"{t}.bias" for t, b in zip(theirs, biases, strict=True) if b is None]
             raise HFImportError(f"missing tensor {missing[0]}")
-        out[f"{ours}.bias"] = torch.cat(biases)
+        out[f"{ours}.bias"] = torch.cat([b for b in biases if b is not None])
 
 
 def llama_weights(take: Take, config: ModelConfig, fused: bool = False) -> dict[str, torch.Tensor]:

@@ -101,7 +101,7 @@ def special_ids(directory: Path, data: dict[str, Any]) -> dict[str, int]:
     tokenizer_config = _json(directory / "tokenizer_config.json")
     ids: dict[str, int] = {}
     for kind in ("bos", "eos", "pad"):
-        found = [
+        found: list[int | None] = [
             i for source in sources if (i := _as_id(source.get(f"{kind}_token_id"))) is not None
         ]
         if not found:

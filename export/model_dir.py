@@ -82,7 +82,7 @@ def write_model_dir(
     try:
         for filename, graph in GRAPHS.items():
             start = time.perf_counter()
-            if graph.source is None:
+            if graph.source is None or graph.derive is None:
                 log(
                     f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)..."
                 )

@@ -68,6 +68,7 @@ def export_onnx(model: Encoder, path: str | Path, with_attentions: bool = True) 
             optimize=True,
             verbose=False,
         )
+    assert program is not None  # torch returns None only for the legacy exporter
     proto = program.model_proto
     if not with_attentions:  # the traced full graph has no Attention op to fold into
         proto = fold_head_transposes(proto, config.n_heads, config.kv_heads)

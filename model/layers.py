@@ -6,6 +6,8 @@ with the default config each is GPT-2's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,7 +15,7 @@ from torch import nn
 from attnserve.model.attention import causal_mask, scaled_dot_product_attention
 from attnserve.model.config import ModelConfig
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(approximate="none"),
     # GPT-2 (and Gemma) were trained with the tanh approximation; match it exactly.
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
@@ -51,6 +53,9 @@ class Rotary(nn.Module):
     them (float32 inverse frequencies, position times frequency), so the exported graph
     only slices them; they are rebuilt from the config, never stored in a checkpoint.
     """
+
+    cos: torch.Tensor  # buffers, (max_seq_len, dims)
+    sin: torch.Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

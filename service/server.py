@@ -17,6 +17,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -63,7 +64,7 @@ class RunningServer:
     metrics_port: int | None
     http: HttpServer | None
     ready_file: Path | None
-    _metrics_http: object | None
+    _metrics_http: WSGIServer | None
 
     @property
     def http_port(self) -> int | None:
@@ -164,7 +165,7 @@ async def start_server(
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     address = f"{settings.host}:{settings.port}"
-    if settings.tls_cert:
+    if settings.tls_cert and settings.tls_key:
         credentials = grpc.ssl_server_credentials(
             [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
         )

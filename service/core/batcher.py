@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -235,7 +235,9 @@ class Batcher:
         deadline = None if timeout is None else now + timeout
         loop = asyncio.get_running_loop()
         request = object()
-        selections = attention or [None] * len(sequences)
+        selections: list[AttentionSelection | None] = (
+            list(attention) if attention else [None] * len(sequences)
+        )
         items = [
             _Item(ids, selection, deadline, now, loop.create_future(), request)
             for ids, selection in zip(sequences, selections, strict=True)
@@ -360,9 +362,11 @@ class Batcher:
             ids[row, : item.length] = item.ids  # right padding: exact for a causal model
         with_attention = batch[0].with_attention
         start = self.clock.now()
+        run: Callable[[], Any]
         if with_attention:
             lengths = [item.length for item in batch]
-            run = partial(backend.attend, ids, lengths, [i.selection for i in batch])
+            selections = [i.selection for i in batch if i.selection is not None]
+            run = partial(backend.attend, ids, lengths, selections)
         else:
             run = partial(backend.embed, ids)
         try:
@@ -413,7 +417,7 @@ def _one_thread(name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
 
-def _timed(run: Callable[[], object]) -> tuple[object, float]:
+def _timed(run: Callable[[], Any]) -> tuple[Any, float]:
     """On the worker thread: what `run` returns, and the seconds the backend call itself
     took (without the hand-offs to and from the thread)."""
     start = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -69,7 +71,7 @@ class Metrics:
             "attnserve_budget_waiting", "Requests waiting for room in the memory budget", registry=r
         )
 
-    def serve(self, port: int, host: str = "0.0.0.0"):
+    def serve(self, port: int, host: str = "0.0.0.0") -> WSGIServer:
         """Expose /metrics over HTTP on a thread; returns the server (its .server_port is bound)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server

@@ -8,6 +8,7 @@ batcher and the backend may trust.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -93,7 +94,7 @@ def _enum_field(name: str, value: int, enum, default: int) -> int:
     return value or default
 
 
-_REDUCTIONS = {
+_REDUCTIONS: dict[int, str] = {
     pb.HEAD_REDUCTION_NONE: "none",
     pb.HEAD_REDUCTION_MEAN: "mean",
     pb.HEAD_REDUCTION_MAX: "max",
@@ -142,7 +143,8 @@ def _plan_attention(
         )
     if reduction == pb.HEAD_REDUCTION_UNSPECIFIED:
         reduction = pb.HEAD_REDUCTION_MEAN if request.rollout else pb.HEAD_REDUCTION_NONE
-    common = dict(
+    selection = partial(
+        AttentionSelection,
         layers=tuple(sorted(layers) if request.rollout else layers),
         heads=tuple(heads),
         reduction=_REDUCTIONS[reduction],
@@ -154,7 +156,7 @@ def _plan_attention(
         packed=packed,
     )
     return [
-        AttentionSelection(rows=_rows(request.query_positions, len(ids), index), **common)
+        selection(rows=_rows(request.query_positions, len(ids), index))
         for index, ids in enumerate(sequences)
     ]
 

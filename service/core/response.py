@@ -47,7 +47,7 @@ def _fill_result(
         fill_tensor(out.embeddings, result.embeddings)
     if plan.pooling != pb.POOLING_NONE:
         fill_tensor(out.pooled, pooled(result.embeddings, plan.pooling))
-    if result.attention is not None:
+    if result.attention is not None and plan.attention is not None:
         selection, a = plan.attention[index], result.attention
         if a.weights is not None:
             dtype = pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32

@@ -149,7 +149,10 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, scope, send) -> None:
+        async def nothing() -> dict:  # the response reads nothing of the request
+            return {}
+
         error = RequestTooLargeError(
             f"the request body is larger than the {self.limit:,}-byte message limit"
         )
-        await error_response(scope["path"], error)({"type": "http"}, None, send)
+        await error_response(scope["path"], error)({"type": "http"}, nothing, send)

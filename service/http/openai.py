@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import Literal, cast
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
@@ -79,9 +79,9 @@ def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.E
             f"dimensions: this model's embeddings have {d_model} dimensions, "
             f"{body.dimensions} were asked for"
         )
-    items = body.input
-    if isinstance(items, str) or (items and isinstance(items[0], int)):
-        items = [items]
+    given = body.input
+    single = isinstance(given, str) or (len(given) > 0 and isinstance(given[0], int))
+    items = cast(list[str | list[int]], [given] if single else given)
     if not items:
         raise InvalidInputError("input: at least one input is required")
     request = pb.EncodeRequest()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 
 import uvicorn
@@ -32,10 +33,10 @@ class HttpServer:
             log_level="warning",
             ssl_certfile=settings.tls_cert,
             ssl_keyfile=settings.tls_key,
-            timeout_graceful_shutdown=settings.grace_seconds,
+            timeout_graceful_shutdown=math.ceil(settings.grace_seconds),
         )
         self._server = _EmbeddedUvicorn(config)
-        self._task = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(

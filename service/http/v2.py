@@ -300,9 +300,10 @@ def _json_data(data: object, tensor: InputTensor, field: str) -> np.ndarray | li
             f"{field}.data: shape {list(tensor.shape)} holds {count:,} elements, got {len(flat):,}"
         )
     if tensor.datatype == BYTES:
-        if not all(isinstance(item, str) for item in flat):
+        texts = [item for item in flat if isinstance(item, str)]
+        if len(texts) != len(flat):
             raise InvalidInputError(f"{field}.data: BYTES elements must be strings")
-        return [item.encode() for item in flat]  # type: ignore[union-attr]
+        return [text.encode() for text in texts]
     try:
         dtype = numpy_dtype(tensor.datatype, f"{field}.datatype")
     except WireError as exc:

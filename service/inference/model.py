@@ -16,7 +16,7 @@ from importlib import metadata
 
 import numpy as np
 
-from attnserve.oip.wire import BYTES, WireError, from_bytes, unpack_bytes
+from attnserve.oip.wire import BYTES, Parameter, WireError, from_bytes, unpack_bytes
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError, ModelNotFoundError
 from attnserve.service.inference.messages import (
@@ -184,7 +184,7 @@ class V2Model:
         s.infer_ns += inference_ns
         s.sequences += len(results)
         s.last_ms = time.time_ns() // 1_000_000
-        parameters = {"queue_ns": queue_ns, "inference_ns": inference_ns}
+        parameters: dict[str, Parameter] = {"queue_ns": queue_ns, "inference_ns": inference_ns}
         return InferResponse(self.name, self.version, request.id, parameters, outputs)
 
     def _read_input(self, index: int, tensor: InputTensor) -> None:

@@ -126,8 +126,12 @@ class SharedMemoryRegistry:
         name = parameters[SHM_REGION]
         if not isinstance(name, str):
             raise InvalidInputError(f"{field}.{SHM_REGION}: a string, got {name!r}")
-        offset, size = parameters.get(SHM_OFFSET, 0), parameters[SHM_SIZE]
-        for key, value in ((SHM_OFFSET, offset), (SHM_SIZE, size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInputError(f"{field}.{key}: a non-negative int64, got {value!r}")
+        offset = _byte_count(parameters.get(SHM_OFFSET, 0), f"{field}.{SHM_OFFSET}")
+        size = _byte_count(parameters[SHM_SIZE], f"{field}.{SHM_SIZE}")
         return self.get(name, f"{field}.{SHM_REGION}"), offset, size
+
+
+def _byte_count(value: Parameter, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"{field}: a non-negative int64, got {value!r}")
+    return value

@@ -23,7 +23,9 @@ Attention options are request parameters named as in attnserve.v1's AttentionReq
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from attnserve.service.core.response import pooled
 from attnserve.service.inference.messages import InferRequest, InputTensor
 from attnserve.v1 import encoder_service_pb2 as pb
 
+Choice = TypeVar("Choice")  # an enum value of the .proto
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
     "input_lengths": ("INT64", 1),
@@ -193,8 +196,8 @@ def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
     return [row[:n] for row, n in zip(ids, lengths, strict=True)]
 
 
-def _read_parameters(parameters: dict[str, Parameter]) -> dict[str, object]:
-    out: dict[str, object] = {}
+def _read_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for name, value in parameters.items():
         if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):
             continue
@@ -230,7 +233,7 @@ def _parameter_value(name: str, value: Parameter, kind: type) -> object:
     )
 
 
-def _choice(name: str, value: str, choices: dict[str, int]) -> int:
+def _choice(name: str, value: str, choices: Mapping[str, Choice]) -> Choice:
     key = value.lower() if name != "attention_dtype" else value.upper()
     if key not in choices:
         raise InvalidInputError(f"parameters: {name} must be one of {list(choices)}, got {value!r}")
@@ -299,4 +302,5 @@ def stack_into(out: np.ndarray, rows: list[np.ndarray], name: str) -> None:
     for i, row in enumerate(rows):
         if row.shape != out.shape[1:]:
             out[i].fill(-1 if name == "attention_indices" else 0)
-        out[(i, *(slice(0, n) for n in row.shape))] = row
+        region: tuple[int | slice, ...] = (i, *(slice(0, n) for n in row.shape))
+        out[region] = row

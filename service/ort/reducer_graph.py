@@ -59,11 +59,16 @@ class _Builder:
         self.nodes: list[onnx.NodeProto] = []
         self._count = 0
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> str | list[str]:
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        """A node of one output; its name."""
+        return self.multi(op_type, *inputs, outputs=1, **attrs)[0]
+
+    def multi(self, op_type: str, *inputs: str, outputs: int, **attrs) -> list[str]:
+        """A node of `outputs` outputs; their names."""
         names = [f"{op_type.lower()}_{self._count}_{i}" for i in range(outputs)]
         self._count += 1
         self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
-        return names[0] if outputs == 1 else names
+        return names
 
     def ints(self, *values: int) -> str:
         return self.op(
@@ -162,8 +167,8 @@ def _rollout(b: _Builder, x: str, recipe: Recipe) -> str:
         n_heads = b.op("Cast", b.op("Shape", x, start=1, end=2), to=TensorProto.FLOAT)
         a = b.op("Add", a, b.op("Mul", eye, n_heads))  # (L', T, T)
     n = recipe.rollout_layers
-    parts = b.op("Split", a, axis=0, num_outputs=n, outputs=n)
-    layer = [b.op("Squeeze", part, b.ints(0)) for part in ([parts] if n == 1 else parts)]
+    parts = b.multi("Split", a, axis=0, num_outputs=n, outputs=n)
+    layer = [b.op("Squeeze", part, b.ints(0)) for part in parts]
     r = layer[-1]
     if recipe.pick_rows:
         r = b.op("Gather", r, "rows", axis=0)  # (R, T)
@@ -207,7 +212,7 @@ def _top_k(b: _Builder, y: str) -> tuple[str, str]:
     of a sequence shorter than k."""
     keys = b.op("Slice", b.op("Shape", y), b.ints(-1), b.ints(2**62))  # (1,) = [T]
     kk = b.op("Min", "k", keys)
-    values, indices = b.op("TopK", y, kk, axis=-1, largest=1, sorted=1, outputs=2)
+    values, indices = b.multi("TopK", y, kk, axis=-1, largest=1, sorted=1, outputs=2)
     beyond = b.op("Greater", indices, b.op("Unsqueeze", "rows", b.ints(1)))  # vs (R, 1)
     indices = b.op("Where", beyond, b.ints(-1), indices)
     values = b.op("Where", beyond, b.float(0.0), values)

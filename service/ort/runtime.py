@@ -99,7 +99,10 @@ class OrtRuntime:
     def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """input_ids int64 (B, T) -> embeddings (B, T, D), attentions (B, L, H, T, T)."""
         c = self.config
-        return tuple(self._run(self.session, [c.embeddings_name, c.attentions_name], input_ids))
+        embeddings, attentions = self._run(
+            self.session, [c.embeddings_name, c.attentions_name], input_ids
+        )
+        return embeddings, attentions
 
     def attend(
         self,

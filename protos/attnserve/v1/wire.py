@@ -12,14 +12,14 @@ import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
 
-NUMPY_DTYPES = {
+NUMPY_DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
     pb.DTYPE_FLOAT16: np.dtype("<f2"),
     pb.DTYPE_INT32: np.dtype("<i4"),
 }
 
 
-def fill_tensor(tensor: pb.Tensor, array: np.ndarray, dtype: int = pb.DTYPE_FLOAT32) -> None:
+def fill_tensor(tensor: pb.Tensor, array: np.ndarray, dtype: pb.Dtype = pb.DTYPE_FLOAT32) -> None:
     """Write `array`, converted to `dtype` (a Dtype value), into `tensor` in place.
 
     In place, because copying a finished Tensor into its parent message
@@ -31,7 +31,7 @@ def fill_tensor(tensor: pb.Tensor, array: np.ndarray, dtype: int = pb.DTYPE_FLOA
     tensor.data = data.tobytes()
 
 
-def to_tensor(array: np.ndarray, dtype: int = pb.DTYPE_FLOAT32) -> pb.Tensor:
+def to_tensor(array: np.ndarray, dtype: pb.Dtype = pb.DTYPE_FLOAT32) -> pb.Tensor:
     """A new Tensor holding `array` as `dtype`."""
     tensor = pb.Tensor()
     fill_tensor(tensor, array, dtype)
