@@ -22,7 +22,7 @@ SMALL_SEED = 1
 
 
 # What `make test-fast` (pytest -m "not slow") leaves out: containers, the browser, the
-# peers' environment (KServe, tritonclient), benchmarks, and exporting the 4-layer default
+# peers' environment (KServe), benchmarks, and exporting the 4-layer default
 # model. A test is slow if it lives in one of these folders or asks for one of these fixtures.
 SLOW_FOLDERS = tuple(
     f"tests/{folder}/" for folder in ("deploy", "bench", "benchmarks", "model", "export")
@@ -51,9 +51,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 @pytest.fixture(scope="session")
 def peer_python() -> Path:
-    """The python of .venv-peers: KServe and tritonclient, unmodified, in an environment of
-    their own (their protobuf pins differ from ours), made once as the peers benchmark
-    makes it."""
+    """The python of .venv-peers: KServe, unmodified, in an environment of its own (it pins
+    its own versions of much that attnserve uses), made once as the peers benchmark makes it."""
     from benchmarks.peer_env import PEERS_VENV, peer_venv
 
     return peer_venv(REPO_ROOT / PEERS_VENV, print)

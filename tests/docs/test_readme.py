@@ -1,5 +1,6 @@
-"""The README's tour runs as written against a server of the default model (what `make
-serve` serves), and every relative link of the README and docs/ points at a file."""
+"""The README's tour and the Open Inference Protocol's examples in docs/api.md run as written
+against a server of the default model (what `make serve` serves), and every relative link
+of the README and docs/ points at a file."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from tests.conftest import REPO_ROOT, ServerThread
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 
 
+def blocks(page: str, section: str) -> list[tuple[str, str]]:
+    """The fenced sh and python blocks of one section of a page."""
+    text = (REPO_ROOT / page).read_text()
+    part = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(sh|python)\n(.*?)```", part, flags=re.S)
+
+
 def tour_blocks() -> list[tuple[str, str]]:
-    readme = (REPO_ROOT / "README.md").read_text()
-    tour = readme.split("## A one-minute tour", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```(sh|python)\n(.*?)```", tour, flags=re.S)
+    return blocks("README.md", "A one-minute tour") + blocks(
+        "docs/api.md", "The Open Inference Protocol"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +37,10 @@ def served(default_export):
 
 
 def test_the_tour_has_its_blocks():
-    kinds = [kind for kind, _ in tour_blocks()]
+    kinds = [kind for kind, _ in blocks("README.md", "A one-minute tour")]
     assert kinds.count("sh") >= 3 and kinds.count("python") >= 2
+    v2 = [code for _, code in blocks("docs/api.md", "The Open Inference Protocol")]
+    assert any("tritonclient" in c for c in v2) and any("buf curl" in c for c in v2)
 
 
 @pytest.mark.parametrize("index", range(len(tour_blocks())))

@@ -1,16 +1,13 @@
 """The Open Inference Protocol (KServe V2) over gRPC and HTTP.
 
-tritonclient, unmodified and in its own environment (tritonclient_driver.py), calls a
-real server (its own process, port 0) with its gRPC and its HTTP client; its numbers
-must equal Encode's. The translation between V2 tensors and Encode is also checked on
-its own, field by field.
+tritonclient, unmodified (tritonclient_driver.py), calls a real server (its own process,
+port 0) with its gRPC and its HTTP client; its numbers must equal Encode's. The
+translation between V2 tensors and Encode is also checked on its own, field by field.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
@@ -31,8 +28,8 @@ from attnserve.service.inference.tensors import (
 from attnserve.service.process import spawn_server
 from attnserve.v1 import encoder_service_pb2 as pb
 from tests.conftest import SMALL_CONFIG
+from tests.service.inference.tritonclient_driver import handle
 
-DRIVER = Path(__file__).with_name("tritonclient_driver.py")
 MODEL = SMALL_CONFIG.name
 
 
@@ -55,21 +52,15 @@ STATUS = {
 
 
 class Triton:
-    """One of tritonclient's clients in .venv-peers, one call per line."""
+    """One of tritonclient's clients, one call at a time."""
 
-    def __init__(self, python: Path, protocol: str, address: str) -> None:
+    def __init__(self, protocol: str, address: str) -> None:
         self.protocol = protocol
-        self.process = subprocess.Popen(
-            [str(python), str(DRIVER), protocol, address],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        self.module = importlib.import_module(f"tritonclient.{protocol}")
+        self.client = self.module.InferenceServerClient(address)
 
     def send(self, command: dict) -> dict:
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
+        return handle(self.protocol, self.module, self.client, command)
 
     def call(self, name: str, *args) -> object:
         answer = self.send({"call": name, "args": list(args)})
@@ -87,12 +78,11 @@ class Triton:
 
 
 @pytest.fixture(scope="module", params=["grpc", "http"])
-def triton(request, peer_python, v2_server):
+def triton(request, v2_server):
     address = v2_server.address if request.param == "grpc" else f"127.0.0.1:{v2_server.http_port}"
-    client = Triton(peer_python, request.param, address)
+    client = Triton(request.param, address)
     yield client
-    client.process.terminate()
-    client.process.wait(30)
+    client.client.close()
 
 
 def ids_input(rows: list[list[int]]) -> dict:

@@ -1,9 +1,5 @@
-"""tritonclient, unmodified, driven by the V2 tests from its own environment (.venv-peers).
-
-tritonclient needs protobuf < 7 and defines the protocol's `inference.*` messages itself,
-so it cannot share a process (or an environment) with attnserve's generated code. The
-tests run this script with .venv-peers' python (`driver.py grpc|http HOST:PORT`): one JSON
-command per line on stdin, one JSON answer per line on stdout.
+"""tritonclient, unmodified, driven by the V2 tests in their own process: one call as a dict
+in, one JSON-shaped answer out, the same for its gRPC and its HTTP client.
 
     {"call": "is_server_live"}                          -> {"result": true}
     {"call": "get_model_metadata", "args": ["m"]}       -> {"result": {...}} (as JSON)
@@ -14,9 +10,6 @@ A failed call answers {"error": {"status": "StatusCode.INVALID_ARGUMENT", "messa
 """
 
 from __future__ import annotations
-
-import json
-import sys
 
 import numpy as np
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
@@ -81,27 +74,13 @@ def _infer(triton, client, spec: dict, region: tuple | None = None) -> dict:
     return {"outputs": answer}
 
 
-def main() -> None:
-    protocol, target = sys.argv[1], sys.argv[2]  # grpc HOST:PORT, or http HOST:PORT
-    if protocol == "grpc":
-        import tritonclient.grpc as triton
-    else:
-        import tritonclient.http as triton
-    client = triton.InferenceServerClient(target)
-    for line in sys.stdin:
-        command = json.loads(line)
-        try:
-            if "infer" in command:
-                answer = infer(triton, client, command["infer"], command.get("shm_bytes", 0))
-            else:
-                name = command["call"]
-                json_kwarg = protocol == "grpc" and name in AS_JSON
-                kwargs = {"as_json": True} if json_kwarg else {}
-                answer = {"result": getattr(client, name)(*command.get("args", []), **kwargs)}
-        except InferenceServerException as exc:
-            answer = {"error": {"status": exc.status(), "message": exc.message()}}
-        print(json.dumps(answer), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+def handle(protocol: str, triton, client, command: dict) -> dict:
+    """One command through `client` (of module `triton`, tritonclient.grpc or .http)."""
+    try:
+        if "infer" in command:
+            return infer(triton, client, command["infer"], command.get("shm_bytes", 0))
+        name = command["call"]
+        kwargs = {"as_json": True} if protocol == "grpc" and name in AS_JSON else {}
+        return {"result": getattr(client, name)(*command.get("args", []), **kwargs)}
+    except InferenceServerException as exc:
+        return {"error": {"status": exc.status(), "message": exc.message()}}
