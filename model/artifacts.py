@@ -32,10 +32,8 @@ def graph_filenames(precision: str) -> tuple[str, str]:
 
 
 class ModelDirectory:
-    """A model directory as export writes it and the service reads it.
-
-    It owns the file names, so nothing else joins paths into the directory.
-    """
+    """A model directory as the service reads it: which file holds which graph. The exporter
+    writes it with the same file name constants (export/model_dir.py)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

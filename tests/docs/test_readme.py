@@ -69,3 +69,14 @@ def test_relative_links_point_at_files(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
         if not target.startswith(("http://", "https://")):
             assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_every_metric_is_documented():
+    """docs/deployment.md's metrics table names every series the server exports, and no
+    other (a counter's series ends in _total)."""
+    from attnserve.service.core.metrics import Metrics
+
+    page = (REPO_ROOT / "docs" / "deployment.md").read_text()
+    exported = {metric.name for metric in Metrics().registry.collect()}
+    documented = {name.removesuffix("_total") for name in re.findall(r"`(attnserve_\w+)`", page)}
+    assert exported and documented == exported

@@ -21,7 +21,7 @@ from benchmarks.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
 from tests.conftest import FAMILY_SHAPES, ServerThread, run_cli
 
 FAMILIES = sorted(FAMILY_SHAPES)
-TOLERANCE = 1e-4  # DESIGN: fp32, PyTorch or ONNX Runtime against the reference
+TOLERANCE = 1e-4  # docs/model.md: fp32, PyTorch or ONNX Runtime against the reference
 LENGTHS = (40, 23, 9)  # a right-padded batch; 40 and 23 pass every window (6, 7, 9)
 
 

@@ -1,4 +1,4 @@
-"""DESIGN.md's properties, checked on the exported graph in ONNX Runtime."""
+"""docs/model.md's properties of the encoder, checked on the exported graph in ONNX Runtime."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The worked example of the attention texts (DESIGN.md's reference vector)."""
+"""The worked example of attention tutorials (X, W_Q, W_K, W_V below) and its numbers."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Properties DESIGN.md requires of the PyTorch encoder."""
+"""The properties docs/model.md lists for the encoder, checked on the PyTorch model."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""DESIGN's properties with every family switch on at once, and what each switch means.
+"""docs/model.md's properties with every family switch on at once, and what each switch means.
 
 The families' exactness against transformers is tested in tests/export/test_hf_families.py;
 here the encoder alone: causality with windows, right padding with rotary positions, the

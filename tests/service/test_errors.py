@@ -1,4 +1,5 @@
-"""DESIGN.md's error table through the real server; after each error it keeps serving."""
+"""The error table (docs/api.md, gRPC codes and HTTP statuses) through the real server; after
+each error it keeps serving."""
 
 import grpc
 import numpy as np
