@@ -19,6 +19,12 @@ SHM_SIZE = "shared_memory_byte_size"
 SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_SIZE)
 
 
+def in_shared_memory(parameters: dict[str, Parameter]) -> bool:
+    """Whether a tensor's parameters place it in a shared-memory region (either of the two
+    required ones is enough to say so; SharedMemoryRegistry.locate wants both)."""
+    return SHM_REGION in parameters or SHM_SIZE in parameters
+
+
 @dataclass
 class InputTensor:
     name: str
@@ -29,7 +35,7 @@ class InputTensor:
 
     @property
     def in_shared_memory(self) -> bool:
-        return SHM_REGION in self.parameters or SHM_SIZE in self.parameters
+        return in_shared_memory(self.parameters)
 
 
 @dataclass
@@ -39,7 +45,7 @@ class RequestedOutput:
 
     @property
     def in_shared_memory(self) -> bool:
-        return SHM_REGION in self.parameters or SHM_SIZE in self.parameters
+        return in_shared_memory(self.parameters)
 
 
 @dataclass
