@@ -170,7 +170,8 @@ async def _in_process_batched(
     runtime: OrtRuntime, instances: list[OrtRuntime], mixed: list[int], duration: float
 ) -> dict:
     """The same draws through the batcher and the instances, `CONCURRENCY` in flight."""
-    batcher = Batcher(runtime, BatcherOptions(max_queue=1024), Metrics(), instances=instances)
+    metrics = Metrics().for_model(runtime.config.name, "1")
+    batcher = Batcher(runtime, BatcherOptions(max_queue=1024), metrics, instances=instances)
     batcher.start()
     draws, tokens, requests = _draws(mixed), 0, 0
 

@@ -22,6 +22,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     group.add_argument("--tls-root-cert", type=Path, help="PEM roots: connect with TLS")
     group.add_argument("--token", help="bearer token, if the server asks for one")
+    group.add_argument("--model", default="", help="a served model's name (default: the default)")
 
     def command(name: str, help: str, run) -> argparse.ArgumentParser:
         parser = commands.add_parser(name, help=help, description=help, parents=[connection])
@@ -97,7 +98,7 @@ def _health(client: EncoderClient, args: argparse.Namespace) -> int:
 
 
 def _info(client: EncoderClient, args: argparse.Namespace) -> int:
-    print(json.dumps(client.model_info(), indent=2))
+    print(json.dumps(client.model_info(model=args.model), indent=2))
     return 0
 
 
@@ -118,6 +119,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         head_entropy=args.entropy,
         truncate=args.truncate,
         return_tokens=args.tokens,
+        model=args.model,
     )
     if args.json:
         print(
@@ -182,9 +184,11 @@ def _list(array: np.ndarray | None) -> list | None:
 
 
 def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
-    name = client.model_info()["name"]
+    name = client.model_info(model=args.model)["name"]
     if args.entropy:
-        out = client.encode(args.text, rows=args.rows, head_entropy=True, omit_weights=True)
+        out = client.encode(
+            args.text, rows=args.rows, head_entropy=True, omit_weights=True, model=args.model
+        )
         e = out[0]
         assert e.head_entropy is not None  # asked for
         path = render_entropy_grid(
@@ -204,7 +208,7 @@ def _heatmap(client: EncoderClient, args: argparse.Namespace) -> int:
         title = f"layer {args.layer}, head {args.head}"
     if args.rollout and args.head_reduction != "none":
         what["head_reduction"] = args.head_reduction
-    out = client.encode(args.text, rows=args.rows, return_tokens=True, **what)
+    out = client.encode(args.text, rows=args.rows, return_tokens=True, model=args.model, **what)
     encoding = out[0]
     assert encoding.attention is not None  # asked for
     tokens = encoding.tokens  # the server's tokenizer says what each token is

@@ -124,8 +124,10 @@ class EncoderClient:
             stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
         )
 
-    def model_info(self, timeout: float | None = None) -> dict:
-        return info_dict(self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout))
+    def model_info(self, timeout: float | None = None, model: str = "") -> dict:
+        """The served model `model` (empty: the server's default), as numbers and names."""
+        request = pb.GetModelInfoRequest(model=model)
+        return info_dict(self._call(self._stub.GetModelInfo, request, timeout))
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
@@ -185,8 +187,8 @@ class AsyncEncoderClient:
         async for response in call:
             yield response
 
-    async def model_info(self, timeout: float | None = None) -> dict:
-        request = pb.GetModelInfoRequest()
+    async def model_info(self, timeout: float | None = None, model: str = "") -> dict:
+        request = pb.GetModelInfoRequest(model=model)
         return info_dict(await self._call(self._stub.GetModelInfo, request, timeout))
 
     async def health(self, service: str = "", timeout: float | None = None) -> str:

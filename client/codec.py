@@ -100,6 +100,7 @@ def build_request(
     truncate: bool = False,
     return_tokens: bool = False,
     request_id: str = "",
+    model: str = "",
 ) -> pb.EncodeRequest:
     """inputs: one text, one id sequence, or a list of those.
 
@@ -107,10 +108,11 @@ def build_request(
     `heads` (empty: all), `rows` (query positions, negative from the end), a
     `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, and
     `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
+    `model` names a served model (empty: the server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
     items = [inputs] if single else list(cast(Sequence[Input], inputs))
-    request = pb.EncodeRequest(request_id=request_id)
+    request = pb.EncodeRequest(request_id=request_id, model=model)
     for item in items:
         if isinstance(item, str):
             request.inputs.add(text=item)

@@ -72,10 +72,12 @@ class InferenceClient:
         options: ClientOptions | None = None,
         shared_memory: bool = True,
         shared_memory_root: Path = SHM_ROOT,
+        model: str = "",
     ) -> None:
         self.options = options or ClientOptions()
         self.channel = self.options.open_channel(target, grpc)
         self._stub = oip_grpc.GRPCInferenceServiceStub(self.channel)
+        self._model = model  # a served model's name; empty: the server's default
         self._info: pb.GetModelInfoResponse | None = None
         self._shared_memory = shared_memory  # False for good once the server cannot open it
         self._root = shared_memory_root
@@ -89,7 +91,8 @@ class InferenceClient:
     def model_info(self) -> pb.GetModelInfoResponse:
         if self._info is None:
             stub = pb_grpc.EncoderServiceStub(self.channel)
-            self._info = self._call(stub.GetModelInfo, pb.GetModelInfoRequest(), None)
+            request = pb.GetModelInfoRequest(model=self._model)
+            self._info = self._call(stub.GetModelInfo, request, None)
         return self._info
 
     def infer(

@@ -1,9 +1,10 @@
-"""Builds and runs the grpc.aio server: encoder service, health, reflection, metrics.
+"""Builds and runs the server: the models, the gRPC services (attnserve.v1, V2, health,
+reflection), the HTTP app and metrics. The one place that composes them.
 
-Lifecycle: load the model -> listen (health NOT_SERVING) -> warm up -> SERVING
+Lifecycle: load the models -> listen (health NOT_SERVING) -> warm up -> SERVING
 (and the ready file, if asked for) -> on SIGTERM/SIGINT: NOT_SERVING, refuse
-new RPCs, let in-flight ones finish within the grace period, drain the
-batcher, exit.
+new requests, let in-flight ones finish within the grace period, drain the
+batchers, exit.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.core.backend import Backend
 from attnserve.service.core.batcher import Batcher
+from attnserve.service.core.budget import ByteBudget
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.memory import keep_freed_heap
 from attnserve.service.core.metrics import Metrics
+from attnserve.service.core.repository import ModelRepository
 from attnserve.service.grpc.auth import BearerTokenInterceptor
 from attnserve.service.grpc.encoder import EncoderServicer
 from attnserve.service.grpc.inference import SERVICE_NAME as OIP_SERVICE_NAME
@@ -38,7 +41,7 @@ from attnserve.service.grpc.inference import InferenceServicer
 from attnserve.service.grpc.reflection import enable_reflection
 from attnserve.service.http.app import create_app
 from attnserve.service.http.server import HttpServer
-from attnserve.service.inference.model import V2Model
+from attnserve.service.inference.model import V2Server
 from attnserve.service.inference.shared_memory import SharedMemoryRegistry
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
@@ -55,11 +58,9 @@ class RunningServer:
     """A started server; `port` and `metrics_port` are the bound ones (useful with port 0)."""
 
     server: grpc.aio.Server
-    dataplane: DataPlane
+    repository: ModelRepository
     health: health.aio.HealthServicer
-    batcher: Batcher
     metrics: Metrics
-    backend: Backend
     port: int
     metrics_port: int | None
     http: HttpServer | None
@@ -70,21 +71,33 @@ class RunningServer:
     def http_port(self) -> int | None:
         return self.http.port if self.http else None
 
+    @property
+    def dataplane(self) -> DataPlane:
+        """The default model's data plane (the only one, with --model)."""
+        return self.repository.get()
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.dataplane.batcher
+
+    @property
+    def backend(self) -> Backend:
+        return self.dataplane.backend
+
     async def warm_up(self) -> None:
-        """Run the model once per graph and a few lengths, then report SERVING."""
-        await self.batcher.warm_up()
+        """Run each model once per graph and a few lengths, then report SERVING."""
+        await self.repository.warm_up()
         # Everything allocated so far (modules, sessions, the app) lives as long as the
         # process: move it out of the cyclic GC's reach, so that full collections under load
         # scan only what requests allocate.
         gc.collect()
         gc.freeze()
-        self.dataplane.start_serving()
         for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.ready_file:
             ports = {"port": self.port, "metrics_port": self.metrics_port}
             _write_ready_file(self.ready_file, {**ports, "http_port": self.http_port})
-        log.info("warm: SERVING")
+        log.info("warm: SERVING %s", ", ".join(sorted(self.repository.served)))
 
     async def stop(self, grace: float) -> None:
         """Graceful: NOT_SERVING, new requests refused, in-flight ones get `grace` seconds.
@@ -95,15 +108,15 @@ class RunningServer:
         log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
         if self.ready_file:
             self.ready_file.unlink(missing_ok=True)
-        self.dataplane.start_draining()
+        self.repository.start_draining()
         await self.health.enter_graceful_shutdown()
         start = time.monotonic()
-        if not await self.dataplane.wait_idle(grace):
+        if not await self.repository.wait_idle(grace):
             log.warning("grace period over with requests still in flight; cancelling them")
         await self.server.stop(max(0.0, grace - (time.monotonic() - start)))
         if self.http:
             await self.http.stop()
-        await self.batcher.stop()
+        await self.repository.stop()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("stopped")
@@ -120,36 +133,40 @@ def _write_ready_file(path: Path, ports: dict[str, int | None]) -> None:
 async def start_server(
     settings: Settings, backend: Backend | None = None, warm_up: bool = True
 ) -> RunningServer:
-    """Load the model (unless a backend is given), listen (NOT_SERVING), then warm up and
-    report SERVING."""
+    """Load the models (with --model, `backend` if given), listen (NOT_SERVING), then warm
+    up and report SERVING."""
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
-    model_dir = ModelDirectory(settings.model)
-    instances: list[OrtRuntime] = []
-    if backend is None:
-        backend = OrtRuntime(model_dir, settings.runtime_options)
-        instances = model_instances(model_dir, settings, backend.provider)
-    tokenizer = get_tokenizer(backend.config, model_dir)
     metrics = Metrics()
-    batcher = Batcher(backend, settings.batcher_options, metrics, instances=instances)
-    dataplane = DataPlane(
-        backend,
-        batcher,
-        tokenizer,
+    budget = ByteBudget(settings.max_inflight_bytes)  # one for the process, every model in it
+    metrics.inflight_bytes.set_function(lambda: budget.used)
+    metrics.budget_waiting.set_function(lambda: budget.waiting)
+    given = [backend] if backend is not None else []
+
+    async def load(name: str | None, version: str, directory: Path) -> DataPlane:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, build_model, settings, metrics, budget, name, version, directory, given
+        )
+
+    repository = ModelRepository(
+        load,
         metrics,
-        settings.max_message_bytes,
-        settings.max_inflight_bytes,
-        settings.release_memory,
+        root=settings.model_repository,
+        single=settings.model,
+        default=settings.default_model,
+        grace_seconds=settings.grace_seconds,
     )
+    await repository.start()
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
     ]
     interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
     server = grpc.aio.server(options=limits, interceptors=interceptors)
-    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(dataplane), server)
-    # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same data plane.
-    v2 = V2Model(dataplane, SharedMemoryRegistry())
+    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(repository), server)
+    # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same models.
+    v2 = V2Server(repository, SharedMemoryRegistry())
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -177,20 +194,19 @@ async def start_server(
     )
     http = None
     if settings.http_port >= 0:
-        http = HttpServer(create_app(dataplane, settings, v2), settings)
+        http = HttpServer(create_app(repository, settings, v2), settings)
     await server.start()
     if http:
         http.start()
-    batcher.start()
 
     metrics_port = metrics_http.server_port if metrics_http else None
     log.info(
-        "listening: %s (%s, %s, %d instances under load) on %s:%d%s; "
-        "HTTP (explorer, /v1/embeddings, /docs) on %s; metrics on %s",
+        "listening: %s (%s) on %s:%d%s; HTTP (explorer, /v1/embeddings, /docs) on %s; "
+        "metrics on %s",
         SERVICE_NAME,
-        backend.config.name,
-        backend.provider,
-        len(instances),
+        ", ".join(
+            f"{d.name} {d.version} ({d.backend.provider})" for d in repository.served.values()
+        ),
         settings.host,
         port,
         " with TLS" if settings.tls_cert else "",
@@ -201,11 +217,9 @@ async def start_server(
     )
     running = RunningServer(
         server,
-        dataplane,
+        repository,
         health_servicer,
-        batcher,
         metrics,
-        backend,
         port,
         metrics_port,
         http,
@@ -215,6 +229,42 @@ async def start_server(
     if warm_up:
         await running.warm_up()
     return running
+
+
+def build_model(
+    settings: Settings,
+    metrics: Metrics,
+    budget: ByteBudget,
+    name: str | None,
+    version: str,
+    directory: Path,
+    given: list[Backend],
+) -> DataPlane:
+    """One model version with its own backend, instances and batcher, not yet started (on a
+    worker thread: loading sessions blocks). `given`: a backend to use once instead of
+    loading one (tests share one)."""
+    model_dir = ModelDirectory(directory)
+    instances: list[OrtRuntime] = []
+    if given:
+        backend = given.pop()
+    else:
+        backend = OrtRuntime(model_dir, settings.runtime_options)
+        instances = model_instances(model_dir, settings, backend.provider)
+    name = name or backend.config.name
+    tokenizer = get_tokenizer(backend.config, model_dir)
+    model_metrics = metrics.for_model(name, version)
+    batcher = Batcher(backend, settings.batcher_options, model_metrics, instances=instances)
+    return DataPlane(
+        name,
+        version,
+        backend,
+        batcher,
+        tokenizer,
+        model_metrics,
+        budget,
+        settings.max_message_bytes,
+        settings.release_memory,
+    )
 
 
 def model_instances(

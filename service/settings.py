@@ -42,7 +42,21 @@ def _opt(kind: type | object, help: str, **kwargs) -> dict:
 
 @dataclass(frozen=True)
 class Settings:
-    model: Path = field(metadata=_opt(Path, "model directory (attnserve export)"))
+    model: Path | None = field(
+        default=None, metadata=_opt(Path, "one model directory (attnserve export) to serve")
+    )
+    model_repository: Path | None = field(
+        default=None,
+        metadata=_opt(
+            Path,
+            "a repository of models, DIR/<name>/<version>/ (Triton's layout): the newest "
+            "version of each is served; load, reload and unload through the V2 repository API",
+        ),
+    )
+    default_model: str | None = field(
+        default=None,
+        metadata=_opt(str, "the model of requests that name none (default: the only one)"),
+    )
     host: str = field(default="0.0.0.0", metadata=_opt(str, "address to listen on"))
     port: int = field(default=50051, metadata=_opt(int, "gRPC port; 0 picks a free one"))
     metrics_port: int = field(
@@ -159,6 +173,8 @@ class Settings:
     log_level: str = field(default="INFO", metadata=_opt(str, "logging level", choices=LOG_LEVELS))
 
     def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_repository is None):
+            raise ValueError("give --model DIR or --model-repository DIR (one of the two)")
         self.runtime_options  # noqa: B018  (validates provider and threads)
         self.batcher_options  # noqa: B018
         if self.embeddings_pooling not in EMBEDDINGS_POOLINGS:

@@ -130,8 +130,15 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
-        value = self.running.metrics.registry.get_sample_value(name, labels or {})
-        return 0.0 if value is None else value
+        """The sum of a metric's samples whose labels include `labels` (over every model
+        and version unless `labels` names them)."""
+        wanted = (labels or {}).items()
+        return sum(
+            sample.value
+            for family in self.running.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == name and wanted <= sample.labels.items()
+        )
 
     def stop(self, grace: float = 5.0) -> None:
         self.call(self.running.stop(grace))

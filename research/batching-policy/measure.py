@@ -57,7 +57,8 @@ def costs(wide: OrtRuntime, narrow: OrtRuntime) -> None:
 
 async def closed_loop(wide, narrow, overrides, with_instances, seconds, seed) -> float:
     options = BatcherOptions(max_queue=1024, **overrides)
-    batcher = Batcher(wide, options, Metrics(), instances=narrow if with_instances else ())
+    metrics = Metrics().for_model("default", "1")
+    batcher = Batcher(wide, options, metrics, instances=narrow if with_instances else ())
     batcher.start()
     rng, tokens = np.random.default_rng(seed), 0
 

@@ -44,7 +44,7 @@ from attnserve.service.core.errors import (
     NotReadyError,
     QueueFullError,
 )
-from attnserve.service.core.metrics import Metrics
+from attnserve.service.core.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Batcher:
         self,
         backend: Backend,
         options: BatcherOptions,
-        metrics: Metrics,
+        metrics: ModelMetrics,
         clock: Clock | None = None,
         instances: Sequence[Backend] = (),
     ) -> None:

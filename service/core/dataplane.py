@@ -1,11 +1,13 @@
-"""What every transport calls: admission, one pass from request to response, model info.
+"""What every transport calls for one model version: admission, one pass from request to
+response, model info.
 
-A transport turns its wire format into an `EncodeRequest`, awaits
-`DataPlane.encode` inside `DataPlane.observed`, and maps the typed errors it raises
-(service.status). The data plane owns readiness and draining (so every transport refuses
-alike), the request metrics and the log of unexpected errors (so every transport counts
-alike), plans the request once, hands the sequences to the batcher and builds the answer;
-it never sees gRPC or HTTP.
+A transport finds the data plane of the model a request names inside
+`ModelRepository.observed` (core/repository.py: the request metrics and the log of
+unexpected errors, so every transport counts alike), turns its wire format into an
+`EncodeRequest`, awaits `DataPlane.encode` (or `results`), and maps the typed errors it
+raises (core/status.py). The data plane owns readiness and draining (so every transport
+refuses alike), plans the request once, reserves its room in the process's memory budget,
+hands the sequences to the batcher and builds the answer; it never sees gRPC or HTTP.
 """
 
 from __future__ import annotations
@@ -14,17 +16,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend
 from attnserve.service.core.batcher import Batcher, SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
-from attnserve.service.core.errors import AttnserveError, DeadlineExceededError, NotReadyError
-from attnserve.service.core.metrics import Metrics
+from attnserve.service.core.errors import DeadlineExceededError, NotReadyError
+from attnserve.service.core.metrics import ModelMetrics
 from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
 from attnserve.service.core.response import build_response
-from attnserve.service.core.status import code_name
 from attnserve.v1 import encoder_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -38,22 +39,28 @@ SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
 
 class DataPlane:
+    """One served model version: its backend, batcher and tokenizer, admission and drain."""
+
     def __init__(
         self,
+        name: str,
+        version: str,
         backend: Backend,
         batcher: Batcher,
         tokenizer: Tokenizer,
-        metrics: Metrics,
+        metrics: ModelMetrics,
+        budget: ByteBudget,
         max_message_bytes: int,
-        max_inflight_bytes: int = 0,
         release_memory: bool = True,
     ) -> None:
+        self.name = name  # as the APIs name it: the repository's folder, or the config's name
+        self.version = version  # the repository's version folder; "1" for --model
         self.backend = backend
         self.batcher = batcher
         self.tokenizer = tokenizer
         self.metrics = metrics
+        self.budget = budget  # the process's: every model's requests count in it
         self.max_message_bytes = max_message_bytes
-        self.budget = ByteBudget(max_inflight_bytes)
         self.release_memory = release_memory
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
@@ -65,8 +72,10 @@ class DataPlane:
         self._idle.set()
         # Gauges read the state when scraped: nothing to update per request.
         metrics.in_flight.set_function(lambda: self._in_flight)
-        metrics.inflight_bytes.set_function(lambda: self.budget.used)
-        metrics.budget_waiting.set_function(lambda: self.budget.waiting)
+
+    def matches(self, version: str) -> bool:
+        """Whether a request's version names this one ("": any; the weights' hash too)."""
+        return version in ("", self.version, self.backend.version)
 
     def start_serving(self) -> None:
         self.refusal = None
@@ -81,23 +90,6 @@ class DataPlane:
         except TimeoutError:
             return False
         return True
-
-    @contextlib.contextmanager
-    def observed(self, method: str) -> Iterator[None]:
-        """Count and time one call of `method` by its outcome, and log anything unexpected with
-        its traceback; what was raised goes on to the transport, which maps it."""
-        start = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            yield
-        except Exception as exc:
-            error = exc
-            if not isinstance(exc, AttnserveError):
-                log.exception("%s failed unexpectedly", method)
-            raise
-        finally:
-            self.metrics.requests.labels(method, code_name(error)).inc()
-            self.metrics.request_latency.labels(method).observe(time.perf_counter() - start)
 
     async def encode(
         self, request: pb.EncodeRequest, timeout: float | None = None
@@ -173,7 +165,7 @@ class DataPlane:
     def model_info(self) -> pb.GetModelInfoResponse:
         c = self.backend.config
         return pb.GetModelInfoResponse(
-            name=c.name,
+            name=self.name,
             version=self.backend.version,
             n_layers=c.n_layers,
             n_heads=c.n_heads,

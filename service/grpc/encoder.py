@@ -1,5 +1,6 @@
-"""attnserve.v1.EncoderService over the data plane; errors become status codes through
-handle_errors (a stream's failed request becomes an EncodeError in the stream)."""
+"""attnserve.v1.EncoderService over the served models (a request's `model` names one; empty:
+the default); errors become status codes through handle_errors (a stream's failed request
+becomes an EncodeError in the stream)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.repository import ModelRepository
 from attnserve.service.core.status import status_for
 from attnserve.service.grpc.utils import handle_errors
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -20,15 +21,15 @@ STREAM_WINDOW = 32
 
 
 class EncoderServicer(pb_grpc.EncoderServiceServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.dataplane = dataplane
+    def __init__(self, repository: ModelRepository) -> None:
+        self.repository = repository
 
     @handle_errors
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeResponse:
-        with self.dataplane.observed("Encode"):
-            return await self.dataplane.encode(request, context.time_remaining())
+        with self.repository.observed("Encode") as find:
+            return await find(request.model).encode(request, context.time_remaining())
 
     async def EncodeStream(
         self,
@@ -65,16 +66,17 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         """The answer to one request of a stream, or the EncodeError that says why not
         (anything unexpected is INTERNAL; the data plane has logged it)."""
         try:
-            with self.dataplane.observed("EncodeStream"):
-                response = await self.dataplane.encode(request, context.time_remaining())
+            with self.repository.observed("EncodeStream") as find:
+                response = await find(request.model).encode(request, context.time_remaining())
         except Exception as exc:
             message = str(exc) or type(exc).__name__
             error = pb.EncodeError(code=status_for(exc).value[0], message=message)
             return pb.EncodeStreamResponse(request_id=request.request_id, error=error)
         return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
 
+    @handle_errors
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        with self.dataplane.observed("GetModelInfo"):
-            return self.dataplane.model_info()
+        with self.repository.observed("GetModelInfo") as find:
+            return find(request.model).model_info()

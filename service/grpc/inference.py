@@ -32,7 +32,7 @@ from attnserve.service.inference.messages import (
     InputTensor,
     RequestedOutput,
 )
-from attnserve.service.inference.model import V2Model
+from attnserve.service.inference.model import V2Server
 
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # InferTensorContents' typed list of each numeric datatype the model reads.
@@ -40,56 +40,71 @@ CONTENTS_FIELDS = {"INT64": "int64_contents", "INT32": "int_contents", BYTES: "b
 
 
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, model: V2Model) -> None:
-        self.model = model
+    def __init__(self, v2: V2Server) -> None:
+        self.v2 = v2
 
     async def ServerLive(self, request, context) -> oip.ServerLiveResponse:
         return oip.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context) -> oip.ServerReadyResponse:
-        return oip.ServerReadyResponse(ready=self.model.ready)
+        return oip.ServerReadyResponse(ready=self.v2.ready)
 
     async def ModelReady(self, request, context) -> oip.ModelReadyResponse:
         try:
-            self.model.check(request.name, request.version)
+            model = self.v2.model(request.name, request.version)
         except ModelNotFoundError:
             return oip.ModelReadyResponse(ready=False)
-        return oip.ModelReadyResponse(ready=self.model.ready)
+        return oip.ModelReadyResponse(ready=model.ready)
 
     @handle_errors
     async def ServerMetadata(self, request, context) -> oip.ServerMetadataResponse:
-        return json_format.ParseDict(self.model.server_metadata(), oip.ServerMetadataResponse())
+        return json_format.ParseDict(self.v2.server_metadata(), oip.ServerMetadataResponse())
 
     @handle_errors
     async def ModelMetadata(self, request, context) -> oip.ModelMetadataResponse:
-        document = self.model.metadata(request.name, request.version)
+        document = self.v2.model(request.name, request.version).metadata()
         return json_format.ParseDict(document, oip.ModelMetadataResponse())
 
     @handle_errors
     async def ModelConfig(self, request, context) -> oip.ModelConfigResponse:
-        document = self.model.config(request.name, request.version)
+        document = self.v2.model(request.name, request.version).config()
         return json_format.ParseDict(document, oip.ModelConfigResponse())
 
     @handle_errors
     async def ModelStatistics(self, request, context) -> oip.ModelStatisticsResponse:
-        document = self.model.statistics(request.name, request.version)
+        document = self.v2.statistics(request.name, request.version)
         return json_format.ParseDict(document, oip.ModelStatisticsResponse())
 
     @handle_errors
+    async def RepositoryIndex(self, request, context) -> oip.RepositoryIndexResponse:
+        document = {"models": self.v2.index(request.ready)}
+        return json_format.ParseDict(document, oip.RepositoryIndexResponse())
+
+    @handle_errors
+    async def RepositoryModelLoad(self, request, context) -> oip.RepositoryModelLoadResponse:
+        await self.v2.load(request.model_name, read_parameters(request.parameters))
+        return oip.RepositoryModelLoadResponse()
+
+    @handle_errors
+    async def RepositoryModelUnload(self, request, context) -> oip.RepositoryModelUnloadResponse:
+        await self.v2.unload(request.model_name, read_parameters(request.parameters))
+        return oip.RepositoryModelUnloadResponse()
+
+    @handle_errors
     async def SystemSharedMemoryRegister(self, request, context):
-        registry = self.model.shared_memory
+        registry = self.v2.shared_memory
         registry.register(request.name, request.key, request.offset, request.byte_size)
         return oip.SystemSharedMemoryRegisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.model.shared_memory.unregister(request.name)
+        self.v2.shared_memory.unregister(request.name)
         return oip.SystemSharedMemoryUnregisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryStatus(self, request, context):
         response = oip.SystemSharedMemoryStatusResponse()
-        for r in self.model.shared_memory.status(request.name):
+        for r in self.v2.shared_memory.status(request.name):
             response.regions[r.name].CopyFrom(
                 oip.SystemSharedMemoryStatusResponse.RegionStatus(
                     name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
@@ -101,8 +116,9 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        with self.model.dataplane.observed("ModelInfer"):
-            answer = await self.model.infer(infer_request(request), context.time_remaining())
+        with self.v2.repository.observed("ModelInfer") as find:
+            translated = infer_request(request)
+            answer = await self.v2.infer(find, translated, context.time_remaining())
             return infer_response(answer)
 
 

@@ -2,37 +2,38 @@
 Protocol's /v2, health, the explorer and the API docs, over the one data plane.
 
 Each API is a module-level router (openai.py, encode.py, v2.py, health.py) whose routes
-take the data plane from the app's state (state.py) and raise the service's typed errors;
+take the models from the app's state (state.py) and raise the service's typed errors;
 errors.py answers them in the API's shape with the status of the one table.
 """
 
 from __future__ import annotations
 
 import time
+from importlib import metadata
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.repository import ModelRepository
 from attnserve.service.http import encode, health, openai, v2
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
-from attnserve.service.inference.model import V2Model
+from attnserve.service.inference.model import V2Server
 from attnserve.service.settings import Settings
 
 
-def create_app(dataplane: DataPlane, settings: Settings, v2_model: V2Model) -> FastAPI:
-    """The HTTP app over `dataplane`; `v2_model` is shared with the gRPC transport."""
+def create_app(repository: ModelRepository, settings: Settings, v2_server: V2Server) -> FastAPI:
+    """The HTTP app over the served models; `v2_server` is shared with the gRPC transport."""
     app = FastAPI(
         title="attnserve",
         description="Contextual embeddings and attention weights of a causal self-attention "
         "encoder. The same model and batcher as the gRPC API (attnserve.v1.EncoderService).",
-        version=dataplane.backend.version,
+        version=metadata.version("attnserve"),
         docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from a CDN: see pages.py
         redoc_url=None,
     )
-    app.state.attnserve = AppState(dataplane, settings, v2_model, int(time.time()))
+    app.state.attnserve = AppState(repository, settings, v2_server, int(time.time()))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -35,10 +35,12 @@ EXAMPLE = {
 
 
 @router.get("/model-info")
-async def model_info(request: Request) -> dict:
-    """`GetModelInfo` in JSON (protobuf's JSON mapping of GetModelInfoResponse): sizes,
-    limits, and `kvHeads`, the key/value head each query head reads."""
-    return json_format.MessageToDict(state(request).dataplane.model_info())
+async def model_info(request: Request, model: str = "") -> dict:
+    """`GetModelInfo` in JSON (protobuf's JSON mapping of GetModelInfoResponse) of `model`
+    (default: the default model): sizes, limits, and `kvHeads`, the key/value head each
+    query head reads."""
+    with state(request).repository.observed("GET /v1/model-info") as find:
+        return json_format.MessageToDict(find(model).model_info())
 
 
 @router.post("/encode")
@@ -50,10 +52,10 @@ async def encode(
     the answer that of EncodeResponse. `"tensor_format": "list"` turns each tensor into
     `{"shape", "dtype", "values"}` (nested numbers); the default `"base64"` keeps the
     raw little-endian bytes of the gRPC API."""
-    dataplane = state(request).dataplane
-    with dataplane.observed("POST /v1/encode"):
+    with state(request).repository.observed("POST /v1/encode") as find:
         encode_request, as_lists = _encode_request(body)
-        response = await dataplane.encode(encode_request, deadline(request))
+        timeout = deadline(request)
+        response = await find(encode_request.model).encode(encode_request, timeout)
         return _encode_response(response, as_lists)
 
 

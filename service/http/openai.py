@@ -1,4 +1,5 @@
-"""OpenAI's embeddings API: GET /v1/models and POST /v1/embeddings, as its SDK calls them."""
+"""OpenAI's embeddings API: GET /v1/models and POST /v1/embeddings, as its SDK calls them
+(`model` names a served model; left out, the default one)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Literal, cast
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from attnserve.service.core.errors import InvalidInputError, ModelNotFoundError
+from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.response import pooled
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
@@ -35,15 +36,13 @@ class EmbeddingsRequest(BaseModel):
 
 @router.get("/models")
 async def models(request: Request) -> dict:
-    """The one served model, as OpenAI's model list."""
+    """The served models, as OpenAI's model list."""
     s = state(request)
-    model = {
-        "id": s.dataplane.backend.config.name,
-        "object": "model",
-        "created": s.started,
-        "owned_by": "attnserve",
-    }
-    return {"object": "list", "data": [model]}
+    data = [
+        {"id": name, "object": "model", "created": s.started, "owned_by": "attnserve"}
+        for name in sorted(s.repository.served)
+    ]
+    return {"object": "list", "data": data}
 
 
 @router.post("/embeddings")
@@ -51,12 +50,9 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
     """One vector per input: the `--embeddings-pooling` of its token embeddings (default
     `last`: in a causal model only the last token has seen the whole input)."""
     s = state(request)
-    dataplane, config = s.dataplane, s.dataplane.backend.config
-    with dataplane.observed("POST /v1/embeddings"):
-        if body.model is not None and body.model != config.name:
-            raise ModelNotFoundError(
-                f"model: no model {body.model!r}; this server serves {config.name!r}"
-            )
+    with s.repository.observed("POST /v1/embeddings") as find:
+        dataplane = find(body.model or "")
+        config = dataplane.backend.config
         encode = _encode_request(body, config.d_model, s.settings.embeddings_pooling)
         data = []
         async with dataplane.results(encode, deadline(request)) as (plan, results):
@@ -70,7 +66,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
                 data.append({"object": "embedding", "index": index, "embedding": embedding})
             tokens = sum(len(ids) for ids in plan.sequences)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return {"object": "list", "data": data, "model": config.name, "usage": usage}
+        return {"object": "list", "data": data, "model": dataplane.name, "usage": usage}
 
 
 def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.EncodeRequest:

@@ -1,4 +1,4 @@
-"""What the HTTP routes read from the app: the data plane, the settings, the V2 model.
+"""What the HTTP routes read from the app: the models, the settings, the V2 server.
 
 The routes are module-level (one router per API); create_app puts these on `app.state`
 and the routes take them from the request, so no route is a closure over the server.
@@ -11,17 +11,17 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from attnserve.service.core.auth import check_bearer
-from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.inference.model import V2Model
+from attnserve.service.core.repository import ModelRepository
+from attnserve.service.inference.model import V2Server
 from attnserve.service.settings import Settings
 
 
 @dataclass(frozen=True)
 class AppState:
-    dataplane: DataPlane
+    repository: ModelRepository
     settings: Settings
-    v2: V2Model
+    v2: V2Server
     started: int  # the Unix time the app was made (OpenAI's model "created")
 
 

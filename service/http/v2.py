@@ -36,7 +36,7 @@ from attnserve.service.inference.messages import (
     InputTensor,
     RequestedOutput,
 )
-from attnserve.service.inference.model import V2Model
+from attnserve.service.inference.model import V2Server
 
 router = APIRouter(
     prefix="/v2", tags=["open inference protocol (KServe V2)"], route_class=ErrorRoute
@@ -52,13 +52,13 @@ BINARY_DATA, BINARY_DATA_SIZE, BINARY_DATA_OUTPUT = (
 )
 
 
-def _model(request: Request) -> V2Model:
+def _v2(request: Request) -> V2Server:
     return state(request).v2
 
 
 @router.get("")
 async def server_metadata(request: Request) -> dict:
-    return _model(request).server_metadata()
+    return _v2(request).server_metadata()
 
 
 @router.get("/health/live")
@@ -68,20 +68,19 @@ async def live() -> dict:
 
 @router.get("/health/ready")
 async def ready(request: Request) -> JSONResponse:
-    model = _model(request)
-    if not model.ready:
-        return JSONResponse({"error": model.dataplane.refusal}, 503)
+    if not _v2(request).ready:
+        return JSONResponse({"error": "not every model is ready"}, 503)
     return JSONResponse({"ready": True})
 
 
 @router.get(SHM + "/status", dependencies=protected)
 async def shm_status(request: Request) -> list[dict]:
-    return _regions(_model(request))
+    return _regions(_v2(request))
 
 
 @router.get(SHM + "/region/{name}/status", dependencies=protected)
 async def shm_region_status(name: str, request: Request) -> list[dict]:
-    return _regions(_model(request), name)
+    return _regions(_v2(request), name)
 
 
 @router.post(SHM + "/region/{name}/register", dependencies=protected)
@@ -91,60 +90,84 @@ async def shm_register(name: str, request: Request) -> dict:
         value = body.get(key, 0 if key == "offset" else None)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise InvalidInputError(f"{key}: a {kind.__name__} is required, got {value!r}")
-    _model(request).shared_memory.register(
-        name, body["key"], body.get("offset", 0), body["byte_size"]
-    )
+    _v2(request).shared_memory.register(name, body["key"], body.get("offset", 0), body["byte_size"])
     return {}
 
 
 @router.post(SHM + "/unregister", dependencies=protected)
 async def shm_unregister_all(request: Request) -> dict:
-    _model(request).shared_memory.unregister()
+    _v2(request).shared_memory.unregister()
     return {}
 
 
 @router.post(SHM + "/region/{name}/unregister", dependencies=protected)
 async def shm_unregister(name: str, request: Request) -> dict:
-    _model(request).shared_memory.unregister(name)
+    _v2(request).shared_memory.unregister(name)
     return {}
 
 
-def _regions(model: V2Model, name: str = "") -> list[dict]:
+def _regions(v2: V2Server, name: str = "") -> list[dict]:
     return [
         {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-        for r in model.shared_memory.status(name)
+        for r in v2.shared_memory.status(name)
     ]
+
+
+@router.post("/repository/index", dependencies=protected)
+async def repository_index(request: Request) -> list[dict]:
+    """Every model of the repository, loaded or not; {"ready": true}: only the ready ones."""
+    body, _ = _split_body(await request.body() or b"{}", {})
+    ready = body.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInputError(f"ready: must be a bool, got {ready!r}")
+    return _v2(request).index(ready)
+
+
+@router.post("/repository/models/{name}/load", dependencies=protected)
+async def repository_load(name: str, request: Request) -> dict:
+    """Load `name`, or reload it (its newest version), without downtime; answers once the
+    new version serves."""
+    body, _ = _split_body(await request.body() or b"{}", {})
+    await _v2(request).load(name, _parameters(body.get("parameters"), "parameters"))
+    return {}
+
+
+@router.post("/repository/models/{name}/unload", dependencies=protected)
+async def repository_unload(name: str, request: Request) -> dict:
+    """Stop serving `name`; answers once its admitted requests are answered."""
+    body, _ = _split_body(await request.body() or b"{}", {})
+    await _v2(request).unload(name, _parameters(body.get("parameters"), "parameters"))
+    return {}
 
 
 for _base in ("/models/{name}", "/models/{name}/versions/{version}"):
 
     @router.get(_base, dependencies=protected)
     async def model_metadata(request: Request, name: str, version: str = "") -> dict:
-        return _model(request).metadata(name, version)
+        return _v2(request).model(name, version).metadata()
 
     @router.get(_base + "/ready", dependencies=protected)
     async def model_ready(request: Request, name: str, version: str = "") -> JSONResponse:
-        model = _model(request)
-        model.check(name, version)
+        model = _v2(request).model(name, version)
         if not model.ready:
             return JSONResponse({"error": model.dataplane.refusal}, 503)
         return JSONResponse({"name": name, "ready": True})
 
     @router.get(_base + "/config", dependencies=protected)
     async def model_config(request: Request, name: str, version: str = "") -> dict:
-        return _model(request).config(name, version)["config"]
+        return _v2(request).model(name, version).config()["config"]
 
     @router.get(_base + "/stats", dependencies=protected)
     async def model_stats(request: Request, name: str, version: str = "") -> dict:
-        return _model(request).statistics(name, version)
+        return _v2(request).statistics(name, version)
 
     @router.post(_base + "/infer", dependencies=protected)
     async def infer(request: Request, name: str, version: str = "") -> Response:
-        model = _model(request)
-        with model.dataplane.observed("POST /v2/infer"):
+        v2 = _v2(request)
+        with v2.repository.observed("POST /v2/infer") as find:
             body, binary = _split_body(await request.body(), request.headers)
             infer_request, binary_outputs = _infer_request(body, binary, name, version)
-            answer = await model.infer(infer_request, deadline(request))
+            answer = await v2.infer(find, infer_request, deadline(request))
             return _infer_response(answer, binary_outputs)
 
 

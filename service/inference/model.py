@@ -1,16 +1,20 @@
-"""The Open Inference Protocol's model, transport-free: what /v2 over HTTP and
+"""The Open Inference Protocol, transport-free: what /v2 over HTTP and
 inference.GRPCInferenceService over gRPC both call (service/http/v2.py, service/grpc/inference.py).
 
-Requests and answers are Python values (service/inference/messages.py); metadata, config
-and statistics are the protocol's JSON documents, which the gRPC transport parses into its
-messages. A request runs through the same data plane as Encode (service/inference/tensors.py
-translates it), so V2, attnserve.v1 and HTTP requests batch together. Inputs and outputs
-may sit in a client's shared-memory region. Errors are the service's typed ones.
+`V2Server` is the protocol's view of the server (its metadata, the repository extension,
+the shared-memory regions, statistics per model version); `V2Model` that of one served
+model version. Requests and answers are Python values (service/inference/messages.py);
+metadata, config, statistics and the index are the protocol's JSON documents, which the
+gRPC transport parses into its messages. A request runs through its model's data plane, as
+Encode does (service/inference/tensors.py translates it), so V2, attnserve.v1 and HTTP
+requests batch together. Inputs and outputs may sit in a client's shared-memory region.
+Errors are the service's typed ones.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -18,7 +22,8 @@ import numpy as np
 
 from attnserve.oip.wire import BYTES, Parameter, WireError, from_bytes, unpack_bytes
 from attnserve.service.core.dataplane import DataPlane
-from attnserve.service.core.errors import InvalidInputError, ModelNotFoundError
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.repository import ModelRepository
 from attnserve.service.inference.messages import (
     SHM_PARAMETERS,
     InferRequest,
@@ -38,10 +43,18 @@ from attnserve.service.inference.tensors import (
     to_encode_request,
 )
 
-V2_VERSION = "1"  # the one version served
 PLATFORM = "onnxruntime_onnx"
 # What the server implements of Triton's extensions, as ServerMetadata lists them.
-EXTENSIONS = ["model_configuration", "statistics", "system_shared_memory", "binary_tensor_data"]
+EXTENSIONS = [
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "system_shared_memory",
+    "binary_tensor_data",
+]
+# The repository extension's parameters of a load and of an unload, and their types.
+LOAD_PARAMETERS: dict[str, type] = {}  # Triton's "config" would replace the model's own
+UNLOAD_PARAMETERS: dict[str, type] = {"unload_dependents": bool}  # no model has dependents
 CONFIG_TYPES = {"INT64": "TYPE_INT64", "INT32": "TYPE_INT32", "FP32": "TYPE_FP32"}
 CONFIG_TYPES |= {"FP16": "TYPE_FP16", BYTES: "TYPE_STRING"}
 
@@ -62,43 +75,101 @@ class _Statistics:
     last_ms: int = 0
 
 
-class V2Model:
-    """The served model as the protocol sees it."""
+class V2Server:
+    """The protocol's view of the server: every served model, by name and version."""
 
-    def __init__(self, dataplane: DataPlane, shared_memory: SharedMemoryRegistry) -> None:
-        self.dataplane = dataplane
+    def __init__(self, repository: ModelRepository, shared_memory: SharedMemoryRegistry) -> None:
+        self.repository = repository
         self.shared_memory = shared_memory
-        self.stats = _Statistics()
-
-    @property
-    def name(self) -> str:
-        return self.dataplane.backend.config.name
-
-    @property
-    def version(self) -> str:
-        """ "1": Triton's tools (perf_analyzer) read versions as integers. The weights' hash,
-        attnserve.v1's model_version, names the same version too."""
-        return V2_VERSION
+        self._stats: dict[tuple[str, str], _Statistics] = {}
 
     @property
     def ready(self) -> bool:
-        return self.dataplane.refusal is None
-
-    def check(self, name: str, version: str = "") -> None:
-        """ModelNotFoundError unless `name` (and `version`, if given) is the served model."""
-        if name != self.name or version not in ("", V2_VERSION, self.dataplane.backend.version):
-            raise ModelNotFoundError(
-                f"model_name: no model {name!r}"
-                + (f" version {version!r}" if version else "")
-                + f"; this server serves {self.name!r} version {self.version!r}"
-            )
+        return self.repository.ready
 
     def server_metadata(self) -> dict:
         version = metadata.version("attnserve")
         return {"name": "attnserve", "version": version, "extensions": EXTENSIONS}
 
-    def metadata(self, name: str, version: str = "") -> dict:
-        self.check(name, version)
+    def model(self, name: str, version: str = "") -> V2Model:
+        """The served model `name` at `version` ("": the one served); ModelNotFoundError."""
+        return self._model(self.repository.get(name, version))
+
+    def _model(self, dataplane: DataPlane) -> V2Model:
+        stats = self._stats.setdefault((dataplane.name, dataplane.version), _Statistics())
+        return V2Model(dataplane, self.shared_memory, stats)
+
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        """Every served model's statistics, or one model's."""
+        served = (
+            [self.model(name, version)]
+            if name
+            else [self._model(d) for d in self.repository.served.values()]
+        )
+        return {"model_stats": [model.statistics() for model in served]}
+
+    async def infer(
+        self, find: Callable[..., DataPlane], request: InferRequest, timeout: float | None
+    ) -> InferResponse:
+        """Run one request on the model it names; `find` is the repository's, from the
+        transport's `observed`."""
+        dataplane = find(request.model_name, request.model_version)
+        return await self._model(dataplane).infer(request, timeout)
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        """Triton's repository index: every model, loaded or not."""
+        return [
+            {"name": s.name, "version": s.version, "state": s.state, "reason": s.reason}
+            for s in self.repository.index(ready_only)
+        ]
+
+    async def load(self, name: str, parameters: dict[str, Parameter]) -> None:
+        _check_parameters(parameters, LOAD_PARAMETERS)
+        await self.repository.load(name)
+
+    async def unload(self, name: str, parameters: dict[str, Parameter]) -> None:
+        _check_parameters(parameters, UNLOAD_PARAMETERS)
+        await self.repository.unload(name)
+
+
+def _check_parameters(parameters: dict[str, Parameter], known: dict[str, type]) -> None:
+    for key, value in parameters.items():
+        kind = known.get(key)
+        if kind is None:
+            raise InvalidInputError(
+                f"parameters.{key}: not taken here (known: {', '.join(known) or 'none'}); "
+                "a model loads what its directory holds"
+            )
+        if not isinstance(value, kind):
+            raise InvalidInputError(f"parameters.{key}: must be a {kind.__name__}, got {value!r}")
+
+
+class V2Model:
+    """One served model version as the protocol sees it."""
+
+    def __init__(
+        self, dataplane: DataPlane, shared_memory: SharedMemoryRegistry, stats: _Statistics
+    ) -> None:
+        self.dataplane = dataplane
+        self.shared_memory = shared_memory
+        self.stats = stats
+
+    @property
+    def name(self) -> str:
+        return self.dataplane.name
+
+    @property
+    def version(self) -> str:
+        """The repository's version folder ("1" with --model): Triton's tools (perf_analyzer)
+        read versions as integers. The weights' hash, attnserve.v1's model_version, names
+        the same version too."""
+        return self.dataplane.version
+
+    @property
+    def ready(self) -> bool:
+        return self.dataplane.refusal is None
+
+    def metadata(self) -> dict:
         return {
             "name": self.name,
             "versions": [self.version],
@@ -111,8 +182,7 @@ class V2Model:
             ],
         }
 
-    def config(self, name: str, version: str = "") -> dict:
-        self.check(name, version)
+    def config(self) -> dict:
         # No input is marked optional, though text and input_ids are alternatives and
         # input_lengths has a default: perf_analyzer's shared-memory mode refuses a model
         # with optional inputs, and sends every input instead (tensors.py reads an all-empty
@@ -128,9 +198,7 @@ class V2Model:
         config = {"name": self.name, "platform": PLATFORM, "backend": "onnxruntime"}
         return {"config": config | {"max_batch_size": 0, "input": inputs, "output": outputs}}
 
-    def statistics(self, name: str = "", version: str = "") -> dict:
-        if name:
-            self.check(name, version)
+    def statistics(self) -> dict:
         s = self.stats
         ns = {
             "success": (s.success, s.success_ns),
@@ -148,7 +216,7 @@ class V2Model:
             "execution_count": s.success,
             "inference_stats": {k: {"count": c, "ns": t} for k, (c, t) in ns.items()},
         }
-        return {"model_stats": [stats]}
+        return stats
 
     async def infer(self, request: InferRequest, timeout: float | None) -> InferResponse:
         """Run one request through the data plane; counts it either way. Each output is
@@ -156,7 +224,6 @@ class V2Model:
         shared-memory region."""
         start = time.perf_counter_ns()
         try:
-            self.check(request.model_name, request.model_version)
             for i, tensor in enumerate(request.inputs):
                 self._read_input(i, tensor)
             plan = to_encode_request(request)

@@ -107,7 +107,9 @@ def test_metrics_endpoint_counts_requests(server, client):
         .read()
         .decode()
     )
-    assert 'attnserve_requests_total{code="OK",method="Encode"}' in body
+    model = f'model="{SMALL_CONFIG.name}",version="1"'
+    assert f'attnserve_requests_total{{code="OK",method="Encode",{model}}}' in body
+    assert f"attnserve_tokens_total{{{model}}}" in body  # each model's series carry its labels
     for name in (
         "attnserve_queue_seconds",
         "attnserve_batch_size",

@@ -49,9 +49,12 @@ def test_boolean_settings_from_flag_or_environment(text, value):
     assert settings.runtime_options.intra_op_spinning is value
 
 
-def test_model_is_required_without_environment():
-    with pytest.raises(ValueError, match=r"--model \(or ATTNSERVE_MODEL\) is required"):
+def test_a_model_or_a_repository_is_required_but_not_both():
+    with pytest.raises(ValueError, match=r"--model DIR or --model-repository DIR"):
         parse([], {})
+    with pytest.raises(ValueError, match=r"one of the two"):
+        parse(["--model", "a"], {"ATTNSERVE_MODEL_REPOSITORY": "models"})
+    assert parse([], {"ATTNSERVE_MODEL_REPOSITORY": "models"}).model_repository == Path("models")
 
 
 def test_invalid_environment_value_names_the_variable():

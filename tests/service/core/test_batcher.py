@@ -40,7 +40,8 @@ class Scenario:
         self.backend = backend or FakeBackend()
         self.metrics = Metrics()
         options = BatcherOptions(**{"max_batch_tokens": 64, "max_batched_seq_len": 64, **options})
-        self.batcher = Batcher(self.backend, options, self.metrics, clock, instances)
+        model_metrics = self.metrics.for_model("fake", "1")
+        self.batcher = Batcher(self.backend, options, model_metrics, clock, instances)
         self.batcher.start()
 
     async def hold(self) -> asyncio.Task:
@@ -67,7 +68,8 @@ class Scenario:
         return self.backend.shapes()[skip:]
 
     def metric(self, name: str) -> float:
-        return self.metrics.registry.get_sample_value(name) or 0.0
+        labels = {"model": "fake", "version": "1"}
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def run(scenario_coroutine):

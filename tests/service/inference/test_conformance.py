@@ -398,6 +398,7 @@ def test_every_advertised_extension_answers(http, stub):
     extensions = http.get("/v2").json()["extensions"]
     assert set(extensions) == {
         "model_configuration",
+        "model_repository",
         "statistics",
         "system_shared_memory",
         "binary_tensor_data",
@@ -411,3 +412,7 @@ def test_every_advertised_extension_answers(http, stub):
     grpc_stats = stub.ModelStatistics(oip.ModelStatisticsRequest(name=MODEL)).model_stats[0]
     assert grpc_stats.inference_stats.success.count >= stats["inference_stats"]["success"]["count"]
     assert http.get("/v2/systemsharedmemory/status").status_code == 200
+    index = http.post("/v2/repository/index", json={}).json()
+    assert index == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+    grpc_index = stub.RepositoryIndex(oip.RepositoryIndexRequest()).models
+    assert [(m.name, m.state) for m in grpc_index] == [(MODEL, "READY")]
