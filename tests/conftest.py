@@ -19,6 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Small enough to export in seconds, long enough for the lengths the tests need (256).
 SMALL_CONFIG = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_ff=256, max_seq_len=300)
 SMALL_SEED = 1
+# A second model of another shape: the repository's other model, and a's version 2.
+OTHER_CONFIG = ModelConfig(
+    name="other", n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=300
+)
 
 
 # What `make test-fast` (pytest -m "not slow") leaves out: containers, the browser, the
@@ -75,6 +79,16 @@ def small_model_dir(small_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory) -> Path:
+    from attnserve.export.model_dir import write_model_dir
+    from attnserve.model.encoder import build_encoder
+
+    out = tmp_path_factory.mktemp("other_model")
+    write_model_dir(build_encoder(OTHER_CONFIG, seed=2), out, log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
 def small_runtime(small_model_dir):
     from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
@@ -105,7 +119,8 @@ def default_model():
 class ServerThread:
     """A real grpc.aio server on port 0, its event loop on a background thread."""
 
-    def __init__(self, model_dir: Path, backend=None, warm_up: bool = True, **overrides):
+    def __init__(self, model_dir: Path | None, backend=None, warm_up: bool = True, **overrides):
+        """model_dir None: give model_repository=DIR among the overrides."""
         from attnserve.service.server import start_server
         from attnserve.service.settings import Settings
 

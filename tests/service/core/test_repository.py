@@ -1,0 +1,244 @@
+"""A repository of models: every API routes by model name, tritonclient drives the repository
+extension unmodified, and a reload under load fails no request. Real exported models in a
+real repository folder, real servers on port 0."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from openai import OpenAI
+from tritonclient.utils import InferenceServerException
+
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread
+
+IDS = [5, 6, 7, 8]
+
+
+def make_repository(root, small_model_dir, other_model_dir):
+    """a: the small model (version 1); b: the other model (version 1)."""
+    shutil.copytree(small_model_dir, root / "a" / "1")
+    shutil.copytree(other_model_dir, root / "b" / "1")
+    return root
+
+
+def reference(model_dir) -> np.ndarray:
+    """What a model directory's full graph gives for IDS, in ONNX Runtime directly."""
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    return runtime.embed(np.array([IDS], dtype=np.int64))[0]
+
+
+@pytest.fixture(scope="module")
+def references(small_model_dir, other_model_dir) -> dict[str, np.ndarray]:
+    return {"a": reference(small_model_dir), "b": reference(other_model_dir)}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, small_model_dir, other_model_dir):
+    root = make_repository(tmp_path_factory.mktemp("repo"), small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    yield server
+    server.stop()
+
+
+def test_every_api_routes_by_model_name(served, references):
+    with EncoderClient(served.address, ClientOptions(timeout_s=60)) as client:
+        for name in ("a", "b"):
+            out = client.encode(IDS, model=name)
+            np.testing.assert_allclose(out[0].embeddings, references[name], atol=1e-5, rtol=0)
+            assert client.model_info(model=name)["name"] == name
+        # No model named: the default model (--default-model a).
+        np.testing.assert_allclose(client.encode(IDS)[0].embeddings, references["a"], atol=1e-5)
+
+    openai = OpenAI(base_url=f"{served.http_url}/v1", api_key="unused")
+    assert [m.id for m in openai.models.list().data] == ["a", "b"]
+    vector = openai.embeddings.create(model="b", input=[IDS]).data[0].embedding
+    np.testing.assert_allclose(vector, references["b"][-1], atol=1e-5, rtol=0)
+
+    triton = triton_grpc.InferenceServerClient(served.address)
+    tensor = triton_grpc.InferInput("input_ids", [1, len(IDS)], "INT64")
+    tensor.set_data_from_numpy(np.array([IDS], dtype=np.int64))
+    for name in ("a", "b"):
+        result = triton.infer(name, [tensor], outputs=[triton_grpc.InferRequestedOutput("pooled")])
+        np.testing.assert_allclose(result.as_numpy("pooled")[0], references[name][-1], atol=1e-5)
+        assert triton.get_model_metadata(name).versions == ["1"]
+        assert triton.is_model_ready(name, "1")
+    assert not triton.is_model_ready("a", "2")
+
+
+def test_an_unknown_model_is_not_found_in_each_apis_shape(served):
+    with EncoderClient(served.address) as client:
+        with pytest.raises(grpc.RpcError) as error:
+            client.encode(IDS, model="nope")
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "'nope'" in error.value.details() and "served: a, b" in error.value.details()
+    with httpx.Client(base_url=served.http_url) as http:
+        answer = http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+        assert answer.status_code == 404
+        assert answer.json()["error"]["code"] == "model_not_found"
+        tensor = {"name": "input_ids", "datatype": "INT64", "shape": [1, 4], "data": IDS}
+        answer = http.post("/v2/models/nope/infer", json={"inputs": [tensor]})
+        assert answer.status_code == 404 and "nope" in answer.json()["error"]
+        assert http.get("/v2/models/a/versions/7").status_code == 404
+    # The server goes on serving.
+    with EncoderClient(served.address) as client:
+        assert len(client.encode(IDS, model="b")[0].token_ids) == len(IDS)
+
+
+def test_series_and_statistics_are_per_model_and_version(served):
+    with EncoderClient(served.address) as client:
+        client.encode(IDS, model="b")
+    labels = {"method": "Encode", "code": "OK", "model": "b", "version": "1"}
+    assert served.metric("attnserve_requests_total", labels) >= 1
+    assert served.metric("attnserve_tokens_total", {"model": "b", "version": "1"}) >= len(IDS)
+    stats = httpx.get(f"{served.http_url}/v2/models/b/stats").json()["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == [("b", "1")]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_tritonclient_drives_the_repository_extension(
+    tmp_path, small_model_dir, other_model_dir, protocol
+):
+    """The index lists every model; unload stops one, load brings it back (Triton's
+    extension, through tritonclient's own calls)."""
+    root = make_repository(tmp_path, small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    try:
+        if protocol == "grpc":
+            triton = triton_grpc.InferenceServerClient(server.address)
+            index = triton.get_model_repository_index(as_json=True)["models"]
+        else:
+            triton = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+            index = triton.get_model_repository_index()
+        assert [(m["name"], m["version"], m["state"]) for m in index] == [
+            ("a", "1", "READY"),
+            ("b", "1", "READY"),
+        ]
+        assert "model_repository" in triton.get_server_metadata(**_json(protocol))["extensions"]
+        triton.unload_model("b")
+        assert not triton.is_model_ready("b")
+        states = {m["name"]: m for m in _index(triton, protocol)}
+        assert states["b"]["state"] == "UNAVAILABLE" and states["b"]["reason"] == "unloaded"
+        with pytest.raises(InferenceServerException, match="nope"):
+            triton.load_model("nope")
+        triton.load_model("b")
+        assert triton.is_model_ready("b")
+        assert {m["state"] for m in _index(triton, protocol)} == {"READY"}
+    finally:
+        server.stop()
+
+
+def _json(protocol: str) -> dict:
+    return {"as_json": True} if protocol == "grpc" else {}
+
+
+def _index(triton, protocol: str) -> list[dict]:
+    index = triton.get_model_repository_index(**_json(protocol))
+    return index["models"] if protocol == "grpc" else index
+
+
+def test_a_reload_under_load_fails_no_request(
+    tmp_path, small_model_dir, other_model_dir, references
+):
+    """8 clients in a closed loop on model a while version 2 (the other model's weights)
+    is loaded: no request fails, every answer is exactly one version's, and once the load
+    has returned the answers are version 2's."""
+    root = make_repository(tmp_path, small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root)
+    shutil.copytree(other_model_dir, root / "a" / "2")
+    answers: list[tuple[bool, str]] = []  # (after the load returned, which version)
+    failures: list[BaseException] = []
+    loaded, stop = threading.Event(), threading.Event()
+    before, enough_after = threading.Semaphore(0), threading.Semaphore(0)
+
+    def client_loop() -> None:
+        with EncoderClient(server.address, ClientOptions(timeout_s=60, retries=0)) as client:
+            while not stop.is_set():
+                after = loaded.is_set()
+                try:
+                    out = client.encode(IDS, model="a")
+                except grpc.RpcError as exc:
+                    failures.append(exc)
+                    continue
+                answers.append((after, _version_of(out[0].embeddings, references)))
+                (enough_after if after else before).release()
+
+    threads = [threading.Thread(target=client_loop) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in range(16):  # the load starts under load
+            assert before.acquire(timeout=60)
+        triton = triton_grpc.InferenceServerClient(server.address)
+        triton.load_model("a")
+        loaded.set()
+        for _ in range(16):
+            assert enough_after.acquire(timeout=60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    try:
+        assert failures == []
+        assert {version for _, version in answers} == {"1", "2"}
+        assert {version for after, version in answers if after} == {"2"}
+        index = triton.get_model_repository_index(as_json=True)["models"]
+        assert {m["name"]: m["version"] for m in index} == {"a": "2", "b": "1"}
+        labels = {"model": "a", "version": "1"}
+        assert server.metric("attnserve_tokens_total", labels) == 0  # version 1's series gone
+    finally:
+        server.stop()
+
+
+def _version_of(embeddings: np.ndarray, references: dict[str, np.ndarray]) -> str:
+    for version, name in (("1", "a"), ("2", "b")):
+        ref = references[name]
+        if embeddings.shape == ref.shape and np.allclose(embeddings, ref, atol=1e-5, rtol=0):
+            return version
+    return "neither"
+
+
+def test_a_failed_load_leaves_the_old_version_serving(
+    tmp_path, small_model_dir, other_model_dir, references
+):
+    root = make_repository(tmp_path, small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    broken = root / "a" / "2"
+    broken.mkdir()
+    (broken / "model.onnx").write_bytes(b"not a model")
+    try:
+        triton = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+        with pytest.raises(InferenceServerException) as error:
+            triton.load_model("a")
+        assert "model.onnx" in str(error.value)
+        (state,) = [m for m in triton.get_model_repository_index() if m["name"] == "a"]
+        assert state["state"] == "READY" and state["version"] == "1"
+        assert state["reason"].startswith("reload failed")
+        with EncoderClient(server.address) as client:
+            out = client.encode(IDS, model="a")
+        np.testing.assert_allclose(out[0].embeddings, references["a"], atol=1e-5, rtol=0)
+    finally:
+        server.stop()
+
+
+def test_several_models_need_a_name_or_a_default(tmp_path, small_model_dir, other_model_dir):
+    root = make_repository(tmp_path, small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root)
+    try:
+        with EncoderClient(server.address) as client:
+            with pytest.raises(grpc.RpcError) as error:
+                client.encode(IDS)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "--default-model" in error.value.details()
+            assert client.encode(IDS, model="b")[0].embeddings.shape == (4, OTHER_CONFIG.d_model)
+            assert client.model_info(model="a")["d_model"] == SMALL_CONFIG.d_model
+    finally:
+        server.stop()
