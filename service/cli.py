@@ -17,8 +17,9 @@ log = logging.getLogger("attnserve.service")
 def add_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve a model directory over gRPC",
-        description="Serve a model directory over gRPC until SIGTERM/SIGINT, then drain.",
+        help="serve a model directory, or a repository of them, over gRPC and HTTP",
+        description="Serve a model directory (--model) or a repository of models "
+        "(--model-repository) over gRPC and HTTP until SIGTERM/SIGINT, then drain.",
     )
     add_settings_arguments(serve)
     serve.set_defaults(run=run_serve)

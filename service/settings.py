@@ -264,7 +264,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     for f in fields(Settings):
         value = getattr(args, f.name)
         env = env_name(f.name)
-        if value is None and env in environ:
+        if value is None and environ.get(env):  # empty is unset: Compose can clear a default
             kind = f.metadata["type"]
             try:
                 value = kind(environ[env])

@@ -163,7 +163,14 @@ class ModelRepository:
     async def start(self) -> None:
         """Build every model (not yet warm). A model that fails to build is left out, its
         reason in the index; a server with no model at all does not start."""
-        names = [None] if self.root is None else self._names()
+        if self.root is not None and not self.root.is_dir():
+            raise ModelLoadError(f"--model-repository {self.root}: not a directory")
+        names: list[str | None] = [None] if self.root is None else list(self._names())
+        if not names:
+            raise ModelLoadError(
+                f"--model-repository {self.root}: no model in it (a model is a folder "
+                "<name>/<version>/ holding what `attnserve export` writes)"
+            )
         for name in names:
             try:
                 await self._build(name)
@@ -173,6 +180,11 @@ class ModelRepository:
                 log.error("model %s not loaded: %s", name, exc)
         if not self.served:
             raise ModelLoadError(f"no model in {self.root} could be loaded (see the log)")
+        if self.default and self.default not in self.served:
+            raise ModelLoadError(
+                f"--default-model {self.default}: no such model served; served: "
+                + ", ".join(sorted(self.served))
+            )
 
     async def warm_up(self) -> None:
         """Start and warm every built model, then let requests in."""

@@ -19,6 +19,20 @@ def test_missing_model_is_a_clear_error(tmp_path):
     assert "cannot serve: no model.onnx in" in result.stderr
 
 
+def test_a_repository_without_models_is_a_clear_error(tmp_path, small_model_dir):
+    flags = ("--provider", "cpu", "--port", "0", "--metrics-port", "-1", "--http-port", "-1")
+    empty = run_cli("serve", "--model-repository", str(tmp_path), *flags)
+    assert empty.returncode == 1
+    assert f"--model-repository {tmp_path}: no model in it" in empty.stderr
+    missing = run_cli("serve", "--model-repository", str(tmp_path / "nope"), *flags)
+    assert missing.returncode == 1 and "not a directory" in missing.stderr
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "1").symlink_to(small_model_dir)
+    wrong = run_cli("serve", "--model-repository", str(tmp_path), "--default-model", "b", *flags)
+    assert wrong.returncode == 1
+    assert "--default-model b: no such model served; served: a" in wrong.stderr
+
+
 def test_settings_are_validated_and_logged(small_model_dir):
     result = run_cli("serve", "--model", str(small_model_dir), "--tls-cert", "c.pem")
     assert result.returncode == 2

@@ -55,6 +55,10 @@ def test_a_model_or_a_repository_is_required_but_not_both():
     with pytest.raises(ValueError, match=r"one of the two"):
         parse(["--model", "a"], {"ATTNSERVE_MODEL_REPOSITORY": "models"})
     assert parse([], {"ATTNSERVE_MODEL_REPOSITORY": "models"}).model_repository == Path("models")
+    # An empty variable is unset: Compose clears the image's ATTNSERVE_MODEL so.
+    env = {"ATTNSERVE_MODEL": "", "ATTNSERVE_MODEL_REPOSITORY": "/repository"}
+    settings = parse([], env)
+    assert settings.model is None and settings.model_repository == Path("/repository")
 
 
 def test_invalid_environment_value_names_the_variable():
