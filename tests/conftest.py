@@ -88,6 +88,15 @@ def other_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+def make_repository(root: Path, small_model_dir: Path, other_model_dir: Path) -> Path:
+    """A model repository in `root`: a, the small model, and b, the other one (version 1)."""
+    import shutil
+
+    shutil.copytree(small_model_dir, root / "a" / "1")
+    shutil.copytree(other_model_dir, root / "b" / "1")
+    return root
+
+
 @pytest.fixture(scope="session")
 def small_runtime(small_model_dir):
     from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions

@@ -18,16 +18,9 @@ from tritonclient.utils import InferenceServerException
 
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread
+from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
 
 IDS = [5, 6, 7, 8]
-
-
-def make_repository(root, small_model_dir, other_model_dir):
-    """a: the small model (version 1); b: the other model (version 1)."""
-    shutil.copytree(small_model_dir, root / "a" / "1")
-    shutil.copytree(other_model_dir, root / "b" / "1")
-    return root
 
 
 def reference(model_dir) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 A shared URL renders its view directly; the map has one row and one column per
 token; hovering a cell names the tokens and shows the very weight the gRPC API
-returns; views, the last-row mode and the entropy grid switch what is drawn; the
-page fetches nothing from anywhere but the server.
+returns; views, the last-row mode and the entropy grid switch what is drawn; two models
+or two texts compare side by side, synced, with a difference map; the page fetches
+nothing from anywhere but the server.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
+from attnserve.client import EncoderClient
 from tests.ci import skip_or_fail_in_ci
-from tests.conftest import SMALL_CONFIG, ServerThread
+from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
 
 TEXT = "The cat sat on the mat."
 BROWSER_ARGS = [
@@ -190,3 +192,72 @@ def test_the_api_docs_render_offline(page, server):
     page.locator(".swagger-ui .info .title", has_text="attnserve").wait_for()
     page.locator("#operations-openai-embeddings_v1_embeddings_post").wait_for()
     assert page.elsewhere == []
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory, small_model_dir, other_model_dir):
+    """A server of a repository: a (2 layers, 4 heads) and b (1 layer, 2 heads)."""
+    root = make_repository(tmp_path_factory.mktemp("repo"), small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    yield server
+    server.stop()
+
+
+def head_weights(server, model: str, text: str, layer: int, head: int) -> np.ndarray:
+    with EncoderClient(server.address) as client:
+        out = client.encode(text, attention=True, layers=[layer], heads=[head], model=model)
+    return out[0].attention[0, 0]
+
+
+def test_two_models_side_by_side_with_their_difference(browser, two_models):
+    """The same text through a and b: one layer and head in both maps, hovering names both
+    weights and their difference, and the URL carries the comparison."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    try:
+        query = f"text={quote(TEXT)}&model=a&compare=model&model_b=b&layer=0&head=1&view=head"
+        page.goto(f"{two_models.http_url}/?{query}")
+        page.locator("#pane-diff:not([hidden]) #heatmap-diff[data-rows]").wait_for()
+        assert page.locator("#model-a").input_value() == "a"
+        assert page.locator("#model-b").input_value() == "b"
+        assert "b:" in page.locator("#caption-b").text_content()
+        first = head_weights(two_models, "a", TEXT, 0, 1)
+        second = head_weights(two_models, "b", TEXT, 0, 1)
+        hover_cell(page, 5, 2)
+        info = page.locator("#hover-info")
+        shown = {k: float(info.get_attribute(f"data-{k}")) for k in ("a", "b", "diff")}
+        assert shown["a"] == pytest.approx(first[5, 2], abs=2e-3)
+        assert shown["b"] == pytest.approx(second[5, 2], abs=2e-3)
+        assert shown["diff"] == pytest.approx(shown["a"] - shown["b"], abs=1e-6)
+        # Layer 1 exists in a only: b says so and there is no difference map.
+        page.select_option("#layer", "1")
+        page.locator("#pane-diff[hidden]").wait_for(state="attached")
+        assert "no such layer" in page.locator("#caption-b").text_content()
+        assert "compare=model" in page.url and "model_b=b" in page.url and "layer=1" in page.url
+    finally:
+        context.close()
+
+
+def test_two_texts_through_one_model_and_the_model_picker(browser, two_models):
+    """Two texts of different lengths: both maps, and a note instead of a difference map;
+    the picker switches the first model."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    try:
+        other = "A much longer sentence than the first one."
+        query = f"text={quote(TEXT)}&model=a&compare=text&text_b={quote(other)}"
+        page.goto(f"{two_models.http_url}/?{query}")
+        page.locator("#heatmap-b[data-rows]").wait_for()
+        note = page.locator("#diff-note:not([hidden])")
+        note.wait_for()
+        with EncoderClient(two_models.address) as client:
+            lengths = [len(client.encode(t, model="a")[0].token_ids) for t in (TEXT, other)]
+        assert f"the first has {lengths[0]} tokens, the second {lengths[1]}" in note.text_content()
+        assert page.locator("#text-b").input_value() == other
+        page.select_option("#model-a", "b")
+        page.wait_for_function("document.getElementById('caption-a').textContent.startsWith('b:')")
+        shape = page.locator("#model-shape").text_content()
+        assert shape.startswith(f"{OTHER_CONFIG.n_layers} layers, {OTHER_CONFIG.n_heads} heads")
+        assert "model=b" in page.url
+    finally:
+        context.close()

@@ -1,11 +1,14 @@
 // The attention explorer: asks POST /v1/encode for every layer and head (float16,
-// causal-packed: a quarter of the float32 bytes), then draws one view on a canvas.
+// causal-packed: a quarter of the float32 bytes), then draws one view on a canvas. It can
+// compare: the same text through two models, or two texts through one model, side by side
+// with the same layer, head and view, and a difference map where the two have as many tokens.
 // No build step, no dependencies; the URL carries the state so a view can be shared:
-//   /?text=...&layer=2&head=5&view=rollout&rows=all
+//   /?text=...&layer=2&head=5&view=rollout&rows=all&model=a&compare=model&model_b=b
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { encoding: null, kvHeads: null };
+// panes.a and panes.b: { packed, tokens, model, text } once encoded; b only when comparing.
+const state = { panes: { a: null, b: null }, kvHeads: null };
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
 
@@ -84,16 +87,23 @@ function meanRowEntropy(m, t) {
   return total / t;
 }
 
-function currentView() {
-  const { packed, tokens } = state.encoding;
+// The matrix the controls select, of one encoding; null if it has no such layer or head.
+function viewOf(encoding) {
+  const { packed, tokens } = encoding;
   const t = tokens.length;
+  const [layers, heads] = packed.shape;
   const layer = Number($("layer").value), head = Number($("head").value), view = $("view").value;
+  if (layer >= layers || (view === "head" && head >= heads)) return null;
   const full =
     view === "head" ? headMatrix(packed, layer, head, t)
     : view === "rollout" ? rollout(packed, layer, t)
     : reduceHeads(packed, layer, t, view);
   const rowIndex = $("rows").value === "last" ? [t - 1] : [...Array(t).keys()];
   return { full, rowIndex, t, tokens };
+}
+
+function comparing() {
+  return $("compare").value !== "" && state.panes.b !== null;
 }
 
 // ---- drawing ----
@@ -111,10 +121,16 @@ function showScale(peak) {
   $("scale").hidden = false;
 }
 
-function draw(highlight = null) {
-  if (!state.encoding) return;
-  const { full, rowIndex, t, tokens } = currentView();
-  const canvas = $("heatmap");
+function diverging(v) {  // -1 blue .. 0 white .. 1 red
+  const x = Math.max(-1, Math.min(1, v));
+  return x >= 0
+    ? `rgb(255,${Math.round(255 - 170 * x)},${Math.round(255 - 190 * x)})`
+    : `rgb(${Math.round(255 + 190 * x)},${Math.round(255 + 120 * x)},255)`;
+}
+
+// One map on one canvas; `signed` maps draw differences. Returns the map's geometry.
+function drawMap(canvas, view, signed, highlight) {
+  const { full, rowIndex, t, tokens } = view;
   const cell = Math.max(2, Math.min(24, Math.floor(760 / t)));
   const labels = cell >= 8;
   const margin = labels ? 70 : 4;
@@ -128,11 +144,12 @@ function draw(highlight = null) {
   const g = canvas.getContext("2d");
   g.clearRect(0, 0, canvas.width, canvas.height);
   let peak = 0;
-  for (const i of rowIndex) for (let j = 0; j <= i; j++) peak = Math.max(peak, full[i * t + j]);
-  showScale(peak);
+  for (const i of rowIndex) for (let j = 0; j <= i; j++) peak = Math.max(peak, Math.abs(full[i * t + j]));
+  canvas.dataset.peak = String(peak);
   rowIndex.forEach((i, r) => {
     for (let j = 0; j < t; j++) {
-      g.fillStyle = j > i ? "#f4f4f4" : colour(full[i * t + j] / (peak || 1));
+      const v = full[i * t + j] / (peak || 1);
+      g.fillStyle = j > i ? "#f4f4f4" : signed ? diverging(v) : colour(v);
       g.fillRect(margin + j * cell, margin + r * cell, cell, cell);
     }
   });
@@ -141,7 +158,7 @@ function draw(highlight = null) {
     g.lineWidth = 2;
     const r = rowIndex.indexOf(highlight.row);
     if (r >= 0) g.strokeRect(margin, margin + r * cell, cell * t, cell);
-    if (highlight.col !== null) g.strokeRect(margin + highlight.col * cell, margin, cell, cell * rowIndex.length);
+    if (highlight.col !== null && highlight.col < t) g.strokeRect(margin + highlight.col * cell, margin, cell, cell * rowIndex.length);
   }
   if (labels) {
     g.fillStyle = "#1d1d1f";
@@ -158,13 +175,53 @@ function draw(highlight = null) {
     }
     g.restore();
   }
-  state.geometry = { cell, margin, rowIndex, t, full, tokens };
+  return { cell, margin, rowIndex, t, full, tokens, peak };
 }
 
-function hover(event) {
-  const geo = state.geometry;
+function caption(pane) {
+  const p = state.panes[pane];
+  return p ? `${p.model}: ${JSON.stringify(p.text.length > 60 ? p.text.slice(0, 57) + "..." : p.text)}` : "";
+}
+
+// Every map with the controls' layer, head and view: the first, the second and their
+// difference when comparing. state.maps keeps each map's geometry, for hovering.
+function draw(highlight = null) {
+  if (!state.panes.a) return;
+  state.maps = {};
+  const a = viewOf(state.panes.a);
+  $("caption-a").textContent = caption("a") + (a ? "" : ": no such layer or head");
+  if (a) {
+    state.maps.a = drawMap($("heatmap"), a, false, highlight);
+    showScale(state.maps.a.peak);
+  }
+  const compare = comparing();
+  $("pane-b").hidden = !compare;
+  $("pane-diff").hidden = true;
+  $("diff-note").hidden = true;
+  if (!compare) return;
+  const b = viewOf(state.panes.b);
+  $("caption-b").textContent = caption("b") + (b ? "" : ": no such layer or head");
+  if (b) state.maps.b = drawMap($("heatmap-b"), b, false, highlight);
+  if (a && b && a.t === b.t) {
+    const diff = { ...a, full: a.full.map((v, k) => v - b.full[k]) };
+    state.maps.diff = drawMap($("heatmap-diff"), diff, true, highlight);
+    $("pane-diff").hidden = false;
+  } else if (a && b) {
+    $("diff-note").textContent = `No difference map: the first has ${a.t} tokens, the second ${b.t}.`;
+    $("diff-note").hidden = false;
+  }
+}
+
+function weightAt(map, row, col) {
+  return map && row < map.t && col <= row ? map.full[row * map.t + col] : null;
+}
+
+// Hovering a cell of any map lights up its row and column in every map, and says the weight
+// of each (and the difference).
+function hover(event, which) {
+  const geo = state.maps && state.maps[which];
   if (!geo) return;
-  const rect = $("heatmap").getBoundingClientRect();
+  const rect = event.target.getBoundingClientRect();
   const x = event.clientX - rect.left - geo.margin, y = event.clientY - rect.top - geo.margin;
   let col = Math.floor(x / geo.cell), r = Math.floor(y / geo.cell);
   // Over a label: the token's own row and column.
@@ -172,16 +229,28 @@ function hover(event) {
   if (y < 0 && col >= 0 && col < geo.t) r = Math.max(0, geo.rowIndex.indexOf(col));
   if (col < 0 || col >= geo.t || r < 0 || r >= geo.rowIndex.length) return;
   const row = geo.rowIndex[r];
-  const weight = col <= row ? geo.full[row * geo.t + col] : 0;
-  $("hover-info").textContent =
-    `query ${row} ${JSON.stringify(geo.tokens[row])} -> key ${col} ${JSON.stringify(geo.tokens[col])}: ${weight.toFixed(4)}`;
-  $("hover-info").dataset.row = String(row);
-  $("hover-info").dataset.col = String(col);
+  const info = $("hover-info");
+  const weights = {};
+  for (const [name, map] of Object.entries(state.maps)) {
+    const w = weightAt(map, row, col);
+    if (w !== null) weights[name] = w;
+  }
+  const label = { a: "first", b: "second", diff: "difference" };
+  const parts = Object.entries(weights).map(([name, w]) =>
+    (Object.keys(weights).length > 1 ? `${label[name]} ` : "") + w.toFixed(4));
+  info.textContent =
+    `query ${row} ${JSON.stringify(geo.tokens[row])} -> key ${col} ${JSON.stringify(geo.tokens[col])}: ${parts.join(", ")}`;
+  info.dataset.row = String(row);
+  info.dataset.col = String(col);
+  for (const name of ["a", "b", "diff"]) {
+    if (name in weights) info.dataset[name] = String(weights[name]);
+    else delete info.dataset[name];
+  }
   draw({ row, col });
 }
 
 function drawEntropy() {
-  const { packed, tokens } = state.encoding;
+  const { packed, tokens } = state.panes.a;
   const [layers, heads] = packed.shape;
   const t = tokens.length;
   const table = $("entropy");
@@ -226,11 +295,27 @@ function markSelected() {
 
 // ---- state in the URL ----
 
+// Each control and its URL parameter.
+const URL_PARAMS = {
+  text: "text", layer: "layer", head: "head", view: "view", rows: "rows",
+  "model-a": "model", compare: "compare", "model-b": "model_b", "text-b": "text_b",
+};
+
 function saveUrl() {
   const params = new URLSearchParams();
-  params.set("text", $("text").value);
-  for (const id of ["layer", "head", "view", "rows"]) params.set(id, $(id).value);
+  const how = $("compare").value;
+  for (const [id, name] of Object.entries(URL_PARAMS)) {
+    if ((id === "model-b" && how !== "model") || (id === "text-b" && how !== "text")) continue;
+    if ($(id).value) params.set(name, $(id).value);
+  }
   history.replaceState(null, "", "?" + params.toString());
+}
+
+// What a compare setting shows: the second model picker, or the second text.
+function showCompareInputs() {
+  const how = $("compare").value;
+  $("model-b-label").hidden = how !== "model";
+  $("text-b").hidden = how !== "text";
 }
 
 function update() {
@@ -273,6 +358,7 @@ async function useToken(event) {
   sessionStorage.setItem(TOKEN_KEY, $("token").value);
   $("token").value = "";
   $("auth").hidden = true;
+  await loadModels();
   await loadModelInfo();
   await show();
 }
@@ -293,7 +379,8 @@ async function post(path, body) {
 // query heads) each head is labelled with the KV head it reads: heads of one group share keys.
 async function loadModelInfo() {
   try {
-    const response = await fetch("/v1/model-info", { headers: authHeaders() });
+    const model = encodeURIComponent($("model-a").value);
+    const response = await fetch(`/v1/model-info?model=${model}`, { headers: authHeaders() });
     if (!response.ok) return;
     const info = await response.json();
     const grouped = info.nKvHeads < info.nHeads;
@@ -301,9 +388,45 @@ async function loadModelInfo() {
     $("model").textContent = info.name;
     $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
       (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
-    if (state.encoding) fillSelect("head", state.encoding.packed.shape[1]);
-    if (state.encoding) drawEntropy();
+    if (state.panes.a) fillSelect("head", state.panes.a.packed.shape[1]);
+    if (state.panes.a) drawEntropy();
   } catch (_) { /* the page still works without the name */ }
+}
+
+// The served models, into both pickers (the URL's choices kept); false if the server
+// wants a token first.
+async function loadModels() {
+  const params = new URLSearchParams(location.search);
+  const response = await fetch("/v1/models", { headers: authHeaders() });
+  if (response.status === 401) return false;
+  if (!response.ok) return true;
+  const names = (await response.json()).data.map((m) => m.id);
+  for (const [id, param] of [["model-a", "model"], ["model-b", "model_b"]]) {
+    const select = $(id);
+    const keep = params.get(param) || select.value;
+    select.innerHTML = "";
+    for (const name of names) select.add(new Option(name, name));
+    if (names.includes(keep)) select.value = keep;
+    else if (id === "model-b" && names.length > 1) select.value = names[1];
+  }
+  return true;
+}
+
+// One text through one model: every layer and head, float16, causal-packed.
+async function encode(model, text) {
+  const answer = await post("/v1/encode", {
+    model,
+    inputs: [{ text }],
+    options: {
+      skipTokenEmbeddings: true,
+      returnTokens: true,
+      truncation: "TRUNCATION_RIGHT",
+      attention: { dtype: "DTYPE_FLOAT16", layout: "ATTENTION_LAYOUT_CAUSAL_PACKED" },
+    },
+  });
+  const result = answer.results[0];
+  const encoding = { packed: decodeTensor(result.attention), tokens: result.tokens, model, text };
+  return { encoding, result, ms: Number(answer.timings.totalNs) / 1e6 };
 }
 
 function headLabel(h) {
@@ -317,25 +440,23 @@ async function show(event) {
   $("status").className = "";
   $("status").textContent = "encoding...";
   try {
-    const answer = await post("/v1/encode", {
-      inputs: [{ text }],
-      options: {
-        skipTokenEmbeddings: true,
-        returnTokens: true,
-        truncation: "TRUNCATION_RIGHT",
-        attention: { dtype: "DTYPE_FLOAT16", layout: "ATTENTION_LAYOUT_CAUSAL_PACKED" },
-      },
-    });
-    const result = answer.results[0];
-    const packed = decodeTensor(result.attention);
-    state.encoding = { packed, tokens: result.tokens };
+    const how = $("compare").value;
+    const second = how === "model" ? [$("model-b").value, text]
+      : how === "text" ? [$("model-a").value, $("text-b").value] : null;
+    const [first, other] = await Promise.all([
+      encode($("model-a").value, text),
+      second && second[1] ? encode(...second) : null,
+    ]);
+    const result = first.result, answer = { ms: first.ms };
+    state.panes = { a: first.encoding, b: other ? other.encoding : null };
+    const shapes = [first, other].filter(Boolean).map((e) => e.encoding.packed.shape);
     const params = new URLSearchParams(location.search);
-    fillSelect("layer", packed.shape[0], params.get("layer"));
-    fillSelect("head", packed.shape[1], params.get("head"));
+    fillSelect("layer", Math.max(...shapes.map((s) => s[0])), params.get("layer"));
+    fillSelect("head", Math.max(...shapes.map((s) => s[1])), params.get("head"));
     drawEntropy();
     update();
     const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
-    $("status").textContent = `${result.tokens.length} tokens${cut}, server ${(Number(answer.timings.totalNs) / 1e6).toFixed(1)} ms`;
+    $("status").textContent = `${result.tokens.length} tokens${cut}, server ${answer.ms.toFixed(1)} ms`;
   } catch (error) {
     if (error instanceof Unauthorized) {
       const had = sessionStorage.getItem(TOKEN_KEY);
@@ -350,19 +471,24 @@ async function show(event) {
 
 async function init() {
   const params = new URLSearchParams(location.search);
-  for (const id of ["view", "rows"]) if (params.get(id)) $(id).value = params.get(id);
+  for (const [id, name] of Object.entries(URL_PARAMS))
+    if (params.get(name) && !["layer", "head", "model-a", "model-b"].includes(id)) $(id).value = params.get(name);
+  showCompareInputs();
   fillSelect("layer", 1, 0);
   fillSelect("head", 1, 0);
   $("controls").addEventListener("submit", show);
   for (const id of ["layer", "head", "view", "rows"]) $(id).addEventListener("change", update);
-  $("heatmap").addEventListener("mousemove", hover);
-  $("heatmap").addEventListener("mouseleave", () => draw());
-  $("auth").addEventListener("submit", useToken);
-  await loadModelInfo();
-  if (params.get("text")) {
-    $("text").value = params.get("text");
-    await show();
+  $("compare").addEventListener("change", () => { showCompareInputs(); show(); });
+  $("model-a").addEventListener("change", async () => { await loadModelInfo(); await show(); });
+  $("model-b").addEventListener("change", () => show());
+  for (const [id, which] of [["heatmap", "a"], ["heatmap-b", "b"], ["heatmap-diff", "diff"]]) {
+    $(id).addEventListener("mousemove", (event) => hover(event, which));
+    $(id).addEventListener("mouseleave", () => draw());
   }
+  $("auth").addEventListener("submit", useToken);
+  if (!(await loadModels())) return askForToken("This server needs its bearer token.");
+  await loadModelInfo();
+  if (params.get("text")) await show();
 }
 
 init();
