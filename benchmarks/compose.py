@@ -8,11 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from attnserve.client import ClientOptions, EncoderClient
 
@@ -71,17 +68,6 @@ def wait_serving(address: str, timeout: float = 300) -> None:
     """Block until the server at `address` reports SERVING (TimeoutError otherwise)."""
     with EncoderClient(address, ClientOptions(retries=0)) as client:
         client.wait_until_serving(timeout)
-
-
-def metric_total(url: str, name: str, **labels: str) -> float:
-    """The sum of a metric's samples at a /metrics URL whose labels include `labels`."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
 
 
 class ComposeError(RuntimeError):

@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 
 @dataclass
 class ServerProcess:
@@ -25,16 +27,24 @@ class ServerProcess:
     http_port: int | None  # the HTTP API's port, when on
     log_path: Path  # the server's stderr
 
-    def metric(self, name: str) -> float:
-        """One unlabelled sample from /metrics (0 when absent)."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        return 0.0
+    def metric(self, name: str, **labels: str) -> float:
+        """A metric from /metrics, summed over every model and version (and any label
+        `labels` leaves open); 0 when absent."""
+        return metric_total(f"http://127.0.0.1:{self.metrics_port}/metrics", name, **labels)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def metric_total(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples at a /metrics URL whose labels include `labels`."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def spawn_server(
