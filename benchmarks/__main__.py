@@ -1,4 +1,4 @@
-"""`python -m benchmarks {peers,oip,perf-analyzer,families,containers,report}`, from the
+"""`python -m benchmarks {peers,oip,perf-analyzer,families,repository,containers,report}`, from the
 repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
@@ -41,11 +41,17 @@ def parser() -> argparse.ArgumentParser:
     families.add_argument(
         "--quick", action="store_true", help="two layers, three lengths, no 0.5B import (smoke)"
     )
+    repository = commands.add_parser(
+        "repository",
+        help="a second model loaded: its cost to the first; a reload under a closed loop",
+    )
+    repository.add_argument("--seconds", type=float, default=15.0, help="per closed loop")
+    repository.add_argument("--blocks", type=int, default=3, help="alternating blocks")
     containers = commands.add_parser(
         "containers", help="the compose stack under load: host process vs 1 container vs 2 replicas"
     )
     containers.add_argument("--duration", type=float, default=10.0, help="seconds per load")
-    for command in (peers, oip, commands.choices["perf-analyzer"]):
+    for command in (peers, oip, commands.choices["perf-analyzer"], repository):
         command.add_argument("--model", type=Path, help="model directory (default: the default)")
     report = commands.add_parser(
         "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
@@ -89,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             run_peers(
                 args.out, model_dir, PEERS_VENV, args.duration, args.blocks, args.rounds, progress
             )
+        elif args.command == "repository":
+            from benchmarks.repository import run_repository
+
+            run_repository(args.out, model_dir, args.blocks, args.seconds, progress)
         elif args.command == "oip":
             from benchmarks.oip import run_oip
 

@@ -90,6 +90,15 @@ SECTIONS = [
         "python -m benchmarks families",
     ),
     (
+        "repository",
+        "Several models, and reloads",
+        "A server of a repository (`--model-repository`) with the default model alone, and one "
+        "with a second copy loaded beside it, side by side in alternating blocks; then one "
+        "server under a closed loop, without and during a reload to version 2 "
+        "(RepositoryModelLoad).",
+        "python -m benchmarks repository",
+    ),
+    (
         "containers",
         "Containers",
         "The compose stack's encoder against the same model served by a host process, then "

@@ -48,15 +48,16 @@ def metric_total(url: str, name: str, **labels: str) -> float:
 
 
 def spawn_server(
-    model_dir: Path,
+    model_dir: Path | None,
     *extra: str,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> ServerProcess:
-    """The server on 127.0.0.1, any free ports (metrics off unless `extra` turns them on),
-    returned once it is SERVING. RuntimeError, with its log, if it exits or times out first.
-    `env`: the child's whole environment (default: this process's)."""
+    """The server of `model_dir` (None: `extra` gives --model-repository) on 127.0.0.1, any
+    free ports (metrics off unless `extra` turns them on), returned once it is SERVING.
+    RuntimeError, with its log, if it exits or times out first. `env`: the child's whole
+    environment (default: this process's)."""
     scratch = Path(tempfile.mkdtemp(prefix="attnserve-"))
     ready_file, log_path = scratch / "ready.json", scratch / "server.log"
     with log_path.open("w") as log:
@@ -66,8 +67,7 @@ def spawn_server(
                 "-m",
                 "attnserve",
                 "serve",
-                "--model",
-                str(model_dir),
+                *(["--model", str(model_dir)] if model_dir is not None else []),
                 "--host",
                 "127.0.0.1",
                 "--port",
