@@ -361,6 +361,38 @@ def test_an_output_in_shared_memory_has_no_data(http, region):
     assert np.frombuffer(os.pread(fd, 8, 0), "<i8").tolist() == [4]
 
 
+# --- the model repository extension -----------------------------------------------------
+
+
+def test_the_index_can_list_only_ready_models(http, stub):
+    """ "ready" : Optional, default is false. If true return only models ready for
+    inferencing."""
+    everything = http.post("/v2/repository/index", json={}).json()
+    assert http.post("/v2/repository/index", json={"ready": True}).json() == everything
+    refused(http.post("/v2/repository/index", json={"ready": "yes"}), 400, "ready")
+    ready = stub.RepositoryIndex(oip.RepositoryIndexRequest(ready=True)).models
+    assert [m.name for m in ready] == [e["name"] for e in everything]
+
+
+def test_a_failed_load_is_an_error_object(http, stub):
+    """A failed load request must be indicated by an HTTP error status (typically 400). The
+    HTTP body must contain the $repository_load_error_response object."""
+    refused(http.post("/v2/repository/models/nope/load"), 404, "nope")
+    grpc_refused(
+        lambda: stub.RepositoryModelLoad(oip.RepositoryModelLoadRequest(model_name="nope")),
+        grpc.StatusCode.NOT_FOUND,
+        "nope",
+    )
+
+
+def test_a_load_parameter_that_is_not_taken_is_refused(http):
+    """The load API accepts the following parameters: "config" : string parameter that
+    contains a JSON representation of the model configuration ... (attnserve loads what the
+    model directory holds: it refuses "config" by name rather than ignore it)."""
+    body = {"parameters": {"config": "{}"}}
+    refused(http.post(f"/v2/repository/models/{MODEL}/load", json=body), 400, "parameters.config")
+
+
 # --- gRPC ------------------------------------------------------------------------------
 
 
