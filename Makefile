@@ -8,15 +8,16 @@ HTTP_PORT ?= 8080
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: install serve test test-fast lint containers browser proto export benchmarks clean
+.PHONY: install serve serve-ray test test-fast lint containers browser proto export benchmarks clean
 
 # One stamp per install: re-runs only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
-	@echo "install: $(VENV) with attnserve and its extras gpu, export, dev from PyPI: ONNX Runtime," \
-		"torch 2.13.0 (CPU), transformers, the test tools; about 2 minutes and 2 GB the first time"
+	@echo "install: $(VENV) with attnserve and its extras gpu, export, ray, dev from PyPI: ONNX" \
+		"Runtime, torch 2.13.0 (CPU), Ray Serve, transformers, the test tools; about 3 minutes" \
+		"and 3 GB the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[gpu,export,dev]'
+	$(PY) -m pip install --quiet -e '.[gpu,export,ray,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -37,6 +38,10 @@ export: $(MODEL_DIR)/model.onnx
 serve: $(VENV)/.installed $(MODEL_DIR)/model.onnx
 	@echo "gRPC on localhost:$(PORT); attention explorer on http://localhost:$(HTTP_PORT)/ (API docs: /docs)"
 	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT) --http-port $(HTTP_PORT)
+
+# The default model on Ray Serve (deploy/ray/serve.yaml): HTTP on 8000, gRPC on 9000.
+serve-ray: $(VENV)/.installed $(MODEL_DIR)/model.onnx
+	$(VENV)/bin/serve run deploy/ray/serve.yaml
 
 # Regenerates the committed Python code of protos/attnserve/v1/*.proto.
 proto: $(VENV)/.installed

@@ -35,7 +35,11 @@ RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 @dataclass(frozen=True)
 class ClientOptions:
     timeout_s: float = 30.0  # overall deadline of one call, retries included
-    retries: int = 3  # extra attempts after UNAVAILABLE
+    retries: int = 3  # extra attempts after a status of retry_codes
+    # UNAVAILABLE: the server is starting, draining or gone. Behind Ray Serve add INTERNAL:
+    # Ray's proxy answers the requests of a replica that died with it (every call of the
+    # encoder is idempotent, so repeating one is safe).
+    retry_codes: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE,)
     backoff_s: float = 0.05  # first retry delay; doubles each time, with jitter
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # match the server's limit
     tls_root_cert: Path | None = None  # PEM roots to trust; set to use TLS
@@ -73,9 +77,12 @@ class ClientOptions:
             yield self.backoff_s * 2**attempt * random.uniform(0.5, 1.5)
 
 
-def _retry_delay(exc: grpc.RpcError, delays: Iterator[float], end: float) -> float | None:
-    """Seconds to wait before another attempt, or None: not UNAVAILABLE, out of tries or time."""
-    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+def _retry_delay(
+    exc: grpc.RpcError, options: ClientOptions, delays: Iterator[float], end: float
+) -> float | None:
+    """Seconds to wait before another attempt, or None: a status not to retry, or out of
+    tries or time."""
+    if exc.code() not in options.retry_codes:
         return None
     delay = next(delays, None)
     if delay is None or time.monotonic() + delay >= end:
@@ -84,7 +91,7 @@ def _retry_delay(exc: grpc.RpcError, delays: Iterator[float], end: float) -> flo
 
 
 def call_with_retries(options: ClientOptions, method, request, timeout: float | None):
-    """A blocking unary call, retried on UNAVAILABLE within one overall deadline."""
+    """A blocking unary call, retried on the options' retry codes within one deadline."""
     end = time.monotonic() + (timeout or options.timeout_s)
     delays = options.retry_delays()
     while True:
@@ -93,7 +100,7 @@ def call_with_retries(options: ClientOptions, method, request, timeout: float | 
                 request, timeout=max(0.0, end - time.monotonic()), metadata=options.metadata()
             )
         except grpc.RpcError as exc:
-            delay = _retry_delay(exc, delays, end)
+            delay = _retry_delay(exc, options, delays, end)
             if delay is None:
                 raise
             time.sleep(delay)
@@ -223,7 +230,7 @@ class AsyncEncoderClient:
                     metadata=self.options.metadata(),
                 )
             except grpc.RpcError as exc:
-                delay = _retry_delay(exc, delays, end)
+                delay = _retry_delay(exc, self.options, delays, end)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)

@@ -137,27 +137,8 @@ async def start_server(
     up and report SERVING."""
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
-    metrics = Metrics()
-    budget = ByteBudget(settings.max_inflight_bytes)  # one for the process, every model in it
-    metrics.inflight_bytes.set_function(lambda: budget.used)
-    metrics.budget_waiting.set_function(lambda: budget.waiting)
-    given = [backend] if backend is not None else []
-
-    async def load(name: str | None, version: str, directory: Path) -> DataPlane:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, build_model, settings, metrics, budget, name, version, directory, given
-        )
-
-    repository = ModelRepository(
-        load,
-        metrics,
-        root=settings.model_repository,
-        single=settings.model,
-        default=settings.default_model,
-        grace_seconds=settings.grace_seconds,
-    )
-    await repository.start()
+    repository = await load_models(settings, backend)
+    metrics = repository.metrics
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -229,6 +210,33 @@ async def start_server(
     if warm_up:
         await running.warm_up()
     return running
+
+
+async def load_models(settings: Settings, backend: Backend | None = None) -> ModelRepository:
+    """The models of `settings` (with --model, `backend` if given), built, not yet warm: what
+    a server serves, whatever its front ends (this module's, or Ray Serve's)."""
+    metrics = Metrics()
+    budget = ByteBudget(settings.max_inflight_bytes)  # one for the process, every model in it
+    metrics.inflight_bytes.set_function(lambda: budget.used)
+    metrics.budget_waiting.set_function(lambda: budget.waiting)
+    given = [backend] if backend is not None else []
+
+    async def load(name: str | None, version: str, directory: Path) -> DataPlane:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, build_model, settings, metrics, budget, name, version, directory, given
+        )
+
+    repository = ModelRepository(
+        load,
+        metrics,
+        root=settings.model_repository,
+        single=settings.model,
+        default=settings.default_model,
+        grace_seconds=settings.grace_seconds,
+    )
+    await repository.start()
+    return repository
 
 
 def build_model(

@@ -26,10 +26,11 @@ OTHER_CONFIG = ModelConfig(
 
 
 # What `make test-fast` (pytest -m "not slow") leaves out: containers, the browser, the
-# peers' environment (KServe), benchmarks, and exporting the 4-layer default
+# peers' environment (KServe), benchmarks, Ray clusters, and exporting the 4-layer default
 # model. A test is slow if it lives in one of these folders or asks for one of these fixtures.
 SLOW_FOLDERS = tuple(
-    f"tests/{folder}/" for folder in ("deploy", "bench", "benchmarks", "model", "export")
+    f"tests/{folder}/"
+    for folder in ("deploy", "bench", "benchmarks", "model", "export", "service/ray")
 )
 SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir", "families"}
 

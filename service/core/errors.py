@@ -45,6 +45,10 @@ class InferenceError(AttnserveError):
     """ONNX Runtime failed while running a batch (INTERNAL)."""
 
 
+class UnsupportedError(AttnserveError):
+    """What this deployment of the server does not do (UNIMPLEMENTED)."""
+
+
 class ModelLoadError(AttnserveError):
     """The model directory is missing, corrupt or inconsistent with its config (startup)."""
 

@@ -28,6 +28,7 @@ STATUS_CODES: dict[type[errors.AttnserveError], tuple[grpc.StatusCode, HTTPStatu
     ),
     errors.UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, HTTPStatus.UNAUTHORIZED),
     errors.InferenceError: (grpc.StatusCode.INTERNAL, HTTPStatus.INTERNAL_SERVER_ERROR),
+    errors.UnsupportedError: (grpc.StatusCode.UNIMPLEMENTED, HTTPStatus.NOT_IMPLEMENTED),
     # A model that cannot be loaded (a broken directory): the repository's load answers so.
     errors.ModelLoadError: (grpc.StatusCode.FAILED_PRECONDITION, HTTPStatus.BAD_REQUEST),
 }

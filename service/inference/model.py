@@ -22,7 +22,7 @@ import numpy as np
 
 from attnserve.oip.wire import BYTES, Parameter, WireError, from_bytes, unpack_bytes
 from attnserve.service.core.dataplane import DataPlane
-from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.repository import ModelRepository
 from attnserve.service.inference.messages import (
     SHM_PARAMETERS,
@@ -78,10 +78,24 @@ class _Statistics:
 class V2Server:
     """The protocol's view of the server: every served model, by name and version."""
 
-    def __init__(self, repository: ModelRepository, shared_memory: SharedMemoryRegistry) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        shared_memory: SharedMemoryRegistry,
+        repository_api: bool = True,
+    ) -> None:
+        """`repository_api` False: no load or unload (Ray Serve: a call would reach one
+        replica of many); what is not served is not advertised."""
         self.repository = repository
         self.shared_memory = shared_memory
+        self.repository_api = repository_api
         self._stats: dict[tuple[str, str], _Statistics] = {}
+        self.extensions = [
+            e
+            for e in EXTENSIONS
+            if (e != "model_repository" or repository_api)
+            and (e != "system_shared_memory" or shared_memory.served)
+        ]
 
     @property
     def ready(self) -> bool:
@@ -89,7 +103,7 @@ class V2Server:
 
     def server_metadata(self) -> dict:
         version = metadata.version("attnserve")
-        return {"name": "attnserve", "version": version, "extensions": EXTENSIONS}
+        return {"name": "attnserve", "version": version, "extensions": self.extensions}
 
     def model(self, name: str, version: str = "") -> V2Model:
         """The served model `name` at `version` ("": the one served); ModelNotFoundError."""
@@ -118,16 +132,26 @@ class V2Server:
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model, loaded or not."""
+        self._check_repository_api()
         return [
             {"name": s.name, "version": s.version, "state": s.state, "reason": s.reason}
             for s in self.repository.index(ready_only)
         ]
 
+    def _check_repository_api(self) -> None:
+        if not self.repository_api:
+            raise UnsupportedError(
+                "the model repository extension is not served here: a load or unload would "
+                "reach one replica of many; deploy a new version of the application instead"
+            )
+
     async def load(self, name: str, parameters: dict[str, Parameter]) -> None:
+        self._check_repository_api()
         _check_parameters(parameters, LOAD_PARAMETERS)
         await self.repository.load(name)
 
     async def unload(self, name: str, parameters: dict[str, Parameter]) -> None:
+        self._check_repository_api()
         _check_parameters(parameters, UNLOAD_PARAMETERS)
         await self.repository.unload(name)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.oip.wire import Parameter
-from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.inference.messages import SHM_OFFSET, SHM_REGION, SHM_SIZE
 
 SHM_ROOT = Path("/dev/shm")
@@ -62,18 +62,34 @@ class Region:
 
 
 class SharedMemoryRegistry:
-    def __init__(self, root: Path = SHM_ROOT) -> None:
+    """The registered regions; `root` None: a server whose requests may reach another host
+    (Ray Serve's replicas), which serves no shared memory."""
+
+    def __init__(self, root: Path | None = SHM_ROOT) -> None:
         self.root = root
         self._regions: dict[str, Region] = {}
 
+    @property
+    def served(self) -> bool:
+        return self.root is not None
+
+    def _check_served(self) -> Path:
+        if self.root is None:
+            raise UnsupportedError(
+                "system shared memory is not served here: a region lives on one host, and "
+                "this deployment's requests may reach a replica on another"
+            )
+        return self.root
+
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        root = self._check_served()
         if not name:
             raise InvalidInputError("name: a region needs a name")
         if name in self._regions:
             raise InvalidInputError(f"name: region {name!r} is already registered")
         if not key or "/" in key.strip("/"):
             raise InvalidInputError(f"key: {key!r} is not a shared-memory object name")
-        path = self.root / key.strip("/")
+        path = root / key.strip("/")
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
@@ -99,18 +115,21 @@ class SharedMemoryRegistry:
     def unregister(self, name: str = "") -> None:
         """Forget one region, or all when `name` is empty. Requests that already hold a
         region keep writing into their own mapping; it is unmapped when they let go."""
+        self._check_served()
         if not name:
             self._regions.clear()
         elif self._regions.pop(name, None) is None:
             raise InvalidInputError(f"name: no region {name!r} is registered")
 
     def get(self, name: str, field: str) -> Region:
+        self._check_served()
         region = self._regions.get(name)
         if region is None:
             raise InvalidInputError(f"{field}: no shared-memory region {name!r} is registered")
         return region
 
     def status(self, name: str = "") -> list[Region]:
+        self._check_served()
         if name:
             return [self.get(name, "name")]
         return list(self._regions.values())

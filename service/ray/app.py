@@ -1,0 +1,135 @@
+"""attnserve as a Ray Serve application: each replica serves the models with the same data
+plane, batcher and ONNX Runtime backend as `attnserve serve`, behind Ray's own proxies.
+
+HTTP: Ray's HTTP proxy serves the project's FastAPI app (service/http/app.py) at the same
+paths (/v1/embeddings, /v1/encode, /v2/..., the explorer). gRPC: Ray's gRPC proxy takes the
+project's generated servicers (deploy/ray/serve.yaml lists them) and calls the methods of
+the same name on a replica, which hands them to the project's own servicers
+(service/grpc/), so errors keep their status codes. Ray places, routes, health-checks,
+restarts and autoscales the replicas; nothing here does any of that.
+
+    serve run deploy/ray/serve.yaml      # `build` below, with the file's arguments
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from ray import serve
+from ray.serve import Application
+
+from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.service.core.errors import NotReadyError
+from attnserve.service.grpc.encoder import EncoderServicer
+from attnserve.service.grpc.inference import InferenceServicer
+from attnserve.service.http.app import create_app
+from attnserve.service.inference.model import V2Server
+from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.server import load_models
+from attnserve.service.settings import Settings
+from attnserve.v1 import encoder_service_pb2 as pb
+
+# What Serve's gRPC proxy registers: the project's generated add_*_to_server functions.
+GRPC_SERVICERS = [
+    "attnserve.v1.encoder_service_pb2_grpc.add_EncoderServiceServicer_to_server",
+    "attnserve.oip.grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server",
+]
+
+
+class RayContext:
+    """What attnserve's servicers ask of a grpc.aio context, over a Ray Serve gRPC context:
+    an abort sets the status code and details that Ray's proxy answers with."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def time_remaining(self) -> float | None:
+        return None  # Ray's proxy holds the deadline (grpc_options.request_timeout_s)
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self._context.set_code(code)
+        self._context.set_details(details)
+        raise grpc.aio.AbortError(details)
+
+
+@serve.deployment(name="Encoder")
+@serve.ingress()
+class Encoder:
+    """One replica: the models of `settings` (Settings' fields, as `attnserve serve` takes
+    them), warm before Ray routes to it."""
+
+    # Ray Serve awaits an async constructor; type checkers want __init__ to return None.
+    async def __init__(self, **settings: Any) -> None:  # type: ignore[misc]
+        fields: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "http_port": -1}
+        fields["metrics_port"] = -1  # Ray's proxies serve, and Ray exports its own metrics
+        for key in ("model", "model_repository"):
+            if settings.get(key):
+                settings[key] = Path(settings[key])
+        self.settings = Settings(**(fields | settings))
+        self.repository = await load_models(self.settings)
+        await self.repository.warm_up()
+        self.v2 = V2Server(self.repository, SharedMemoryRegistry(root=None), repository_api=False)
+        self.encoder = EncoderServicer(self.repository)
+        self.inference = InferenceServicer(self.v2)
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self.repository, self.settings, self.v2)
+
+    async def check_health(self) -> None:
+        """Ray's health check: a replica whose models are not all serving is unhealthy."""
+        if not self.repository.ready:
+            raise NotReadyError("not every model is serving")
+
+    # attnserve.v1.EncoderService (EncodeStream too: Ray's proxy streams both ways).
+
+    async def Encode(self, request: pb.EncodeRequest, grpc_context: Any) -> pb.EncodeResponse:
+        return await self.encoder.Encode(request, RayContext(grpc_context))
+
+    async def EncodeStream(
+        self, request_iterator: AsyncIterator[pb.EncodeStreamRequest], grpc_context: Any
+    ) -> AsyncIterator[pb.EncodeStreamResponse]:
+        async for answer in self.encoder.EncodeStream(request_iterator, RayContext(grpc_context)):
+            yield answer
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, grpc_context: Any
+    ) -> pb.GetModelInfoResponse:
+        return await self.encoder.GetModelInfo(request, RayContext(grpc_context))
+
+    # inference.GRPCInferenceService: health, metadata and inference (the repository and
+    # shared-memory calls stay with the single server: a region lives on one host, and a
+    # load would reach one replica of many).
+
+    async def ServerLive(self, request, grpc_context: Any) -> oip.ServerLiveResponse:
+        return await self.inference.ServerLive(request, RayContext(grpc_context))
+
+    async def ServerReady(self, request, grpc_context: Any) -> oip.ServerReadyResponse:
+        return await self.inference.ServerReady(request, RayContext(grpc_context))
+
+    async def ModelReady(self, request, grpc_context: Any) -> oip.ModelReadyResponse:
+        return await self.inference.ModelReady(request, RayContext(grpc_context))
+
+    async def ServerMetadata(self, request, grpc_context: Any) -> oip.ServerMetadataResponse:
+        return await self.inference.ServerMetadata(request, RayContext(grpc_context))
+
+    async def ModelMetadata(self, request, grpc_context: Any) -> oip.ModelMetadataResponse:
+        return await self.inference.ModelMetadata(request, RayContext(grpc_context))
+
+    async def ModelInfer(
+        self, request: oip.ModelInferRequest, grpc_context: Any
+    ) -> oip.ModelInferResponse:
+        return await self.inference.ModelInfer(request, RayContext(grpc_context))
+
+
+def build(args: dict[str, Any]) -> Application:
+    """The application `serve run` and `serve deploy` build from a config's `args`: the
+    settings of `attnserve serve` by field name, e.g. {"model": "models/default"}. Relative
+    model paths are taken from where the application is built."""
+    for key in ("model", "model_repository"):
+        if args.get(key):
+            args = args | {key: str(Path(args[key]).resolve())}
+    # serve.deployment made the class a Deployment, which type checkers cannot see.
+    return Encoder.bind(**args)  # type: ignore[attr-defined]
