@@ -1,5 +1,6 @@
-"""`python -m benchmarks {peers,oip,perf-analyzer,families,repository,containers,report}`, from the
-repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
+"""`python -m benchmarks {peers,oip,perf-analyzer,families,repository,ray,containers,report}`,
+from the repository's root with attnserve installed (`make install`): `make benchmarks` runs
+`report`."""
 
 from __future__ import annotations
 
@@ -47,11 +48,16 @@ def parser() -> argparse.ArgumentParser:
     )
     repository.add_argument("--seconds", type=float, default=15.0, help="per closed loop")
     repository.add_argument("--blocks", type=int, default=3, help="alternating blocks")
+    ray = commands.add_parser(
+        "ray", help="Ray Serve's proxies against the direct server; two replicas against one"
+    )
+    ray.add_argument("--seconds", type=float, default=15.0, help="per closed loop")
+    ray.add_argument("--blocks", type=int, default=3, help="alternating blocks")
     containers = commands.add_parser(
         "containers", help="the compose stack under load: host process vs 1 container vs 2 replicas"
     )
     containers.add_argument("--duration", type=float, default=10.0, help="seconds per load")
-    for command in (peers, oip, commands.choices["perf-analyzer"], repository):
+    for command in (peers, oip, commands.choices["perf-analyzer"], repository, ray):
         command.add_argument("--model", type=Path, help="model directory (default: the default)")
     report = commands.add_parser(
         "report", help="run every benchmark and regenerate docs/BENCHMARKS.md"
@@ -95,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             run_peers(
                 args.out, model_dir, PEERS_VENV, args.duration, args.blocks, args.rounds, progress
             )
+        elif args.command == "ray":
+            from benchmarks.ray_serve import run_ray
+
+            run_ray(args.out, model_dir, args.blocks, args.seconds, progress)
         elif args.command == "repository":
             from benchmarks.repository import run_repository
 

@@ -99,6 +99,14 @@ SECTIONS = [
         "python -m benchmarks repository",
     ),
     (
+        "ray",
+        "On Ray Serve",
+        "One replica of the Ray Serve application behind Ray's HTTP and gRPC proxies, against "
+        "`attnserve serve` with the same settings, one request at a time in alternating blocks; "
+        "then a closed loop on one replica and on two, on this one machine.",
+        "python -m benchmarks ray",
+    ),
+    (
         "containers",
         "Containers",
         "The compose stack's encoder against the same model served by a host process, then "

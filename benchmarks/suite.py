@@ -18,6 +18,7 @@ from benchmarks.oip import run_oip
 from benchmarks.peer_env import PEERS_VENV
 from benchmarks.peers import run_peers
 from benchmarks.perf_analyzer import TOOLS, run_perf_analyzer
+from benchmarks.ray_serve import run_ray
 from benchmarks.repository import run_repository
 
 
@@ -33,6 +34,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_perf_analyzer(out, model_dir, TOOLS, progress, quick)
         run_attention(out, model_dir, quick)
         run_repository(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
+        run_ray(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
     run_families(out, quick, progress)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)
