@@ -98,6 +98,16 @@ def make_repository(root: Path, small_model_dir: Path, other_model_dir: Path) ->
     return root
 
 
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory, small_model_dir, other_model_dir):
+    """A server of a repository: a (the small model: 2 layers, 4 heads) and b (the other:
+    1 layer, 2 heads), a the default."""
+    root = make_repository(tmp_path_factory.mktemp("repo"), small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def small_runtime(small_model_dir):
     from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions

@@ -198,10 +198,15 @@ class ModelRepository:
             self._check_name(name)
             old = self.served.get(name)
             self._states[name] = ModelState(name, old.version if old else "", LOADING)
+            new: DataPlane | None = None
             try:
                 new = await self._build(name, serve=False)
                 await _bring_up(new)
             except BaseException as exc:
+                if new is not None:  # built, but it did not come up: free it
+                    await new.batcher.stop()
+                    if old is None or old.version != new.version:
+                        self.metrics.forget(new.name, new.version)
                 if old is not None:
                     self._states[name] = ModelState(
                         name, old.version, READY, f"reload failed: {exc}"
@@ -225,10 +230,6 @@ class ModelRepository:
             self._states[name] = ModelState(name, old.version, UNLOADING)
             await self._retire(old, forget=True)
             self._states[name] = ModelState(name, old.version, UNAVAILABLE, "unloaded")
-
-    def start_serving(self) -> None:
-        for dataplane in self.served.values():
-            dataplane.start_serving()
 
     def start_draining(self) -> None:
         """The server is stopping: every model refuses new work."""

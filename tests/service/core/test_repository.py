@@ -34,16 +34,8 @@ def references(small_model_dir, other_model_dir) -> dict[str, np.ndarray]:
     return {"a": reference(small_model_dir), "b": reference(other_model_dir)}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, small_model_dir, other_model_dir):
-    root = make_repository(tmp_path_factory.mktemp("repo"), small_model_dir, other_model_dir)
-    server = ServerThread(None, model_repository=root, default_model="a")
-    yield server
-    server.stop()
-
-
-def test_every_api_routes_by_model_name(served, references):
-    with EncoderClient(served.address, ClientOptions(timeout_s=60)) as client:
+def test_every_api_routes_by_model_name(two_models, references):
+    with EncoderClient(two_models.address, ClientOptions(timeout_s=60)) as client:
         for name in ("a", "b"):
             out = client.encode(IDS, model=name)
             np.testing.assert_allclose(out[0].embeddings, references[name], atol=1e-5, rtol=0)
@@ -51,12 +43,12 @@ def test_every_api_routes_by_model_name(served, references):
         # No model named: the default model (--default-model a).
         np.testing.assert_allclose(client.encode(IDS)[0].embeddings, references["a"], atol=1e-5)
 
-    openai = OpenAI(base_url=f"{served.http_url}/v1", api_key="unused")
+    openai = OpenAI(base_url=f"{two_models.http_url}/v1", api_key="unused")
     assert [m.id for m in openai.models.list().data] == ["a", "b"]
     vector = openai.embeddings.create(model="b", input=[IDS]).data[0].embedding
     np.testing.assert_allclose(vector, references["b"][-1], atol=1e-5, rtol=0)
 
-    triton = triton_grpc.InferenceServerClient(served.address)
+    triton = triton_grpc.InferenceServerClient(two_models.address)
     tensor = triton_grpc.InferInput("input_ids", [1, len(IDS)], "INT64")
     tensor.set_data_from_numpy(np.array([IDS], dtype=np.int64))
     for name in ("a", "b"):
@@ -67,13 +59,13 @@ def test_every_api_routes_by_model_name(served, references):
     assert not triton.is_model_ready("a", "2")
 
 
-def test_an_unknown_model_is_not_found_in_each_apis_shape(served):
-    with EncoderClient(served.address) as client:
+def test_an_unknown_model_is_not_found_in_each_apis_shape(two_models):
+    with EncoderClient(two_models.address) as client:
         with pytest.raises(grpc.RpcError) as error:
             client.encode(IDS, model="nope")
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
         assert "'nope'" in error.value.details() and "served: a, b" in error.value.details()
-    with httpx.Client(base_url=served.http_url) as http:
+    with httpx.Client(base_url=two_models.http_url) as http:
         answer = http.post("/v1/embeddings", json={"model": "nope", "input": "x"})
         assert answer.status_code == 404
         assert answer.json()["error"]["code"] == "model_not_found"
@@ -82,17 +74,17 @@ def test_an_unknown_model_is_not_found_in_each_apis_shape(served):
         assert answer.status_code == 404 and "nope" in answer.json()["error"]
         assert http.get("/v2/models/a/versions/7").status_code == 404
     # The server goes on serving.
-    with EncoderClient(served.address) as client:
+    with EncoderClient(two_models.address) as client:
         assert len(client.encode(IDS, model="b")[0].token_ids) == len(IDS)
 
 
-def test_series_and_statistics_are_per_model_and_version(served):
-    with EncoderClient(served.address) as client:
+def test_series_and_statistics_are_per_model_and_version(two_models):
+    with EncoderClient(two_models.address) as client:
         client.encode(IDS, model="b")
     labels = {"method": "Encode", "code": "OK", "model": "b", "version": "1"}
-    assert served.metric("attnserve_requests_total", labels) >= 1
-    assert served.metric("attnserve_tokens_total", {"model": "b", "version": "1"}) >= len(IDS)
-    stats = httpx.get(f"{served.http_url}/v2/models/b/stats").json()["model_stats"]
+    assert two_models.metric("attnserve_requests_total", labels) >= 1
+    assert two_models.metric("attnserve_tokens_total", {"model": "b", "version": "1"}) >= len(IDS)
+    stats = httpx.get(f"{two_models.http_url}/v2/models/b/stats").json()["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == [("b", "1")]
 
 

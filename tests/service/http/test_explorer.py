@@ -17,7 +17,7 @@ import pytest
 
 from attnserve.client import EncoderClient
 from tests.ci import skip_or_fail_in_ci
-from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
+from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread
 
 TEXT = "The cat sat on the mat."
 BROWSER_ARGS = [
@@ -192,15 +192,6 @@ def test_the_api_docs_render_offline(page, server):
     page.locator(".swagger-ui .info .title", has_text="attnserve").wait_for()
     page.locator("#operations-openai-embeddings_v1_embeddings_post").wait_for()
     assert page.elsewhere == []
-
-
-@pytest.fixture(scope="module")
-def two_models(tmp_path_factory, small_model_dir, other_model_dir):
-    """A server of a repository: a (2 layers, 4 heads) and b (1 layer, 2 heads)."""
-    root = make_repository(tmp_path_factory.mktemp("repo"), small_model_dir, other_model_dir)
-    server = ServerThread(None, model_repository=root, default_model="a")
-    yield server
-    server.stop()
 
 
 def head_weights(server, model: str, text: str, layer: int, head: int) -> np.ndarray:

@@ -447,7 +447,7 @@ async function show(event) {
       encode($("model-a").value, text),
       second && second[1] ? encode(...second) : null,
     ]);
-    const result = first.result, answer = { ms: first.ms };
+    const result = first.result;
     state.panes = { a: first.encoding, b: other ? other.encoding : null };
     const shapes = [first, other].filter(Boolean).map((e) => e.encoding.packed.shape);
     const params = new URLSearchParams(location.search);
@@ -456,7 +456,7 @@ async function show(event) {
     drawEntropy();
     update();
     const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
-    $("status").textContent = `${result.tokens.length} tokens${cut}, server ${answer.ms.toFixed(1)} ms`;
+    $("status").textContent = `${result.tokens.length} tokens${cut}, server ${first.ms.toFixed(1)} ms`;
   } catch (error) {
     if (error instanceof Unauthorized) {
       const had = sessionStorage.getItem(TOKEN_KEY);
