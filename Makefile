@@ -65,7 +65,8 @@ browser:
 test: lint containers browser
 	$(PY) -m pytest
 
-# The unit tests only (no containers, browser, peers, benchmarks or exports): a few minutes.
+# The unit tests only (no containers, browser, peers, Ray clusters, benchmarks or exports):
+# a few minutes.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow"
 
