@@ -35,7 +35,7 @@ def start_ray(model_dir: Path, replicas: int, http_port: int, grpc_port: int) ->
     from ray import serve
     from ray.serve.config import HTTPOptions, gRPCOptions
 
-    from attnserve.service.ray.app import GRPC_SERVICERS, Encoder
+    from attnserve.service.ray.app import GRPC_SERVICERS, Encoder, actor_options
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -43,7 +43,7 @@ def start_ray(model_dir: Path, replicas: int, http_port: int, grpc_port: int) ->
             http_options=HTTPOptions(host="127.0.0.1", port=http_port),
             grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=GRPC_SERVICERS),
         )
-    app = Encoder.options(num_replicas=replicas, ray_actor_options={"num_cpus": 1})
+    app = Encoder.options(num_replicas=replicas, ray_actor_options=actor_options())
     serve.run(app.bind(model=str(model_dir), **SETTINGS), name="attnserve", route_prefix="/")
 
 

@@ -32,6 +32,10 @@ from attnserve.service.server import load_models
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
 
+# Each replica runs the project's code on Ray's own event loop, not on a second loop in
+# another thread: the code never blocks its loop (ONNX Runtime runs on the batcher's
+# threads), and the hop between the two loops cost 4-5 ms a request here (BENCHMARKS.md).
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 # What Serve's gRPC proxy registers: the project's generated add_*_to_server functions.
 GRPC_SERVICERS = [
     "attnserve.v1.encoder_service_pb2_grpc.add_EncoderServiceServicer_to_server",
@@ -55,7 +59,12 @@ class RayContext:
         raise grpc.aio.AbortError(details)
 
 
-@serve.deployment(name="Encoder")
+def actor_options(num_cpus: float = 1) -> dict[str, Any]:
+    """A replica's Ray actor options: its CPUs and REPLICA_ENV."""
+    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}}
+
+
+@serve.deployment(name="Encoder", ray_actor_options=actor_options())
 @serve.ingress()
 class Encoder:
     """One replica: the models of `settings` (Settings' fields, as `attnserve serve` takes

@@ -31,7 +31,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.serve.config import HTTPOptions, gRPCOptions  # noqa: E402
 from ray.util.state import list_actors  # noqa: E402
 
-from attnserve.service.ray.app import GRPC_SERVICERS, Encoder  # noqa: E402
+from attnserve.service.ray.app import GRPC_SERVICERS, Encoder, actor_options  # noqa: E402
 
 IDS = [5, 6, 7, 8, 9, 10, 11, 12]
 REPLICA = "ServeReplica:attnserve:Encoder"
@@ -82,7 +82,7 @@ def deploy(small_model_dir, **options) -> None:
 
 @pytest.fixture(scope="module")
 def two_replicas(ray_cluster, small_model_dir):
-    deploy(small_model_dir, num_replicas=2, ray_actor_options={"num_cpus": 1})
+    deploy(small_model_dir, num_replicas=2, ray_actor_options=actor_options())
     wait_for(lambda: len(replicas()) == 2, "two replicas")
     return ray_cluster[1]
 
@@ -175,7 +175,7 @@ def test_autoscaling_adds_a_replica_under_load_and_removes_it_after(ray_cluster,
     deploy(
         small_model_dir,
         num_replicas="auto",
-        ray_actor_options={"num_cpus": 1},
+        ray_actor_options=actor_options(),
         autoscaling_config={
             "min_replicas": 1,
             "max_replicas": 2,
@@ -207,7 +207,7 @@ def test_autoscaling_adds_a_replica_under_load_and_removes_it_after(ray_cluster,
 
 
 def test_deleting_the_application_lets_an_admitted_request_finish(ray_cluster, small_model_dir):
-    deploy(small_model_dir, num_replicas=1, ray_actor_options={"num_cpus": 1})
+    deploy(small_model_dir, num_replicas=1, ray_actor_options=actor_options())
     wait_for(lambda: len(replicas()) == 1, "one replica")
     grpc_port = ray_cluster[1]["grpc"]
     result: list = []
