@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
-from attnserve.model.artifacts import ONNX_FILENAME
+from attnserve.model.artifacts import ONNX_FILENAME, PRECISIONS
 from attnserve.model.config import ConfigError, ModelConfig
 
 # The default model's weights (trained by `attnserve train`), shipped in the package.
@@ -67,6 +67,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help=f"the same for the float16 graphs (default {FP16_TOLERANCE:g})",
     )
     parser.add_argument(
+        "--precision",
+        action="append",
+        choices=[p for p in PRECISIONS if p != "fp32"],
+        default=[],
+        help="also write the graphs of this precision (fp16: for CUDA); repeatable. "
+        "The float32 graphs are always written",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        metavar="BYTES",
+        help="memory the import may use (default: what the machine has available); an import "
+        "expected to need more is refused before any tensor is read",
+    )
+    parser.add_argument(
         "--if-missing",
         action="store_true",
         help="do nothing if OUT already holds a model (one-shot export containers)",
@@ -80,6 +95,10 @@ def build_model(args: argparse.Namespace):
     from attnserve.model.artifacts import TOKENIZER_FILENAME
     from attnserve.model.checkpoint import load_checkpoint
     from attnserve.model.encoder import build_encoder
+    from attnserve.model.footprint import check_import
+
+    def check_memory(config: ModelConfig) -> None:
+        check_import(config, args.memory_limit)
 
     if args.checkpoint:
         return load_checkpoint(args.checkpoint), {}
@@ -89,7 +108,9 @@ def build_model(args: argparse.Namespace):
         from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, load_hf
 
         max_seq_len = args.max_seq_len or DEFAULT_MAX_SEQ_LEN
-        model, directory = load_hf(args.from_hf, max_seq_len, require_tokenizer=True)
+        model, directory = load_hf(
+            args.from_hf, max_seq_len, require_tokenizer=True, before_reading=check_memory
+        )
         return model, {TOKENIZER_FILENAME: directory / TOKENIZER_FILENAME}
     config = ModelConfig()
     if args.config:
@@ -98,6 +119,7 @@ def build_model(args: argparse.Namespace):
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
         config = ModelConfig.from_dict({**config.to_dict(), **overrides})
+    check_memory(config)
     return build_encoder(config, seed=args.seed or 0), {}
 
 
@@ -115,9 +137,10 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
         return 0
     from attnserve.export.hf_import import HFImportError
-    from attnserve.export.model_dir import write_model_dir
+    from attnserve.export.model_dir import ExportWriteError, write_model_dir
     from attnserve.export.parity import ParityError
     from attnserve.model.checkpoint import CheckpointError
+    from attnserve.model.footprint import FootprintError
 
     try:
         model, extra_files = build_model(args)
@@ -127,10 +150,15 @@ def run_export(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             extra_files=extra_files,
             fp16_tolerance=args.fp16_tolerance,
+            precisions=("fp32", *dict.fromkeys(args.precision)),
+            release_weights=True,  # the model is not used after: free it before the checks
         )
-    except (ConfigError, CheckpointError, HFImportError) as exc:
+    except (ConfigError, CheckpointError, HFImportError, FootprintError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ExportWriteError as exc:
+        print(f"error: {exc.strerror}", file=sys.stderr)
+        return 1
     except ParityError as exc:
         print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
         return 1

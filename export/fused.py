@@ -27,7 +27,7 @@ SOFTMAX_PROBABILITIES = 3  # Attention's qk_matmul_output_mode: the output after
 
 def with_attention_weights(src: str | Path, dst: str | Path) -> Path:
     """Write the embeddings-only graph `src` with the attentions output added to `dst`."""
-    model = onnx.load(str(src))
+    model = onnx.load(str(src), load_external_data=False)  # the weights stay where they are
     metadata = {p.key: p.value for p in model.metadata_props}
     config = ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
     _output_attention_weights(model.graph, config)

@@ -16,7 +16,7 @@ export's parity gate checks the graph it produces like any other.
 
 from __future__ import annotations
 
-import onnx
+import onnx_ir as ir
 from onnxscript import rewriter
 from onnxscript.rewriter import pattern
 
@@ -39,7 +39,7 @@ def _per_head_attention(op, q, k, v, q_shape, k_shape, v_shape, y_shape):
     return op.Reshape(op.Transpose(y, perm=HEADS_FIRST), y_shape, _allow_other_attributes=True)
 
 
-def fold_head_transposes(model: onnx.ModelProto, n_heads: int, n_kv_heads: int) -> onnx.ModelProto:
+def fold_head_transposes(model: ir.Model, n_heads: int, n_kv_heads: int) -> ir.Model:
     """`model` with every single-output `Attention` fed (B, T, D) and answering (B, T, D)."""
 
     def on_3d_inputs(op, q, k, v, y, **_):

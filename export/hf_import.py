@@ -28,9 +28,9 @@ from attnserve.export.hf_families import (
 from attnserve.model.artifacts import TOKENIZER_FILENAME
 from attnserve.model.checkpoint import first_shape_mismatch
 from attnserve.model.config import ConfigError, ModelConfig
-from attnserve.model.encoder import Encoder
+from attnserve.model.encoder import Encoder, encoder_from_weights
 
-__all__ = ["HFImportError", "config_from_hf", "load_hf", "resolve_source"]
+__all__ = ["CheckpointReader", "HFImportError", "config_from_hf", "load_hf", "resolve_source"]
 
 # Longest sequence an import serves unless asked (--max-seq-len): a checkpoint's own
 # limit (32k, 128k) would be a promise the attention maps (T^2 per head) cannot keep.
@@ -117,10 +117,12 @@ def load_hf(
     max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
     log: Callable[[str], None] = print,
     require_tokenizer: bool = False,
+    before_reading: Callable[[ModelConfig], None] | None = None,
 ) -> tuple[Encoder, Path]:
     """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory.
     require_tokenizer: refuse a directory without tokenizer.json (after the config's own
-    refusals, before any tensor is read)."""
+    refusals, before any tensor is read). before_reading: called with the config before any
+    tensor is read (the import's memory check)."""
     directory = resolve_source(source, log)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -132,58 +134,92 @@ def load_hf(
         raise HFImportError(f"{source} has no {TOKENIZER_FILENAME}")
     if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
         log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
+    if before_reading is not None:
+        before_reading(config)
     family = FAMILIES[data["model_type"]]
-    tensors = read_tensors(directory)
+    checkpoint = CheckpointReader(directory)
+    names = checkpoint.names
     prefix = next(
-        (p for p in family.prefixes if any(k.startswith(p) for k in tensors)), family.prefixes[-1]
+        (p for p in family.prefixes if any(k.startswith(p) for k in names)), family.prefixes[-1]
     )
     taken: set[str] = set()
+    progress = _progress(log, len(names))
 
     def take(name: str) -> torch.Tensor:
-        if (tensor := tensors.get(prefix + name)) is None:
+        if prefix + name not in names:
             raise HFImportError(f"missing tensor {prefix + name}")
         taken.add(prefix + name)
-        return tensor
+        progress(len(taken))
+        return checkpoint.read(prefix + name)
 
     mapped = family.weights(take, config)
     unknown = sorted(
         k
-        for k in set(tensors) - taken
+        for k in names - taken
         if k.removeprefix(prefix) not in IGNORED_NAMES and not k.endswith(IGNORED_SUFFIXES)
     )
     if unknown:
         raise HFImportError(f"unexpected tensor(s) {', '.join(unknown[:5])}")
-    model = Encoder(config)
-    if mismatch := first_shape_mismatch(model.state_dict(), mapped):
+    with torch.device("meta"):  # the shapes the config needs, nothing allocated
+        expected = Encoder(config).state_dict()
+    if mismatch := first_shape_mismatch(expected, mapped):
         raise HFImportError(f"{mismatch} (from config.json)")
-    if missing := sorted(set(model.state_dict()) - set(mapped)):
+    if missing := sorted(set(expected) - set(mapped)):
         raise HFImportError(f"the checkpoint has no tensor for {', '.join(missing)}")
-    model.load_state_dict({k: v.float() for k, v in mapped.items()}, strict=True)
-    return model.eval(), directory
+    return encoder_from_weights(config, mapped), directory
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint: one safetensors file, its shards, or a .bin."""
-    from safetensors.torch import load_file
+class CheckpointReader:
+    """A checkpoint's tensors by name, each read from disk when asked for and widened to
+    float32 there (bfloat16 and float16 checkpoints): one float32 copy of the weights is
+    all an import ever holds. model.safetensors, sharded safetensors with their index, or a
+    pytorch_model.bin read with weights_only=True (memory-mapped, never unpickled freely)."""
 
-    if (directory / SAFETENSORS).is_file():
-        return load_file(str(directory / SAFETENSORS))
-    if (directory / SHARD_INDEX).is_file():
-        weight_map = _json(directory / SHARD_INDEX).get("weight_map", {})
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            if not (directory / shard).is_file():
-                raise HFImportError(f"{SHARD_INDEX} names the shard {shard}, which is missing")
-            tensors.update(load_file(str(directory / shard)))
-        return tensors
-    if (directory / TORCH_BIN).is_file():
-        try:  # weights_only: tensors and plain containers only, nothing is unpickled freely
-            return torch.load(directory / TORCH_BIN, map_location="cpu", weights_only=True)
-        except Exception as exc:
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        self._files: dict[str, Any] = {}  # tensor name -> its open safetensors file
+        self._bin: dict[str, torch.Tensor] = {}
+        if (directory / SAFETENSORS).is_file():
+            shards = [SAFETENSORS]
+        elif (directory / SHARD_INDEX).is_file():
+            shards = sorted(set(_json(directory / SHARD_INDEX).get("weight_map", {}).values()))
+            for shard in shards:
+                if not (directory / shard).is_file():
+                    raise HFImportError(f"{SHARD_INDEX} names the shard {shard}, which is missing")
+        elif (directory / TORCH_BIN).is_file():
+            shards = []
+            try:  # weights_only: tensors and plain containers only; mmap: read when used
+                self._bin = torch.load(
+                    directory / TORCH_BIN, map_location="cpu", weights_only=True, mmap=True
+                )
+            except Exception as exc:
+                raise HFImportError(
+                    f"{directory / TORCH_BIN} is not a plain tensor file: {exc}"
+                ) from exc
+        else:
             raise HFImportError(
-                f"{directory / TORCH_BIN} is not a plain tensor file: {exc}"
-            ) from exc
-    raise HFImportError(f"{directory} has neither {SAFETENSORS}, {SHARD_INDEX} nor {TORCH_BIN}")
+                f"{directory} has neither {SAFETENSORS}, {SHARD_INDEX} nor {TORCH_BIN}"
+            )
+        for shard in shards:
+            handle = safe_open(str(directory / shard), framework="pt")
+            self._files.update(dict.fromkeys(handle.keys(), handle))
+        self.names = set(self._files) | set(self._bin)
+
+    def read(self, name: str) -> torch.Tensor:
+        tensor = self._files[name].get_tensor(name) if name in self._files else self._bin[name]
+        return tensor.float() if tensor.is_floating_point() else tensor
+
+
+def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:
+    """Logs how many of the checkpoint's tensors were read, every tenth."""
+    step = max(total // 10, 1)
+
+    def report(done: int) -> None:
+        if done % step == 0 and total >= 100:  # small checkpoints read in a blink
+            log(f"reading: {done} of {total} tensors")
+
+    return report
 
 
 def _as_id(value: Any) -> int | None:

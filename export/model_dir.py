@@ -1,58 +1,60 @@
-"""Writes the model directory the service serves, only after the export passed parity."""
+"""Writes the model directory the service serves, only after the export passed parity.
+
+The order keeps an import within one float32 copy of the weights plus what one layer
+needs: PyTorch computes its parity outputs first; each graph is traced from the model
+and its weights streamed into the one weights file they all share; the model's weights
+can then be freed (`release_weights`) before ONNX Runtime opens the graphs to check them.
+"""
 
 from __future__ import annotations
 
+import errno
+import gc
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import torch
 
 from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
 from attnserve.export.fp16 import convert_to_fp16
 from attnserve.export.fused import with_attention_weights
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
-from attnserve.export.parity import ParityCase, check_parity
+from attnserve.export.parity import ParityCase, compare, default_shapes, reference_outputs
+from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
     FUSED_ONNX_FILENAME,
     ONNX_FILENAME,
+    PRECISIONS,
     REPORT_FILENAME,
+    WEIGHTS_FILENAMES,
 )
 from attnserve.model.encoder import Encoder
 
 
-@dataclass(frozen=True)
-class Graph:
-    with_attentions: bool
-    source: str | None = None  # the graph this one is made from; None: traced from PyTorch
-    derive: Callable[[Path, Path], Path] | None = None  # (source, destination) -> destination
-    fp16: bool = False  # float16 inside: checked against the float16 tolerance
-
-
-GRAPHS = {  # in the order they are made
-    ONNX_FILENAME: Graph(with_attentions=True),
-    EMBEDDINGS_ONNX_FILENAME: Graph(with_attentions=False),
-    FUSED_ONNX_FILENAME: Graph(True, EMBEDDINGS_ONNX_FILENAME, with_attention_weights),
-    FP16_ONNX_FILENAME: Graph(True, ONNX_FILENAME, convert_to_fp16, fp16=True),
-    EMBEDDINGS_FP16_ONNX_FILENAME: Graph(False, EMBEDDINGS_ONNX_FILENAME, convert_to_fp16, True),
-}
+class ExportWriteError(OSError):
+    """The directory could not be written (a full disk, say); nothing was left behind."""
 
 
 @dataclass(frozen=True)
 class ExportReport:
     model_dir: str
-    onnx_bytes: dict[str, int]  # per file
+    onnx_bytes: dict[str, int]  # per file, the weights files included
     parameters: int
     tolerance: float  # the parity gate of the float32 graphs
     fp16_tolerance: float  # ... and of the float16 ones
     parity: list[ParityCase]
     export_seconds: float
     parity_seconds: float
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # the graphs it holds
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
 
@@ -64,40 +66,62 @@ def write_model_dir(
     log: Callable[[str], None] = print,
     extra_files: dict[str, Path] | None = None,
     fp16_tolerance: float = FP16_TOLERANCE,
+    precisions: tuple[str, ...] = ("fp32",),
+    release_weights: bool = False,
 ) -> ExportReport:
-    """Export the graphs (GRAPHS), check each one's parity with PyTorch, then move the
-    files into `out`.
+    """Export the float32 graphs (and the float16 ones if `precisions` has fp16), check
+    each one's parity with PyTorch, then move the files into `out`.
 
     extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
+    release_weights: free the model's weights once they are written (the model is unusable
+    afterwards): ONNX Runtime then checks the graphs without a second copy beside them.
 
-    Everything is written to a scratch directory beside `out` first, so a model
-    that fails its parity check (ParityError) never reaches `out`.
+    Everything is written to a scratch directory beside `out` first, so a model that fails
+    its parity check (ParityError) or a full disk (ExportWriteError) never reaches `out`.
     """
+    unknown = sorted(set(precisions) - set(PRECISIONS))
+    if unknown or "fp32" not in precisions:
+        raise ValueError(f"precisions must include fp32, from {PRECISIONS}; got {precisions}")
     out = Path(out)
-    scratch = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    sizes: dict[str, int] = {}
-    cases: list[ParityCase] = []
-    export_seconds = parity_seconds = 0.0
-    try:
-        for filename, graph in GRAPHS.items():
-            start = time.perf_counter()
-            if graph.source is None or graph.derive is None:
-                log(
-                    f"exporting {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)..."
-                )
-                onnx_path = export_onnx(model, scratch / filename, graph.with_attentions)
-            else:
-                log(f"making {filename} from {graph.source} ({graph.derive.__name__})...")
-                onnx_path = graph.derive(scratch / graph.source, scratch / filename)
-            export_seconds += time.perf_counter() - start
-            sizes[filename] = onnx_path.stat().st_size
-            log(f"  checked: {sizes[filename] / 1e6:.1f} MB in {time.perf_counter() - start:.1f}s")
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    start = time.perf_counter()
+    shapes = shapes or default_shapes(config)
+    log(f"checking: PyTorch's outputs at (batch, seq_len) {shapes}, kept for the parity gate")
+    references = reference_outputs(model, shapes)
+    parity_seconds = time.perf_counter() - start
+    with _scratch_beside(out) as scratch:
+        start = time.perf_counter()
+        progress = _progress(log, parameters * 4)
+        with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
+            for filename, with_attentions in (
+                (ONNX_FILENAME, True),
+                (EMBEDDINGS_ONNX_FILENAME, False),
+            ):
+                log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
+                export_onnx(model, scratch / filename, weights, with_attentions)
+        if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
+            _release(model)
+        gates = {ONNX_FILENAME: tolerance, EMBEDDINGS_ONNX_FILENAME: tolerance}
+        log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
+        with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
+        gates[FUSED_ONNX_FILENAME] = tolerance
+        if "fp16" in precisions:
+            with WeightsFile(scratch / WEIGHTS_FILENAMES["fp16"]) as weights:
+                for source, target in (
+                    (ONNX_FILENAME, FP16_ONNX_FILENAME),
+                    (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
+                ):
+                    log(f"writing {target} from {source} (float16 inside, for CUDA)...")
+                    convert_to_fp16(scratch / source, scratch / target, weights)
+                    gates[target] = fp16_tolerance
+        export_seconds = time.perf_counter() - start
 
+        cases: list[ParityCase] = []
+        for filename, gate in gates.items():
             start = time.perf_counter()
-            gate = fp16_tolerance if graph.fp16 else tolerance
-            log(f"parity of {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}...")
-            graph_cases = check_parity(model, onnx_path, shapes=shapes, tolerance=gate)
+            log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}...")
+            graph_cases = compare(references, scratch / filename, config.input_name, gate)
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
@@ -106,13 +130,14 @@ def write_model_dir(
 
         report = ExportReport(
             model_dir=str(out),
-            onnx_bytes=sizes,
-            parameters=sum(p.numel() for p in model.parameters()),
+            onnx_bytes={f.name: f.stat().st_size for f in sorted(scratch.iterdir())},
+            parameters=parameters,
             tolerance=tolerance,
             fp16_tolerance=fp16_tolerance,
             parity=cases,
             export_seconds=round(export_seconds, 3),
             parity_seconds=round(parity_seconds, 3),
+            precisions=list(precisions),
         )
         (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
         for name, source in (extra_files or {}).items():
@@ -120,7 +145,50 @@ def write_model_dir(
         out.mkdir(parents=True, exist_ok=True)
         for item in scratch.iterdir():
             os.replace(item, out / item.name)
-        log(f"wrote {out}: {', '.join(sizes)} ({report.parameters:,} parameters)")
-        return report
+    total = sum(report.onnx_bytes.values())
+    log(f"wrote {out}: {total / 1e6:,.1f} MB, {', '.join(precisions)} ({parameters:,} parameters)")
+    return report
+
+
+def _release(model: Encoder) -> None:
+    """Free the storage of every weight, whoever still holds the tensor objects (the
+    exporter keeps references to them past the export)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.data = torch.empty(0, dtype=tensor.dtype)
+    gc.collect()
+
+
+@contextmanager
+def _scratch_beside(out: Path) -> Iterator[Path]:
+    """A scratch directory beside `out` (same file system: the files move in by rename),
+    removed whatever happens; a full disk becomes an ExportWriteError that says so."""
+    scratch = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        yield scratch
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(out.parent).free
+            raise ExportWriteError(
+                exc.errno,
+                f"the disk holding {out.parent} is full ({free / 1e9:.1f} GB free after "
+                f"removing the partial export): {exc.strerror}; nothing was written to {out}",
+            ) from exc
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:
+    """Logs the weights written, every tenth of `total` bytes (about the float32 weights);
+    silent for models that write in a blink."""
+    step = total // 10 if total >= 1 << 28 else total + 1
+    last = [0]
+
+    def report(written: int) -> None:
+        if written - last[0] >= step:
+            last[0] = written
+            log(f"  weights written: {written / 1e9:.2f} GB of about {total / 1e9:.2f} GB")
+
+    return report

@@ -1,4 +1,8 @@
-"""PyTorch vs ONNX Runtime on the same inputs: the gate every exported model must pass."""
+"""PyTorch vs ONNX Runtime on the same inputs: the gate every exported model must pass.
+
+The PyTorch side runs first (`reference_outputs`): its few outputs are kept, so that
+the model's weights can be freed before ONNX Runtime opens a graph of them.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,14 @@ class ParityCase:
     max_abs_diff: dict[str, float]  # per output name
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What PyTorch computed for one shape: the input ids and every output by name."""
+
+    input_ids: np.ndarray  # (B, T) int64
+    outputs: dict[str, np.ndarray]
+
+
 # The longest parity case holds every layer's and head's T x T weights at most this large.
 LONGEST_CASE_BYTES = 2**28
 
@@ -41,32 +53,46 @@ def default_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     return list(dict.fromkeys(shapes))  # drop duplicates when max_seq_len is tiny
 
 
-def check_parity(
-    model: Encoder,
+def reference_outputs(
+    model: Encoder, shapes: list[tuple[int, int]] | None = None, seed: int = 0
+) -> list[Reference]:
+    """PyTorch's embeddings and attentions on random ids of each shape."""
+    config = model.config
+    rng = np.random.default_rng(seed)
+    references = []
+    for batch, seq_len in shapes or default_shapes(config):
+        ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
+        with torch.inference_mode():
+            embeddings, attentions = model(torch.from_numpy(ids))
+        outputs = {config.embeddings_name: embeddings.numpy()}
+        outputs[config.attentions_name] = attentions.numpy()  # type: ignore[union-attr]
+        references.append(Reference(ids, outputs))
+    return references
+
+
+def compare(
+    references: list[Reference],
     onnx_path: str | Path,
-    shapes: list[tuple[int, int]] | None = None,
+    input_name: str,
     tolerance: float = DEFAULT_TOLERANCE,
-    seed: int = 0,
 ) -> list[ParityCase]:
-    """Compare every output of the graph with PyTorch on random ids of each shape.
+    """Run the graph on each reference's ids and compare every output it has.
 
     Raises ParityError at the first shape where any output differs by more than
     `tolerance` (or is NaN).
     """
-    config = model.config
-    shapes = shapes or default_shapes(config)
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # The matrices are read where the weights file is mapped, never repacked into a second
+    # copy: the check of a model costs its weights once, and runs a few shapes only.
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    rng = np.random.default_rng(seed)
     cases = []
-    for batch, seq_len in shapes:
-        ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
-        with torch.inference_mode():
-            embeddings, attentions = model(torch.from_numpy(ids))
-        want = {config.embeddings_name: embeddings, config.attentions_name: attentions}
-        got = session.run(names, {config.input_name: ids})
+    for reference in references:
+        batch, seq_len = reference.input_ids.shape
+        got = session.run(names, {input_name: reference.input_ids})
         diffs = {
-            name: float(np.abs(value - want[name].numpy()).max())
+            name: float(np.abs(value - reference.outputs[name]).max())
             for name, value in zip(names, got, strict=True)
         }
         if not all(d <= tolerance for d in diffs.values()):  # `not <=` also catches NaN
@@ -77,3 +103,15 @@ def check_parity(
             )
         cases.append(ParityCase(Path(onnx_path).name, batch, seq_len, diffs))
     return cases
+
+
+def check_parity(
+    model: Encoder,
+    onnx_path: str | Path,
+    shapes: list[tuple[int, int]] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    seed: int = 0,
+) -> list[ParityCase]:
+    """Compare every output of the graph with PyTorch on random ids of each shape."""
+    references = reference_outputs(model, shapes, seed)
+    return compare(references, onnx_path, model.config.input_name, tolerance)

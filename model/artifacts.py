@@ -16,6 +16,10 @@ FUSED_ONNX_FILENAME = "model_fused.onnx"
 FP16_ONNX_FILENAME = "model_fp16.onnx"
 EMBEDDINGS_FP16_ONNX_FILENAME = "model_embeddings_fp16.onnx"
 PRECISIONS = ("fp32", "fp16")
+# Every graph of one precision points into that precision's one weights file (ONNX external
+# data): a model costs its weights once on disk. Directories written before keep their
+# weights inside each graph (or in `<graph>.data`), and load as they are.
+WEIGHTS_FILENAMES = {"fp32": "weights.data", "fp16": "weights_fp16.data"}
 TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for tokenizer="hf"
 REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, versions)
 CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
@@ -42,6 +46,21 @@ class ModelDirectory:
         """The full graph (attention=True) or the embeddings-only graph of a precision."""
         full, embeddings_only = graph_filenames(precision)
         return self.path / (full if attention else embeddings_only)
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precisions whose full graph the directory holds."""
+        return tuple(p for p in PRECISIONS if self.graph(p, attention=True).is_file())
+
+    def weight_bytes(self, precision: str) -> int:
+        """The bytes of a precision's weights: its weights file, or (directories written
+        before there was one) its full graph with any external data beside it."""
+        shared = self.path / WEIGHTS_FILENAMES[precision]
+        if shared.is_file():
+            return shared.stat().st_size
+        graph = self.graph(precision, attention=True)
+        beside = graph.with_name(graph.name + ".data")
+        return sum(f.stat().st_size for f in (graph, beside) if f.is_file())
 
     @property
     def fused_graph(self) -> Path:

@@ -60,6 +60,17 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def encoder_from_weights(config: ModelConfig, weights: dict[str, torch.Tensor]) -> Encoder:
+    """An Encoder in eval mode whose parameters are `weights` themselves: no random
+    initialisation first, no copy (a checkpoint's weights cost their size once)."""
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialised
+        model = Encoder(config)
+    model.load_state_dict(weights, strict=True, assign=True)
+    if config.positions == "rotary":  # computed tables, not weights: made for real
+        model.rotary = Rotary(config)
+    return model.eval()
+
+
 def build_encoder(config: ModelConfig, seed: int = 0) -> Encoder:
     """A randomly initialised encoder, reproducible from the seed, in eval mode."""
     generator_state = torch.random.get_rng_state()

@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from attnserve.model.artifacts import ModelDirectory
+from attnserve.model.footprint import SERVE_BASE_BYTES, GiB, available_memory
 from attnserve.model.tokenizer import get_tokenizer
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
@@ -31,6 +32,7 @@ from attnserve.service.core.backend import Backend
 from attnserve.service.core.batcher import Batcher
 from attnserve.service.core.budget import ByteBudget
 from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.errors import ModelLoadError
 from attnserve.service.core.memory import keep_freed_heap
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
@@ -43,12 +45,16 @@ from attnserve.service.http.app import create_app
 from attnserve.service.http.server import HttpServer
 from attnserve.service.inference.model import V2Server
 from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+# Copies of a model's weights beyond the first (session_layout) are made only while
+# together they take at most this share of the memory available when it loads.
+EXTRA_COPIES_SHARE = 1 / 16
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
 
@@ -256,8 +262,9 @@ def build_model(
     if given:
         backend = given.pop()
     else:
-        backend = OrtRuntime(model_dir, settings.runtime_options)
-        instances = model_instances(model_dir, settings, backend.provider)
+        options, count = session_layout(model_dir, settings)
+        backend = OrtRuntime(model_dir, options)
+        instances = model_instances(model_dir, settings, backend.provider, count)
     name = name or backend.config.name
     tokenizer = get_tokenizer(backend.config, model_dir)
     model_metrics = metrics.for_model(name, version)
@@ -275,13 +282,41 @@ def build_model(
     )
 
 
+def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[RuntimeOptions, int]:
+    """How many copies of the weights a model may hold: (runtime options, instance count;
+    0 for the default). Each ONNX Runtime session prepacks its own copy, and a model runs two
+    graphs (embeddings only, and with attention) per instance. Extra copies are worth it only
+    while they are cheap: beyond EXTRA_COPIES_SHARE of the memory, the model keeps one
+    session, whose graph with attention also answers embeddings (for large models it costs
+    them nothing: docs/BENCHMARKS.md "Sizes"). A model whose one copy does not fit is refused."""
+    weights = model_dir.weight_bytes(settings.precision)
+    available = settings.memory_limit or available_memory()
+    if weights + SERVE_BASE_BYTES > available:
+        raise ModelLoadError(
+            f"{model_dir.path} needs about {(weights + SERVE_BASE_BYTES) / GiB:.1f} GiB to serve "
+            f"({weights / GiB:.1f} GiB of {settings.precision} weights) and "
+            f"{available / GiB:.1f} GiB is available"
+        )
+    options, cores = settings.runtime_options, len(os.sched_getaffinity(0))
+    extra_allowed = available * EXTRA_COPIES_SHARE
+    copies = 2 * (1 + (settings.instances or cores))
+    if settings.instances or weights * (copies - 1) <= extra_allowed:
+        return options, settings.instances
+    if weights <= extra_allowed:
+        log.info("%s: no instances (their weights would take %d MB)", model_dir, weights >> 20)
+        return options, 1
+    log.info("%s: one session (a second copy of its weights: %d MB)", model_dir, weights >> 20)
+    return replace(options, single_session=True), 1
+
+
 def model_instances(
-    model_dir: ModelDirectory, settings: Settings, provider: str
+    model_dir: ModelDirectory, settings: Settings, provider: str, count: int = 0
 ) -> list[OrtRuntime]:
     """The narrow copies of the model that run batches side by side under load (Triton's
-    instance groups): by default one per core, a thread each, on CPU; none on one GPU."""
+    instance groups): `count`, or by default one per core, a thread each, on CPU; none on
+    one GPU."""
     cores = len(os.sched_getaffinity(0))
-    count = settings.instances or (cores if provider == "cpu" else 1)
+    count = count or (cores if provider == "cpu" else 1)
     if count < 2:
         return []
     threads = max(1, (settings.threads or cores) // count)

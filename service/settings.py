@@ -137,6 +137,15 @@ class Settings:
             "weights); more waits in the queue; 0: no budget",
         ),
     )
+    memory_limit: int = field(
+        default=0,
+        metadata=_opt(
+            int,
+            "bytes the models may hold; 0: what the machine has available as each loads. A model "
+            "whose weights do not fit is refused; copies beyond the first (a second graph, "
+            "instances) are made only while they take a sixteenth of it",
+        ),
+    )
     release_memory: bool = field(
         default=True,
         metadata=_opt(

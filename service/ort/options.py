@@ -25,6 +25,10 @@ class RuntimeOptions:
     # On CPU in float32, run the full graph through the fused Attention op
     # (model_fused.onnx) when the directory has it; False: always the traced model.onnx.
     fused_attention: bool = True
+    # One session serves embeddings and attention (the full graph), so that the weights are
+    # held once: each ONNX Runtime session prepacks its own copy of the matrices. The server
+    # sets it for models whose second copy would not fit (service/server.py).
+    single_session: bool = False
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
@@ -56,9 +57,10 @@ class OrtRuntime:
         self.precision = options.precision
         self.model_path = model_path = model_dir.graph(options.precision, attention=True)
         if not model_path.is_file():
+            held = ", ".join(model_dir.precisions) or "none"
             raise ModelLoadError(
-                f"no {model_path.name} in {model_dir.path} (precision={options.precision}); "
-                "create it with `attnserve export --out DIR`, which writes the fp32 and fp16 graphs"
+                f"{model_dir.path} holds no {options.precision} graphs (precisions held: {held}); "
+                f"write them with `attnserve export --precision {options.precision} --out DIR`"
             )
         self.session, self.provider = _create_session(model_path, options)
         if self.precision == "fp16" and self.provider == "cpu":
@@ -73,6 +75,7 @@ class OrtRuntime:
         if fused and self.provider == "cpu" and self.precision == "fp32":
             # ORT's CUDA Attention kernel cannot return probabilities yet: CPU only.
             self.attention_graph = model_dir.fused_graph
+            del self.session  # its copy of the weights goes before the next one is made
             self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
         # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
@@ -83,8 +86,11 @@ class OrtRuntime:
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
-        if fast_path.is_file():
+        if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
+        # Each session holds its own (prepacked) copy of the weights.
+        sessions = 1 + (self.embeddings_session is not self.session)
+        self.resident_weight_bytes = sessions * model_dir.weight_bytes(self.precision)
 
     def _open_beside(
         self, path: Path, options: RuntimeOptions, with_attentions: bool
@@ -174,12 +180,18 @@ def session_settings(options: RuntimeOptions) -> dict:
 
 
 def weights_version(graph: Path) -> str:
-    """Identifies the served weights: two exports of different models never share it. A graph
-    past 2 GB keeps its weights in `<graph>.data` (ONNX external data): hashed too."""
+    """Identifies the served weights: two exports of different models never share it. The
+    files a graph keeps its weights in (ONNX external data) are hashed with it."""
     digest = hashlib.sha256(graph.read_bytes())
-    data = graph.with_name(graph.name + ".data")
-    if data.is_file():
-        with data.open("rb") as f:
+    proto = onnx.load(str(graph), load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in proto.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in sorted(locations):
+        with (graph.parent / location).open("rb") as f:
             while chunk := f.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()[:12]

@@ -1,0 +1,133 @@
+"""One weights file that every graph of a model directory points into (ONNX external data).
+
+A model costs its weights once on disk: the graphs of a directory (the full graph,
+the embeddings-only one, the fused one) keep only their small constants inline and
+refer to each weight by (location, offset, length) in one file, written once, one
+tensor at a time. A weight seen again in a later graph, by the same name, is the same
+bytes already written: the graphs are traced from one model, so a name is one tensor.
+
+Linear weights are stored the way ONNX's MatMul reads them, (in, out): the traced
+graph transposes PyTorch's (out, in) at every run otherwise, and ONNX Runtime would
+fold that transpose into a second, private copy of every weight at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+# Constants up to this size stay inside the graph (small biases, shape constants).
+INLINE_BYTES = 1024
+# Tensors start on a page boundary, so that each can be memory-mapped where it lies.
+ALIGNMENT = 4096
+TRANSPOSED_SUFFIX = ".T"  # the name of a weight stored transposed, (in, out)
+
+
+class WeightsFile:
+    """Appends tensors to one file and hands out references to them, once per name."""
+
+    def __init__(self, path: str | Path, progress: Callable[[int], None] | None = None) -> None:
+        self.path = Path(path)
+        self._file = self.path.open("wb")
+        self._tensors: dict[str, ir.ExternalTensor] = {}
+        self._progress = progress  # called with the bytes written so far
+
+    def reference(self, tensor: ir.TensorProtocol) -> ir.ExternalTensor:
+        """`tensor` as a reference into the file: written the first time its name is seen."""
+        name = tensor.name or ""
+        known = self._tensors.get(name)
+        if known is not None:
+            if known.dtype != tensor.dtype or tuple(known.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"two graphs hold different tensors named {name!r}: "
+                    f"{known.dtype} {known.shape} and {tensor.dtype} {tensor.shape}"
+                )
+            return known
+        offset = -self._file.tell() % ALIGNMENT + self._file.tell()
+        self._file.seek(offset)
+        data = tensor.tobytes()  # one tensor in memory at a time
+        self._file.write(data)
+        self._tensors[name] = ir.ExternalTensor(
+            self.path.name,
+            offset,
+            len(data),
+            tensor.dtype,
+            shape=ir.Shape(tensor.shape),
+            name=name,
+            base_dir=self.path.parent,
+        )
+        if self._progress is not None:
+            self._progress(self._file.tell())
+        return self._tensors[name]
+
+    @property
+    def nbytes(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> WeightsFile:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def externalize(model: ir.Model, weights: WeightsFile, names: Container[str] | None = None) -> None:
+    """Move the graph's initializers larger than INLINE_BYTES into `weights`.
+
+    names: only initializers with these names (a model's own weights: the exporter's
+    other constants may reuse a name across graphs for different values); None: all.
+    """
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None or tensor.nbytes <= INLINE_BYTES:
+            continue
+        if names is None or value.name in names:
+            value.const_value = weights.reference(tensor)
+
+
+def store_linear_weights_transposed(model: ir.Model) -> set[str]:
+    """Replace each `Transpose(W, perm=[1, 0])` of an initializer W by an initializer
+    `W.T` that holds the transposed values; returns the new names.
+
+    The values are computed when the tensor is written (a LazyTensor), one at a time.
+    W itself goes only where nothing else reads it.
+    """
+    graph = model.graph
+    created: set[str] = set()
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        source = node.inputs[0]
+        perm = node.attributes.get("perm")
+        if source is None or not source.is_initializer() or source.const_value is None:
+            continue
+        if perm is None or list(perm.as_ints()) != [1, 0]:
+            continue
+        name = f"{source.name}{TRANSPOSED_SUFFIX}"
+        if name not in graph.initializers:
+            transposed = ir.Value(
+                name=name,
+                shape=ir.Shape(list(reversed(source.const_value.shape))),
+                type=source.type,
+                const_value=_transposed(source.const_value, name),
+            )
+            graph.register_initializer(transposed)
+            created.add(name)
+        node.outputs[0].replace_all_uses_with(graph.initializers[name])
+        graph.remove(node, safe=True)
+        if not source.uses():
+            graph.initializers.pop(source.name)
+    return created
+
+
+def _transposed(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
+    def compute() -> ir.Tensor:
+        return ir.Tensor(np.ascontiguousarray(tensor.numpy().T), name=name)
+
+    return ir.LazyTensor(compute, tensor.dtype, ir.Shape(list(reversed(tensor.shape))), name=name)

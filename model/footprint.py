@@ -1,0 +1,92 @@
+"""What a model costs in memory, from its config alone: known before a tensor is read.
+
+An import holds one float32 copy of the weights plus what one layer and the parity
+check need (export/model_dir.py); a served model holds its weights once per ONNX
+Runtime session (each session prepacks its own copy of the matrices), plus the answers
+it is building, bounded by the memory budget. Torch-free: the service uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from attnserve.model.config import ModelConfig
+
+GiB = 1 << 30
+# What the libraries themselves take beside the weights: torch, the exporter and ONNX
+# Runtime for an import; ONNX Runtime, gRPC and the HTTP stack for a server (measured by
+# `python -m benchmarks sizes`, rounded up).
+IMPORT_BASE_BYTES = int(1.5 * GiB)
+SERVE_BASE_BYTES = GiB // 2
+# An import's transient share beyond the one float32 copy: one layer's tensors being
+# converted and written, the parity outputs (bounded by export/parity.py's longest case).
+IMPORT_MARGIN = 0.15
+
+
+class FootprintError(ValueError):
+    """A model that would not fit in the memory there is; the message says by how much."""
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """The encoder's parameters for this config (as Encoder(config) holds them)."""
+    d, dh, h, kv = config.d_model, config.head_dim, config.n_heads, config.kv_heads
+    qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+    out_bias = config.bias if config.out_bias is None else config.out_bias
+    mlp_bias = config.bias if config.mlp_bias is None else config.mlp_bias
+    norm = d * (2 if config.norm == "layernorm" else 1)
+    width = (2 if config.mlp == "gated" else 1) * config.d_ff
+    attention = d * (h + 2 * kv) * dh + qkv_bias * (h + 2 * kv) * dh + h * dh * d + out_bias * d
+    mlp = d * width + mlp_bias * width + config.d_ff * d + mlp_bias * d
+    table = config.vocab_size * d + (config.max_seq_len * d if config.positions == "learned" else 0)
+    return table + config.n_layers * (2 * norm + attention + mlp) + norm
+
+
+def weight_bytes(config: ModelConfig) -> int:
+    """The float32 weights' bytes: on disk, and in memory once."""
+    return 4 * parameter_count(config)
+
+
+def import_bytes(config: ModelConfig) -> int:
+    """The peak an import of this config is expected to reach."""
+    return int(weight_bytes(config) * (1 + IMPORT_MARGIN)) + IMPORT_BASE_BYTES
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: the smaller of the machine's available memory and
+    what its cgroup (a container's limit) leaves."""
+    available = _meminfo("MemAvailable")
+    limit = _read_int(Path("/sys/fs/cgroup/memory.max"))
+    used = _read_int(Path("/sys/fs/cgroup/memory.current"))
+    if limit is not None and used is not None:
+        available = min(available, max(limit - used, 0))
+    return available
+
+
+def check_import(config: ModelConfig, available: int | None = None) -> None:
+    """Raise FootprintError if importing `config` would need more than `available` bytes
+    (default: available_memory())."""
+    available = available_memory() if available is None else available
+    need = import_bytes(config)
+    if need > available:
+        raise FootprintError(
+            f"importing {config.name} needs about {need / GiB:.1f} GiB "
+            f"({parameter_count(config) / 1e9:.2f}B parameters: {weight_bytes(config) / GiB:.1f} "
+            f"GiB of float32 weights, plus {IMPORT_BASE_BYTES / GiB:.1f} GiB for the libraries) "
+            f"and {available / GiB:.1f} GiB is available; free memory, or import on a machine "
+            "with more"
+        )
+
+
+def _meminfo(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):  # absent, or "max": no limit
+        return None
