@@ -1,4 +1,4 @@
-"""`python -m benchmarks {peers,oip,perf-analyzer,families,repository,ray,containers,report}`,
+"""`python -m benchmarks {peers,oip,perf-analyzer,families,sizes,repository,ray,containers,report}`,
 from the repository's root with attnserve installed (`make install`): `make benchmarks` runs
 `report`."""
 
@@ -41,6 +41,11 @@ def parser() -> argparse.ArgumentParser:
     )
     families.add_argument(
         "--quick", action="store_true", help="two layers, three lengths, no 0.5B import (smoke)"
+    )
+    commands.add_parser(
+        "sizes",
+        help="checkpoints in 0.5B and 1.1B models' shapes: import and serve memory and time "
+        "beside transformers' own load",
     )
     repository = commands.add_parser(
         "repository",
@@ -89,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.families import run_families
 
         run_families(args.out, args.quick, progress)
+        return 0
+    if args.command == "sizes":
+        from benchmarks.sizes import run_sizes
+
+        run_sizes(args.out, progress)
         return 0
     if args.command == "containers":
         from benchmarks.containers import run_containers

@@ -51,6 +51,8 @@ def trace(model: Encoder, with_attentions: bool) -> ir.Model:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
+        # The exporter cannot rename the axes of a non-tensor argument: _name_axes does.
+        warnings.filterwarnings("ignore", "# ONNX model has different number of inputs")
         program = torch.onnx.export(
             model.eval(),
             (example,),

@@ -53,7 +53,7 @@ from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 # Copies of a model's weights beyond the first (session_layout) are made only while
-# together they take at most this share of the memory available when it loads.
+# together they take at most this share of the memory left beside that first copy.
 EXTRA_COPIES_SHARE = 1 / 16
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
@@ -259,12 +259,15 @@ def build_model(
     loading one (tests share one)."""
     model_dir = ModelDirectory(directory)
     instances: list[OrtRuntime] = []
+    weight_bytes = (0, 0)
     if given:
         backend = given.pop()
     else:
         options, count = session_layout(model_dir, settings)
         backend = OrtRuntime(model_dir, options)
         instances = model_instances(model_dir, settings, backend.provider, count)
+        resident = sum(r.resident_weight_bytes for r in (backend, *instances))
+        weight_bytes = (model_dir.weight_bytes(backend.precision), resident)
     name = name or backend.config.name
     tokenizer = get_tokenizer(backend.config, model_dir)
     model_metrics = metrics.for_model(name, version)
@@ -279,6 +282,7 @@ def build_model(
         budget,
         settings.max_message_bytes,
         settings.release_memory,
+        weight_bytes,
     )
 
 
@@ -298,7 +302,7 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
             f"{available / GiB:.1f} GiB is available"
         )
     options, cores = settings.runtime_options, len(os.sched_getaffinity(0))
-    extra_allowed = available * EXTRA_COPIES_SHARE
+    extra_allowed = (available - weights - SERVE_BASE_BYTES) * EXTRA_COPIES_SHARE
     copies = 2 * (1 + (settings.instances or cores))
     if settings.instances or weights * (copies - 1) <= extra_allowed:
         return options, settings.instances

@@ -143,7 +143,7 @@ class Settings:
             int,
             "bytes the models may hold; 0: what the machine has available as each loads. A model "
             "whose weights do not fit is refused; copies beyond the first (a second graph, "
-            "instances) are made only while they take a sixteenth of it",
+            "instances) are made only while they take a sixteenth of what is left",
         ),
     )
     release_memory: bool = field(

@@ -75,7 +75,7 @@ def small_model_dir(small_model, tmp_path_factory) -> Path:
     from attnserve.export.model_dir import write_model_dir
 
     out = tmp_path_factory.mktemp("small_model")
-    write_model_dir(small_model, out, log=lambda _: None)
+    write_model_dir(small_model, out, log=lambda _: None, precisions=("fp32", "fp16"))
     return out
 
 

@@ -56,11 +56,16 @@ class OrtRuntime:
         self.model_dir = model_dir
         self.precision = options.precision
         self.model_path = model_path = model_dir.graph(options.precision, attention=True)
-        if not model_path.is_file():
-            held = ", ".join(model_dir.precisions) or "none"
+        if not model_dir.precisions:
             raise ModelLoadError(
-                f"{model_dir.path} holds no {options.precision} graphs (precisions held: {held}); "
-                f"write them with `attnserve export --precision {options.precision} --out DIR`"
+                f"no {model_path.name} in {model_dir.path}: write a model directory with "
+                "`attnserve export --out DIR`"
+            )
+        if not model_path.is_file():
+            raise ModelLoadError(
+                f"{model_dir.path} holds no {options.precision} graphs (precisions held: "
+                f"{', '.join(model_dir.precisions)}); write them with "
+                f"`attnserve export --precision {options.precision} --out DIR`"
             )
         self.session, self.provider = _create_session(model_path, options)
         if self.precision == "fp16" and self.provider == "cpu":

@@ -15,6 +15,7 @@ from attnserve.model.artifacts import (
     ONNX_FILENAME,
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
+    WEIGHTS_FILENAMES,
 )
 from attnserve.model.checkpoint import save_checkpoint
 from attnserve.model.config import ModelConfig
@@ -25,7 +26,7 @@ from tests.conftest import SMALL_CONFIG, run_cli
 def test_default_export_writes_a_checked_model_directory(default_export):
     out, result = default_export
     for filename in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME):
-        assert f"parity of {filename}: PyTorch vs ONNX Runtime CPU" in result.stdout
+        assert f"checking {filename}: PyTorch vs ONNX Runtime CPU" in result.stdout
         proto = onnx.load(str(out / filename))
         onnx.checker.check_model(proto, full_check=True)
         metadata = {p.key: p.value for p in proto.metadata_props}
@@ -55,13 +56,13 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     assert not {"Softmax", "Trilu", "Where", "Transpose"} & set(ops)
 
     report = json.loads((out / REPORT_FILENAME).read_text())
-    fp16_graphs = {FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME}
     fp32_graphs = {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME}
-    assert set(report["onnx_bytes"]) == fp32_graphs | fp16_graphs
-    assert {case["graph"] for case in report["parity"]} == set(report["onnx_bytes"])
+    # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
+    assert report["precisions"] == ["fp32"]
+    assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}
+    assert {case["graph"] for case in report["parity"]} == fp32_graphs
     for case in report["parity"]:
-        gate = report["fp16_tolerance"] if case["graph"] in fp16_graphs else 1e-4
-        assert all(d <= gate for d in case["max_abs_diff"].values())
+        assert all(d <= 1e-4 for d in case["max_abs_diff"].values())
 
 
 def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:
@@ -70,14 +71,22 @@ def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:
     ]
 
 
-def test_fp16_graphs_are_float16_inside_and_float32_outside(default_export):
-    out, result = default_export
+def test_fp16_graphs_are_float16_inside_and_float32_outside(tmp_path):
+    config_file = tmp_path / "config.json"
+    config_file.write_text(SMALL_CONFIG.to_json())
+    out = tmp_path / "fp16"
+    result = run_cli(
+        "export", "--out", str(out), "--config", str(config_file), "--precision", "fp16"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / REPORT_FILENAME).read_text())
+    assert report["precisions"] == ["fp32", "fp16"]
     for fp32_name, fp16_name in [
         (ONNX_FILENAME, FP16_ONNX_FILENAME),
         (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
     ]:
         assert (
-            f"parity of {fp16_name}: PyTorch vs ONNX Runtime CPU, tolerance 0.01" in result.stdout
+            f"checking {fp16_name}: PyTorch vs ONNX Runtime CPU, tolerance 0.01" in result.stdout
         )
         fp32, fp16 = onnx.load(str(out / fp32_name)), onnx.load(str(out / fp16_name))
         assert _io(fp16) == _io(fp32)  # int64 ids in, float32 out: clients see no difference
@@ -86,8 +95,9 @@ def test_fp16_graphs_are_float16_inside_and_float32_outside(default_export):
         assert {p.key: p.value for p in fp16.metadata_props} == {
             p.key: p.value for p in fp32.metadata_props
         }
-        # Half the bytes, give or take the casts and the small float32 constants.
-        assert (out / fp16_name).stat().st_size < 0.6 * (out / fp32_name).stat().st_size
+    # Half the bytes, in a weights file of their own, shared by the float16 graphs.
+    fp16_bytes = (out / WEIGHTS_FILENAMES["fp16"]).stat().st_size
+    assert 0 < fp16_bytes < 0.6 * (out / WEIGHTS_FILENAMES["fp32"]).stat().st_size
 
 
 def test_parity_failure_writes_nothing_and_exits_non_zero(tmp_path):
@@ -143,3 +153,33 @@ def test_if_missing_leaves_an_existing_model_untouched(small_model_dir):
     assert result.returncode == 0, result.stderr
     assert "nothing to export" in result.stdout
     assert {p.name: p.stat().st_mtime_ns for p in small_model_dir.iterdir()} == before
+
+
+def test_an_import_that_would_not_fit_is_refused_before_a_tensor_is_read(tmp_path):
+    # A checkpoint with its config and tokenizer but no weights file at all: the memory
+    # check has to speak before the reader would say the weights are missing.
+    checkpoint = tmp_path / "llama"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 2048,
+                "intermediate_size": 5632,
+                "num_hidden_layers": 22,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 4,
+                "max_position_embeddings": 2048,
+                "vocab_size": 32000,
+            }
+        )
+    )
+    (checkpoint / "tokenizer.json").write_text("{}")
+    out = tmp_path / "refused"
+    result = run_cli(
+        "export", "--from-hf", str(checkpoint), "--out", str(out), "--memory-limit", str(2**32)
+    )
+    assert result.returncode == 2, result.stderr
+    assert "needs about 5.9 GiB (1.03B parameters: 3.9 GiB of float32" in result.stderr
+    assert "4.0 GiB is available" in result.stderr
+    assert not out.exists()

@@ -1,0 +1,67 @@
+"""How many copies of its weights a served model holds, decided from the memory there is.
+
+The memory figure is lowered (settings.memory_limit) so that the small model takes the
+paths a 1B model takes on this machine: refused when one copy does not fit, one ONNX
+Runtime session when a second copy would not (docs/BENCHMARKS.md measures the real ones).
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from attnserve.model.artifacts import ModelDirectory
+from attnserve.model.footprint import SERVE_BASE_BYTES
+from attnserve.service.core.errors import ModelLoadError
+from attnserve.service.ort.runtime import OrtRuntime
+from attnserve.service.server import EXTRA_COPIES_SHARE, session_layout
+from attnserve.service.settings import Settings
+from tests.conftest import SMALL_CONFIG
+
+
+@pytest.fixture()
+def weights(small_model_dir) -> int:
+    return ModelDirectory(small_model_dir).weight_bytes("fp32")
+
+
+def _settings(small_model_dir, memory_limit: int) -> Settings:
+    return Settings(model=small_model_dir, provider="cpu", memory_limit=memory_limit)
+
+
+def test_a_model_whose_weights_do_not_fit_is_refused_with_the_numbers(small_model_dir, weights):
+    settings = _settings(small_model_dir, SERVE_BASE_BYTES + weights // 2)
+    with pytest.raises(ModelLoadError, match=r"needs about .* GiB to serve .* is available"):
+        session_layout(ModelDirectory(small_model_dir), settings)
+
+
+def test_a_second_copy_that_would_not_fit_leaves_one_session(
+    small_model_dir, small_runtime, weights
+):
+    # One copy fits; a second would pass the share that extra copies may take.
+    limit = SERVE_BASE_BYTES + weights + int(weights / EXTRA_COPIES_SHARE) - 1
+    options, instances = session_layout(
+        ModelDirectory(small_model_dir), _settings(small_model_dir, limit)
+    )
+    assert options.single_session and instances == 1
+    runtime = OrtRuntime(small_model_dir, options)
+    assert runtime.embeddings_session is runtime.session  # one session, one copy
+    assert runtime.resident_weight_bytes == weights
+    # It answers embeddings and attention as the usual two sessions do.
+    ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(2, 21))
+    np.testing.assert_allclose(runtime.embed(ids), small_runtime.embed(ids), atol=1e-5)
+    for got, want in zip(runtime.run(ids), small_runtime.run(ids), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_cheap_copies_keep_the_sessions_and_instances(small_model_dir, weights):
+    plenty = 1 << 40
+    options, instances = session_layout(
+        ModelDirectory(small_model_dir), _settings(small_model_dir, plenty)
+    )
+    assert not options.single_session and instances == 0  # the default: one per core
+    runtime = OrtRuntime(small_model_dir, options)
+    assert runtime.embeddings_session is not runtime.session
+    assert runtime.resident_weight_bytes == 2 * weights
+    # Asked for, instances are made whatever they cost.
+    asked = replace(_settings(small_model_dir, SERVE_BASE_BYTES + weights), instances=2)
+    assert session_layout(ModelDirectory(small_model_dir), asked)[1] == 2
