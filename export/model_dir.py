@@ -108,12 +108,12 @@ def write_model_dir(
         gates[FUSED_ONNX_FILENAME] = tolerance
         if "fp16" in precisions:
             with WeightsFile(scratch / WEIGHTS_FILENAMES["fp16"]) as weights:
-                for source, target in (
+                for fp32_graph, target in (
                     (ONNX_FILENAME, FP16_ONNX_FILENAME),
                     (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
                 ):
-                    log(f"writing {target} from {source} (float16 inside, for CUDA)...")
-                    convert_to_fp16(scratch / source, scratch / target, weights)
+                    log(f"writing {target} from {fp32_graph} (float16 inside, for CUDA)...")
+                    convert_to_fp16(scratch / fp32_graph, scratch / target, weights)
                     gates[target] = fp16_tolerance
         export_seconds = time.perf_counter() - start
 

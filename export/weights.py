@@ -55,7 +55,7 @@ class WeightsFile:
             offset,
             len(data),
             tensor.dtype,
-            shape=ir.Shape(tensor.shape),
+            shape=ir.Shape(tensor.shape.numpy()),
             name=name,
             base_dir=self.path.parent,
         )
@@ -113,7 +113,7 @@ def store_linear_weights_transposed(model: ir.Model) -> set[str]:
         if name not in graph.initializers:
             transposed = ir.Value(
                 name=name,
-                shape=ir.Shape(list(reversed(source.const_value.shape))),
+                shape=ir.Shape(source.const_value.shape.numpy()[::-1]),
                 type=source.type,
                 const_value=_transposed(source.const_value, name),
             )
@@ -122,7 +122,7 @@ def store_linear_weights_transposed(model: ir.Model) -> set[str]:
         node.outputs[0].replace_all_uses_with(graph.initializers[name])
         graph.remove(node, safe=True)
         if not source.uses():
-            graph.initializers.pop(source.name)
+            graph.initializers.pop(str(source.name))
     return created
 
 
@@ -130,4 +130,5 @@ def _transposed(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
     def compute() -> ir.Tensor:
         return ir.Tensor(np.ascontiguousarray(tensor.numpy().T), name=name)
 
-    return ir.LazyTensor(compute, tensor.dtype, ir.Shape(list(reversed(tensor.shape))), name=name)
+    shape = ir.Shape(tensor.shape.numpy()[::-1])
+    return ir.LazyTensor(compute, tensor.dtype, shape, name=name)

@@ -85,9 +85,7 @@ def test_fp16_graphs_are_float16_inside_and_float32_outside(tmp_path):
         (ONNX_FILENAME, FP16_ONNX_FILENAME),
         (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
     ]:
-        assert (
-            f"checking {fp16_name}: PyTorch vs ONNX Runtime CPU, tolerance 0.01" in result.stdout
-        )
+        assert f"checking {fp16_name}: PyTorch vs ONNX Runtime CPU, tolerance 0.01" in result.stdout
         fp32, fp16 = onnx.load(str(out / fp32_name)), onnx.load(str(out / fp16_name))
         assert _io(fp16) == _io(fp32)  # int64 ids in, float32 out: clients see no difference
         weights = [t for t in fp16.graph.initializer if len(t.dims) == 2]  # the matrices
