@@ -90,6 +90,17 @@ SECTIONS = [
         "python -m benchmarks families",
     ),
     (
+        "sizes",
+        "Real sizes",
+        "Random bfloat16 checkpoints in the shapes of Qwen2.5-0.5B and TinyLlama-1.1B, each in "
+        "a child process whose process tree's summed RSS is sampled every half second: "
+        "transformers loads it in float32, saves it and runs a 128-token forward with "
+        "attention; `attnserve export --from-hf` imports it; `attnserve serve` serves it "
+        "(RSS after warm-up, then after one layer's attention at 128 tokens). Ratios are "
+        "against the float32 weights as transformers saves them.",
+        "python -m benchmarks sizes",
+    ),
+    (
         "repository",
         "Several models, and reloads",
         "A server of a repository (`--model-repository`) with the default model alone, and one "

@@ -151,6 +151,7 @@ def run_sizes(out: Path, log=print) -> dict:
             log(json.dumps(results[name]))
     out.mkdir(parents=True, exist_ok=True)
     (out / "sizes.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "sizes.md").write_text(table(results) + "\n")
     log(table(results))
     return results
 
