@@ -9,3 +9,7 @@ DEFAULT_TOLERANCE = 1e-4
 # fp16 keeps ~3 significant digits: the gate of the float16 graphs is looser, and the
 # export report says what each graph really reached.
 FP16_TOLERANCE = 1e-2
+# 8-bit weights (MatMulNBits): the largest attention difference allowed, and the smallest
+# cosine of a token's embedding with PyTorch float32's.
+INT8_TOLERANCE = 2e-2
+INT8_MIN_COSINE = 0.99

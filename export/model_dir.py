@@ -21,17 +21,20 @@ from pathlib import Path
 
 import torch
 
-from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
+from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE, INT8_MIN_COSINE, INT8_TOLERANCE
 from attnserve.export.fp16 import convert_to_fp16
 from attnserve.export.fused import with_attention_weights
+from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from attnserve.export.parity import ParityCase, compare, default_shapes, reference_outputs
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
+    EMBEDDINGS_INT8_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
     FUSED_ONNX_FILENAME,
+    INT8_ONNX_FILENAME,
     ONNX_FILENAME,
     PRECISIONS,
     REPORT_FILENAME,
@@ -55,6 +58,9 @@ class ExportReport:
     export_seconds: float
     parity_seconds: float
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # the graphs it holds
+    # per graph: the largest attention difference and the smallest embedding cosine against
+    # PyTorch float32 over the parity cases (what a lower precision costs)
+    fidelity: dict[str, dict[str, float]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
 
@@ -69,8 +75,9 @@ def write_model_dir(
     precisions: tuple[str, ...] = ("fp32",),
     release_weights: bool = False,
 ) -> ExportReport:
-    """Export the float32 graphs (and the float16 ones if `precisions` has fp16), check
-    each one's parity with PyTorch, then move the files into `out`.
+    """Export the graphs of `precisions` (fp32, fp16 for CUDA, int8 for models that do not
+    fit in float32), check each one's parity with PyTorch, then move the files into `out`.
+    The float32 graphs are always made (the others are made from them), and kept if asked.
 
     extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
     release_weights: free the model's weights once they are written (the model is unusable
@@ -79,9 +86,9 @@ def write_model_dir(
     Everything is written to a scratch directory beside `out` first, so a model that fails
     its parity check (ParityError) or a full disk (ExportWriteError) never reaches `out`.
     """
-    unknown = sorted(set(precisions) - set(PRECISIONS))
-    if unknown or "fp32" not in precisions:
-        raise ValueError(f"precisions must include fp32, from {PRECISIONS}; got {precisions}")
+    if not precisions or not set(precisions) <= set(PRECISIONS):
+        raise ValueError(f"precisions must be some of {PRECISIONS}, got {precisions}")
+    precisions = tuple(p for p in PRECISIONS if p in precisions)
     out = Path(out)
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
@@ -102,10 +109,14 @@ def write_model_dir(
                 export_onnx(model, scratch / filename, weights, with_attentions)
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
-        gates = {ONNX_FILENAME: tolerance, EMBEDDINGS_ONNX_FILENAME: tolerance}
+        # graph -> (tolerance, smallest embedding cosine) of its parity gate
+        gates: dict[str, tuple[float, float | None]] = {
+            ONNX_FILENAME: (tolerance, None),
+            EMBEDDINGS_ONNX_FILENAME: (tolerance, None),
+            FUSED_ONNX_FILENAME: (tolerance, None),
+        }
         log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
         with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
-        gates[FUSED_ONNX_FILENAME] = tolerance
         if "fp16" in precisions:
             with WeightsFile(scratch / WEIGHTS_FILENAMES["fp16"]) as weights:
                 for fp32_graph, target in (
@@ -114,17 +125,34 @@ def write_model_dir(
                 ):
                     log(f"writing {target} from {fp32_graph} (float16 inside, for CUDA)...")
                     convert_to_fp16(scratch / fp32_graph, scratch / target, weights)
-                    gates[target] = fp16_tolerance
+                    gates[target] = (fp16_tolerance, None)
+        if "int8" in precisions:
+            with WeightsFile(scratch / WEIGHTS_FILENAMES["int8"]) as weights:
+                for fp32_graph, target in (
+                    (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
+                    (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
+                ):
+                    log(f"writing {target} from {fp32_graph} (8-bit matrix weights)...")
+                    convert_to_int8(scratch / fp32_graph, scratch / target, weights)
+                    gates[target] = (INT8_TOLERANCE, INT8_MIN_COSINE)
+        if "fp32" not in precisions:  # made only as the others' source
+            for name in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME):
+                (scratch / name).unlink()
+                del gates[name]
+            (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
         export_seconds = time.perf_counter() - start
 
         cases: list[ParityCase] = []
-        for filename, gate in gates.items():
+        for filename, (gate, min_cosine) in gates.items():
             start = time.perf_counter()
-            log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}...")
-            graph_cases = compare(references, scratch / filename, config.input_name, gate)
+            floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
+            log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}{floor}...")
+            graph_cases = compare(references, scratch / filename, config, gate, min_cosine)
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
+                if min_cosine is not None:
+                    diffs += f"  embedding cosine {case.embedding_cosine:.5f}"
                 log(f"  batch={case.batch:<2} seq_len={case.seq_len:<5} max abs diff {diffs}")
             cases += graph_cases
 
@@ -138,6 +166,7 @@ def write_model_dir(
             export_seconds=round(export_seconds, 3),
             parity_seconds=round(parity_seconds, 3),
             precisions=list(precisions),
+            fidelity=_fidelity(cases, config.attentions_name),
         )
         (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
         for name, source in (extra_files or {}).items():
@@ -148,6 +177,23 @@ def write_model_dir(
     total = sum(report.onnx_bytes.values())
     log(f"wrote {out}: {total / 1e6:,.1f} MB, {', '.join(precisions)} ({parameters:,} parameters)")
     return report
+
+
+def _fidelity(cases: list[ParityCase], attentions: str) -> dict[str, dict[str, float]]:
+    """Per graph with attention: its largest attention difference and smallest embedding
+    cosine against PyTorch float32, over the parity cases."""
+    fidelity: dict[str, dict[str, float]] = {}
+    for case in cases:
+        if attentions not in case.max_abs_diff:
+            continue
+        worst = fidelity.setdefault(
+            case.graph, {"attention_max_abs_diff": 0.0, "embedding_cosine_min": 1.0}
+        )
+        worst["attention_max_abs_diff"] = max(
+            worst["attention_max_abs_diff"], case.max_abs_diff[attentions]
+        )
+        worst["embedding_cosine_min"] = min(worst["embedding_cosine_min"], case.embedding_cosine)
+    return fidelity
 
 
 def _release(model: Encoder) -> None:

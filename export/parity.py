@@ -29,6 +29,8 @@ class ParityCase:
     batch: int
     seq_len: int
     max_abs_diff: dict[str, float]  # per output name
+    # the smallest cosine between a token's embedding and PyTorch's, over the batch's tokens
+    embedding_cosine: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,16 @@ def reference_outputs(
 def compare(
     references: list[Reference],
     onnx_path: str | Path,
-    input_name: str,
+    config: ModelConfig,
     tolerance: float = DEFAULT_TOLERANCE,
+    min_cosine: float | None = None,
 ) -> list[ParityCase]:
     """Run the graph on each reference's ids and compare every output it has.
 
-    Raises ParityError at the first shape where any output differs by more than
-    `tolerance` (or is NaN).
+    Raises ParityError at the first shape where an output differs by more than `tolerance`
+    (or is NaN). min_cosine (8-bit weights, whose hidden states differ by more than their
+    attention does): the tolerance gates the attention only, and each token's embedding
+    must keep at least this cosine with PyTorch's.
     """
     options = ort.SessionOptions()
     # The matrices are read where the weights file is mapped, never repacked into a second
@@ -90,19 +95,33 @@ def compare(
     cases = []
     for reference in references:
         batch, seq_len = reference.input_ids.shape
-        got = session.run(names, {input_name: reference.input_ids})
+        values = session.run(names, {config.input_name: reference.input_ids})
+        got = dict(zip(names, values, strict=True))
         diffs = {
             name: float(np.abs(value - reference.outputs[name]).max())
-            for name, value in zip(names, got, strict=True)
+            for name, value in got.items()
         }
-        if not all(d <= tolerance for d in diffs.values()):  # `not <=` also catches NaN
+        cosine = _min_cosine(got[config.embeddings_name], reference.outputs[config.embeddings_name])
+        gated = [config.attentions_name] if min_cosine is not None else names
+        # `not <=` and `not >=` also catch NaN
+        if not all(diffs[name] <= tolerance for name in gated if name in diffs) or not (
+            cosine >= (min_cosine or -1.0)
+        ):
             detail = ", ".join(f"{name} {d:.3g}" for name, d in diffs.items())
+            floor = "" if min_cosine is None else f", embedding cosine {cosine:.4f} >= {min_cosine}"
             raise ParityError(
                 f"ONNX Runtime ({Path(onnx_path).name}) disagrees with PyTorch at batch={batch}, "
-                f"seq_len={seq_len}: max abs diff {detail} > tolerance {tolerance:g}"
+                f"seq_len={seq_len}: max abs diff {detail} > tolerance {tolerance:g}{floor}"
             )
-        cases.append(ParityCase(Path(onnx_path).name, batch, seq_len, diffs))
+        cases.append(ParityCase(Path(onnx_path).name, batch, seq_len, diffs, round(cosine, 6)))
     return cases
+
+
+def _min_cosine(got: np.ndarray, want: np.ndarray) -> float:
+    """The smallest cosine between corresponding vectors of the last axis."""
+    dot = (got * want).sum(-1)
+    norms = np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1)
+    return float((dot / np.maximum(norms, 1e-30)).min())
 
 
 def check_parity(
@@ -114,4 +133,4 @@ def check_parity(
 ) -> list[ParityCase]:
     """Compare every output of the graph with PyTorch on random ids of each shape."""
     references = reference_outputs(model, shapes, seed)
-    return compare(references, onnx_path, model.config.input_name, tolerance)
+    return compare(references, onnx_path, model.config, tolerance)

@@ -63,6 +63,12 @@ class WeightsFile:
             self._progress(self._file.tell())
         return self._tensors[name]
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def __getitem__(self, name: str) -> ir.ExternalTensor:
+        return self._tensors[name]
+
     @property
     def nbytes(self) -> int:
         return self._file.tell()

@@ -3,6 +3,7 @@
 Torch-free on purpose: the service imports it.
 """
 
+import json
 from pathlib import Path
 
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
@@ -15,11 +16,19 @@ FUSED_ONNX_FILENAME = "model_fused.onnx"
 # for the CUDA execution provider (precision="fp16").
 FP16_ONNX_FILENAME = "model_fp16.onnx"
 EMBEDDINGS_FP16_ONNX_FILENAME = "model_embeddings_fp16.onnx"
-PRECISIONS = ("fp32", "fp16")
+# The fused full graph and the embeddings graph with 8-bit matrix weights (MatMulNBits), for
+# the CPU provider: for models that do not fit in float32 (precision="int8").
+INT8_ONNX_FILENAME = "model_int8.onnx"
+EMBEDDINGS_INT8_ONNX_FILENAME = "model_embeddings_int8.onnx"
+PRECISIONS = ("fp32", "fp16", "int8")
 # Every graph of one precision points into that precision's one weights file (ONNX external
 # data): a model costs its weights once on disk. Directories written before keep their
 # weights inside each graph (or in `<graph>.data`), and load as they are.
-WEIGHTS_FILENAMES = {"fp32": "weights.data", "fp16": "weights_fp16.data"}
+WEIGHTS_FILENAMES = {
+    "fp32": "weights.data",
+    "fp16": "weights_fp16.data",
+    "int8": "weights_int8.data",
+}
 TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for tokenizer="hf"
 REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, versions)
 CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
@@ -32,6 +41,8 @@ def graph_filenames(precision: str) -> tuple[str, str]:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp16":
         return FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME
+    if precision == "int8":
+        return INT8_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME
     return ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME
 
 
@@ -61,6 +72,14 @@ class ModelDirectory:
         graph = self.graph(precision, attention=True)
         beside = graph.with_name(graph.name + ".data")
         return sum(f.stat().st_size for f in (graph, beside) if f.is_file())
+
+    def fidelity(self, graph: str) -> dict[str, float]:
+        """What the export measured of a graph against PyTorch float32 (export_report.json):
+        attention_max_abs_diff and embedding_cosine_min, or nothing where not recorded."""
+        report = self.path / REPORT_FILENAME
+        if not report.is_file():
+            return {}
+        return json.loads(report.read_text()).get("fidelity", {}).get(graph, {})
 
     @property
     def fused_graph(self) -> Path:

@@ -259,7 +259,7 @@ def build_model(
     loading one (tests share one)."""
     model_dir = ModelDirectory(directory)
     instances: list[OrtRuntime] = []
-    weight_bytes = (0, 0)
+    weights = None
     if given:
         backend = given.pop()
     else:
@@ -267,7 +267,7 @@ def build_model(
         backend = OrtRuntime(model_dir, options)
         instances = model_instances(model_dir, settings, backend.provider, count)
         resident = sum(r.resident_weight_bytes for r in (backend, *instances))
-        weight_bytes = (model_dir.weight_bytes(backend.precision), resident)
+        weights = replace(backend.weights_info, resident_bytes=resident)
     name = name or backend.config.name
     tokenizer = get_tokenizer(backend.config, model_dir)
     model_metrics = metrics.for_model(name, version)
@@ -282,7 +282,7 @@ def build_model(
         budget,
         settings.max_message_bytes,
         settings.release_memory,
-        weight_bytes,
+        weights,
     )
 
 

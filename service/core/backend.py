@@ -41,6 +41,17 @@ class AttentionOutput:
     entropy: np.ndarray | None  # float32 (L', H')
 
 
+@dataclass(frozen=True)
+class WeightsInfo:
+    """What GetModelInfo says of a model's weights (the server fills it from the backend)."""
+
+    disk_bytes: int = 0  # the served precision's weights on disk
+    resident_bytes: int = 0  # what the model's sessions hold of them in memory
+    # against PyTorch float32, measured by the export's parity check (export_report.json)
+    attention_max_abs_diff: float = 0.0
+    embedding_cosine_min: float = 1.0
+
+
 class Backend(Protocol):
     """Runs batches of right-padded token ids. Inputs are already validated (the transports
     check every id and length once, per request), so a backend never refuses an id."""

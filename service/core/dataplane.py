@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 
 from attnserve.model.tokenizer import Tokenizer
-from attnserve.service.core.backend import Backend
+from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batcher import Batcher, SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
 from attnserve.service.core.errors import DeadlineExceededError, NotReadyError
@@ -52,7 +52,7 @@ class DataPlane:
         budget: ByteBudget,
         max_message_bytes: int,
         release_memory: bool = True,
-        weight_bytes: tuple[int, int] = (0, 0),
+        weights: WeightsInfo | None = None,
     ) -> None:
         self.name = name  # as the APIs name it: the repository's folder, or the config's name
         self.version = version  # the repository's version folder; "1" for --model
@@ -63,8 +63,7 @@ class DataPlane:
         self.budget = budget  # the process's: every model's requests count in it
         self.max_message_bytes = max_message_bytes
         self.release_memory = release_memory
-        # (on disk, resident in memory): what GetModelInfo reports of the weights
-        self.weight_bytes = weight_bytes
+        self.weights = weights or WeightsInfo()  # what GetModelInfo reports of them
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
         self._releasing: asyncio.Task | None = None
@@ -185,6 +184,8 @@ class DataPlane:
             max_batch_tokens=self.batcher.options.max_batch_tokens,
             bos_id=c.bos_id,
             pad_id=c.pad_id,
-            weight_bytes=self.weight_bytes[0],
-            resident_weight_bytes=self.weight_bytes[1],
+            weight_bytes=self.weights.disk_bytes,
+            resident_weight_bytes=self.weights.resident_bytes,
+            attention_max_abs_diff=self.weights.attention_max_abs_diff,
+            embedding_cosine_min=self.weights.embedding_cosine_min,
         )

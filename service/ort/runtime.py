@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
 from attnserve.model.config import ConfigError, ModelConfig
-from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.core.backend import AttentionOutput, AttentionSelection, WeightsInfo
 from attnserve.service.core.errors import InferenceError, ModelLoadError, ProviderUnavailableError
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.ort.options import RuntimeOptions
@@ -54,6 +54,13 @@ class OrtRuntime:
         if not isinstance(model_dir, ModelDirectory):
             model_dir = ModelDirectory(model_dir)
         self.model_dir = model_dir
+        if options.precision == "int8":  # MatMulNBits and the fused graph: the CPU provider's
+            if options.provider == "cuda":
+                raise ProviderUnavailableError(
+                    "precision=int8 runs on the CPU provider only (8-bit weights with int8 "
+                    "arithmetic); use precision=fp16 on CUDA"
+                )
+            options = replace(options, provider="cpu")
         self.precision = options.precision
         self.model_path = model_path = model_dir.graph(options.precision, attention=True)
         if not model_dir.precisions:
@@ -96,6 +103,11 @@ class OrtRuntime:
         # Each session holds its own (prepacked) copy of the weights.
         sessions = 1 + (self.embeddings_session is not self.session)
         self.resident_weight_bytes = sessions * model_dir.weight_bytes(self.precision)
+        self.weights_info = WeightsInfo(
+            model_dir.weight_bytes(self.precision),
+            self.resident_weight_bytes,
+            **model_dir.fidelity(self.attention_graph.name),
+        )
 
     def _open_beside(
         self, path: Path, options: RuntimeOptions, with_attentions: bool

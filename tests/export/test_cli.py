@@ -76,7 +76,9 @@ def test_fp16_graphs_are_float16_inside_and_float32_outside(tmp_path):
     config_file.write_text(SMALL_CONFIG.to_json())
     out = tmp_path / "fp16"
     result = run_cli(
-        "export", "--out", str(out), "--config", str(config_file), "--precision", "fp16"
+        "export",
+        *("--out", str(out), "--config", str(config_file)),
+        *("--precision", "fp32", "--precision", "fp16"),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads((out / REPORT_FILENAME).read_text())

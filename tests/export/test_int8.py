@@ -1,0 +1,102 @@
+"""8-bit weights (--precision int8): MatMulNBits graphs, their parity gate and fidelity record,
+served through the same runtime."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from attnserve.export import INT8_MIN_COSINE, INT8_TOLERANCE
+from attnserve.export.int8 import BITS, BLOCK_SIZE
+from attnserve.export.model_dir import write_model_dir
+from attnserve.export.parity import ParityError
+from attnserve.model.artifacts import (
+    EMBEDDINGS_INT8_ONNX_FILENAME,
+    INT8_ONNX_FILENAME,
+    REPORT_FILENAME,
+    WEIGHTS_FILENAMES,
+    ModelDirectory,
+)
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import build_encoder
+from attnserve.service.core.errors import ProviderUnavailableError
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+
+# Wide enough that each matrix is several quantization blocks along its input.
+CONFIG = ModelConfig(
+    n_layers=2, n_heads=4, n_kv_heads=2, d_model=256, d_ff=512, max_seq_len=64,
+    norm="rmsnorm", mlp="gated", positions="rotary", bias=False,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def int8_dir(tmp_path_factory):
+    model = build_encoder(CONFIG, seed=4)
+    out = tmp_path_factory.mktemp("int8")
+    write_model_dir(model, out, log=lambda _: None, precisions=("int8",))
+    return model, out
+
+
+def test_an_int8_directory_holds_8_bit_matrices_and_nothing_in_float32_beside(int8_dir):
+    model, out = int8_dir
+    assert ModelDirectory(out).precisions == ("int8",)
+    assert not (out / WEIGHTS_FILENAMES["fp32"]).exists()
+    for name in (INT8_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME):
+        proto = onnx.load(str(out / name), load_external_data=False)
+        ops = [n for n in proto.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
+        # Every projection: 3 per layer (qkv, attention out, gate/up, down: 4), 8-bit.
+        assert len(ops) == 4 * CONFIG.n_layers
+        for node in ops:
+            attributes = {a.name: a.i for a in node.attribute}
+            assert node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
+            assert attributes["bits"] == BITS and attributes["block_size"] == BLOCK_SIZE
+            assert attributes["accuracy_level"] == 4  # int8 x int8 arithmetic
+    fp32_bytes = 4 * sum(p.numel() for p in model.parameters())
+    assert (out / WEIGHTS_FILENAMES["int8"]).stat().st_size < 0.45 * fp32_bytes
+
+
+def test_int8_parity_is_gated_and_its_fidelity_recorded(int8_dir):
+    _, out = int8_dir
+    report = json.loads((out / REPORT_FILENAME).read_text())
+    assert report["precisions"] == ["int8"]
+    cases = [c for c in report["parity"] if c["graph"] == INT8_ONNX_FILENAME]
+    assert cases and all(c["max_abs_diff"]["attentions"] <= INT8_TOLERANCE for c in cases)
+    assert all(c["embedding_cosine"] >= INT8_MIN_COSINE for c in cases)
+    fidelity = report["fidelity"][INT8_ONNX_FILENAME]
+    assert fidelity["attention_max_abs_diff"] == max(c["max_abs_diff"]["attentions"] for c in cases)
+    assert fidelity["embedding_cosine_min"] == min(c["embedding_cosine"] for c in cases)
+    # Really 8 bits: not float32's agreement.
+    assert fidelity["attention_max_abs_diff"] > 1e-4 and fidelity["embedding_cosine_min"] < 1
+
+
+def test_int8_serves_against_pytorch_within_its_recorded_fidelity(int8_dir):
+    model, out = int8_dir
+    runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))  # auto: the CPU provider
+    assert runtime.provider == "cpu" and runtime.precision == "int8"
+    info = runtime.weights_info
+    assert info.disk_bytes == (out / WEIGHTS_FILENAMES["int8"]).stat().st_size
+    ids = np.random.default_rng(5).integers(0, CONFIG.vocab_size, size=(2, 40))
+    import torch
+
+    with torch.inference_mode():
+        want_embeddings, want_attentions = (t.numpy() for t in model(torch.from_numpy(ids)))
+    embeddings, attentions = runtime.run(ids)
+    assert np.abs(attentions - want_attentions).max() <= INT8_TOLERANCE
+    cosine = (embeddings * want_embeddings).sum(-1) / (
+        np.linalg.norm(embeddings, axis=-1) * np.linalg.norm(want_embeddings, axis=-1)
+    )
+    assert cosine.min() >= INT8_MIN_COSINE
+    np.testing.assert_allclose(runtime.embed(ids), embeddings, atol=1e-4)
+    with pytest.raises(ProviderUnavailableError, match="int8 runs on the CPU provider only"):
+        OrtRuntime(out, RuntimeOptions(provider="cuda", precision="int8"))
+
+
+def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
+    from attnserve.export import model_dir
+
+    monkeypatch.setattr(model_dir, "INT8_MIN_COSINE", 0.9999999)  # beyond 8 bits' reach
+    out = tmp_path / "refused"
+    with pytest.raises(ParityError, match="embedding cosine .* >= 0.9999999"):
+        write_model_dir(build_encoder(CONFIG), out, log=lambda _: None, precisions=("int8",))
+    assert not out.exists()
