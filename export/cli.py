@@ -89,29 +89,31 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_export)
 
 
-def build_model(args: argparse.Namespace):
-    """The model to export and the files to ship beside it."""
+def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
+    """What to export, and the files to ship beside it: the float32 model, or (an int8
+    import where float32 does not fit) a checkpoint's tensors in their own dtype."""
     # torch is imported here, not at module level, so `--help` stays instant.
     from attnserve.model.artifacts import TOKENIZER_FILENAME
     from attnserve.model.checkpoint import load_checkpoint
-    from attnserve.model.encoder import build_encoder
-    from attnserve.model.footprint import check_import
-
-    def check_memory(config: ModelConfig) -> None:
-        check_import(config, args.memory_limit)
+    from attnserve.model.encoder import build_encoder, encoder_from_weights
+    from attnserve.model.footprint import plan_import, weight_bytes
 
     if args.checkpoint:
         return load_checkpoint(args.checkpoint), {}
     if args.seed is None and not args.config and not args.from_hf:
         return load_checkpoint(DEFAULT_CHECKPOINT), {}
     if args.from_hf:
-        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, load_hf
+        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, read_hf
+
+        def plan(config: ModelConfig, checkpoint_bytes: int) -> bool:
+            return plan_import(config, checkpoint_bytes, precisions, args.memory_limit)
 
         max_seq_len = args.max_seq_len or DEFAULT_MAX_SEQ_LEN
-        model, directory = load_hf(
-            args.from_hf, max_seq_len, require_tokenizer=True, before_reading=check_memory
-        )
-        return model, {TOKENIZER_FILENAME: directory / TOKENIZER_FILENAME}
+        checkpoint = read_hf(args.from_hf, max_seq_len, require_tokenizer=True, before_reading=plan)
+        extra_files = {TOKENIZER_FILENAME: checkpoint.directory / TOKENIZER_FILENAME}
+        if not checkpoint.widened:
+            return checkpoint, extra_files
+        return encoder_from_weights(checkpoint.config, checkpoint.tensors), extra_files
     config = ModelConfig()
     if args.config:
         try:
@@ -119,7 +121,7 @@ def build_model(args: argparse.Namespace):
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
         config = ModelConfig.from_dict({**config.to_dict(), **overrides})
-    check_memory(config)
+    plan_import(config, weight_bytes(config), ("fp32",), args.memory_limit)
     return build_encoder(config, seed=args.seed or 0), {}
 
 
@@ -136,23 +138,27 @@ def run_export(args: argparse.Namespace) -> int:
     if args.if_missing and (args.out / ONNX_FILENAME).is_file():
         print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
         return 0
-    from attnserve.export.hf_import import HFImportError
-    from attnserve.export.model_dir import ExportWriteError, write_model_dir
+    from attnserve.export.hf_import import HFCheckpoint, HFImportError
+    from attnserve.export.model_dir import ExportWriteError, write_model_dir, write_streamed_int8
     from attnserve.export.parity import ParityError
     from attnserve.model.checkpoint import CheckpointError
     from attnserve.model.footprint import FootprintError
 
+    precisions = tuple(dict.fromkeys(args.precision or ["fp32"]))
     try:
-        model, extra_files = build_model(args)
-        write_model_dir(
-            model,
-            args.out,
-            tolerance=args.tolerance,
-            extra_files=extra_files,
-            fp16_tolerance=args.fp16_tolerance,
-            precisions=tuple(args.precision or ["fp32"]),
-            release_weights=True,  # the model is not used after: free it before the checks
-        )
+        source, extra_files = build_source(args, precisions)
+        if isinstance(source, HFCheckpoint):
+            write_streamed_int8(source.config, source.tensors, args.out, extra_files=extra_files)
+        else:
+            write_model_dir(
+                source,
+                args.out,
+                tolerance=args.tolerance,
+                extra_files=extra_files,
+                fp16_tolerance=args.fp16_tolerance,
+                precisions=precisions,
+                release_weights=True,  # not used after: freed before the checks
+            )
     except (ConfigError, CheckpointError, HFImportError, FootprintError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

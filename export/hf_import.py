@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,15 @@ from attnserve.model.checkpoint import first_shape_mismatch
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.model.encoder import Encoder, encoder_from_weights
 
-__all__ = ["CheckpointReader", "HFImportError", "config_from_hf", "load_hf", "resolve_source"]
+__all__ = [
+    "CheckpointReader",
+    "HFCheckpoint",
+    "HFImportError",
+    "config_from_hf",
+    "load_hf",
+    "read_hf",
+    "resolve_source",
+]
 
 # Longest sequence an import serves unless asked (--max-seq-len): a checkpoint's own
 # limit (32k, 128k) would be a promise the attention maps (T^2 per head) cannot keep.
@@ -112,17 +121,38 @@ def special_ids(directory: Path, data: dict[str, Any]) -> dict[str, int]:
     return {kind: ids.get(kind, fallback) for kind in ("bos", "eos", "pad")}
 
 
+@dataclass(frozen=True)
+class HFCheckpoint:
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # the encoder's state_dict
+    directory: Path
+    widened: bool  # the tensors are float32; else in the checkpoint's own dtypes
+
+
 def load_hf(
     source: str | Path,
     max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
     log: Callable[[str], None] = print,
     require_tokenizer: bool = False,
-    before_reading: Callable[[ModelConfig], None] | None = None,
 ) -> tuple[Encoder, Path]:
-    """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory.
+    """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory."""
+    checkpoint = read_hf(source, max_seq_len, log, require_tokenizer)
+    return encoder_from_weights(checkpoint.config, checkpoint.tensors), checkpoint.directory
+
+
+def read_hf(
+    source: str | Path,
+    max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
+    log: Callable[[str], None] = print,
+    require_tokenizer: bool = False,
+    before_reading: Callable[[ModelConfig, int], bool] | None = None,
+) -> HFCheckpoint:
+    """The checkpoint at `source` mapped onto the encoder's tensors, and its directory.
+
     require_tokenizer: refuse a directory without tokenizer.json (after the config's own
-    refusals, before any tensor is read). before_reading: called with the config before any
-    tensor is read (the import's memory check)."""
+    refusals, before any tensor is read). before_reading: called with the config and the
+    checkpoint's bytes before any tensor is read (the import's memory check); it says
+    whether to widen the tensors to float32 (else they keep the checkpoint's dtype)."""
     directory = resolve_source(source, log)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -134,10 +164,9 @@ def load_hf(
         raise HFImportError(f"{source} has no {TOKENIZER_FILENAME}")
     if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
         log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
-    if before_reading is not None:
-        before_reading(config)
     family = FAMILIES[data["model_type"]]
     checkpoint = CheckpointReader(directory)
+    widen = before_reading is None or before_reading(config, checkpoint.nbytes)
     names = checkpoint.names
     prefix = next(
         (p for p in family.prefixes if any(k.startswith(p) for k in names)), family.prefixes[-1]
@@ -150,7 +179,7 @@ def load_hf(
             raise HFImportError(f"missing tensor {prefix + name}")
         taken.add(prefix + name)
         progress(len(taken))
-        return checkpoint.read(prefix + name)
+        return checkpoint.read(prefix + name, widen)
 
     mapped = family.weights(take, config)
     unknown = sorted(
@@ -166,7 +195,7 @@ def load_hf(
         raise HFImportError(f"{mismatch} (from config.json)")
     if missing := sorted(set(expected) - set(mapped)):
         raise HFImportError(f"the checkpoint has no tensor for {', '.join(missing)}")
-    return encoder_from_weights(config, mapped), directory
+    return HFCheckpoint(config, mapped, directory, widen)
 
 
 class CheckpointReader:
@@ -205,10 +234,12 @@ class CheckpointReader:
             handle = safe_open(str(directory / shard), framework="pt")
             self._files.update(dict.fromkeys(handle.keys(), handle))
         self.names = set(self._files) | set(self._bin)
+        files = [directory / s for s in shards] or [directory / TORCH_BIN]
+        self.nbytes = sum(f.stat().st_size for f in files)  # what holding every tensor takes
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, widen: bool = True) -> torch.Tensor:
         tensor = self._files[name].get_tensor(name) if name in self._files else self._bin[name]
-        return tensor.float() if tensor.is_floating_point() else tensor
+        return tensor.float() if widen and tensor.is_floating_point() else tensor
 
 
 def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:

@@ -40,7 +40,9 @@ from attnserve.model.artifacts import (
     REPORT_FILENAME,
     WEIGHTS_FILENAMES,
 )
-from attnserve.model.encoder import Encoder
+from attnserve.model.config import ModelConfig
+from attnserve.model.encoder import Encoder, encoder_from_weights
+from attnserve.model.footprint import parameter_count, prefix_config
 
 
 class ExportWriteError(OSError):
@@ -61,6 +63,7 @@ class ExportReport:
     # per graph: the largest attention difference and the smallest embedding cosine against
     # PyTorch float32 over the parity cases (what a lower precision costs)
     fidelity: dict[str, dict[str, float]] = field(default_factory=dict)
+    parity_scope: str = "the whole model"  # or a prefix, where float32 did not fit
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
 
@@ -100,21 +103,22 @@ def write_model_dir(
     with _scratch_beside(out) as scratch:
         start = time.perf_counter()
         progress = _progress(log, parameters * 4)
+        tensors = model.state_dict()
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            for filename, with_attentions in (
-                (ONNX_FILENAME, True),
-                (EMBEDDINGS_ONNX_FILENAME, False),
-            ):
+            # The traced full graph serves fp32 on every provider and is fp16's source; the
+            # fused one, made from the embeddings graph, is what int8 is made from.
+            traced = [(EMBEDDINGS_ONNX_FILENAME, False)]
+            if {"fp32", "fp16"} & set(precisions):
+                traced.insert(0, (ONNX_FILENAME, True))
+            for filename, with_attentions in traced:
                 log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
-                export_onnx(model, scratch / filename, weights, with_attentions)
+                export_onnx(config, tensors, scratch / filename, weights, with_attentions)
+        del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
         # graph -> (tolerance, smallest embedding cosine) of its parity gate
-        gates: dict[str, tuple[float, float | None]] = {
-            ONNX_FILENAME: (tolerance, None),
-            EMBEDDINGS_ONNX_FILENAME: (tolerance, None),
-            FUSED_ONNX_FILENAME: (tolerance, None),
-        }
+        fp32_graphs = [name for name, _ in traced] + [FUSED_ONNX_FILENAME]
+        gates: dict[str, tuple[float, float | None]] = dict.fromkeys(fp32_graphs, (tolerance, None))
         log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
         with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
         if "fp16" in precisions:
@@ -136,7 +140,7 @@ def write_model_dir(
                     convert_to_int8(scratch / fp32_graph, scratch / target, weights)
                     gates[target] = (INT8_TOLERANCE, INT8_MIN_COSINE)
         if "fp32" not in precisions:  # made only as the others' source
-            for name in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME):
+            for name in fp32_graphs:
                 (scratch / name).unlink()
                 del gates[name]
             (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
@@ -168,15 +172,85 @@ def write_model_dir(
             precisions=list(precisions),
             fidelity=_fidelity(cases, config.attentions_name),
         )
-        (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
-        for name, source in (extra_files or {}).items():
-            shutil.copyfile(source, scratch / name)
-        out.mkdir(parents=True, exist_ok=True)
-        for item in scratch.iterdir():
-            os.replace(item, out / item.name)
+        _finish(scratch, out, report, extra_files)
     total = sum(report.onnx_bytes.values())
     log(f"wrote {out}: {total / 1e6:,.1f} MB, {', '.join(precisions)} ({parameters:,} parameters)")
     return report
+
+
+def write_streamed_int8(
+    config: ModelConfig,
+    tensors: dict[str, torch.Tensor],
+    out: str | Path,
+    log: Callable[[str], None] = print,
+    extra_files: dict[str, Path] | None = None,
+) -> ExportReport:
+    """An int8 directory for a model whose float32 weights do not fit in memory.
+
+    `tensors` (the encoder's state_dict in the checkpoint's dtype, bfloat16 say) are widened
+    one at a time as the float32 weights file is written, a scratch step the 8-bit weights
+    are then made from, one at a time; the dict is emptied once they are written. The
+    parity gate runs on the model's first PREFIX_LAYERS layers in float32, exported and
+    quantized the same way, and the report says so (`parity_scope`).
+    """
+    out = Path(out)
+    start = time.perf_counter()
+    prefix = prefix_config(config)
+    outside = tuple(f"blocks.{i}." for i in range(prefix.n_layers, config.n_layers))
+    with _scratch_beside(out) as scratch:
+        scope = f"the first {prefix.n_layers} of {config.n_layers} layers"
+        log(f"checking on {scope}: float32 does not fit, the prefix does")
+        prefix_model = encoder_from_weights(
+            prefix, {k: v.float() for k, v in tensors.items() if not k.startswith(outside)}
+        )
+        checked = write_model_dir(
+            prefix_model, scratch / "prefix", log=log, precisions=("int8",), release_weights=True
+        )
+        shutil.rmtree(scratch / "prefix")
+        progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
+        with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
+            log(f"tracing {EMBEDDINGS_ONNX_FILENAME}, widening one tensor at a time...")
+            export_onnx(config, tensors, scratch / EMBEDDINGS_ONNX_FILENAME, weights, False)
+        tensors.clear()  # the weights file holds them now
+        gc.collect()
+        with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
+        with WeightsFile(scratch / WEIGHTS_FILENAMES["int8"]) as weights:
+            for fp32_graph, target in (
+                (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
+                (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
+            ):
+                log(f"writing {target} from {fp32_graph} (8-bit matrix weights)...")
+                convert_to_int8(scratch / fp32_graph, scratch / target, weights)
+        for name in (EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME, WEIGHTS_FILENAMES["fp32"]):
+            (scratch / name).unlink()
+        report = ExportReport(
+            model_dir=str(out),
+            onnx_bytes={f.name: f.stat().st_size for f in sorted(scratch.iterdir())},
+            parameters=parameter_count(config),
+            tolerance=checked.tolerance,
+            fp16_tolerance=checked.fp16_tolerance,
+            parity=checked.parity,
+            export_seconds=round(time.perf_counter() - start, 3),
+            parity_seconds=checked.parity_seconds,
+            precisions=["int8"],
+            fidelity=checked.fidelity,
+            parity_scope=scope,
+        )
+        _finish(scratch, out, report, extra_files)
+    log(f"wrote {out}: int8, checked on {scope} ({report.parameters:,} parameters)")
+    return report
+
+
+def _finish(
+    scratch: Path, out: Path, report: ExportReport, extra_files: dict[str, Path] | None
+) -> None:
+    """The report and the extra files into the scratch directory, then all of it into `out`."""
+    (scratch / REPORT_FILENAME).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    for name, source in (extra_files or {}).items():
+        shutil.copyfile(source, scratch / name)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in scratch.iterdir():
+        os.replace(item, out / item.name)
 
 
 def _fidelity(cases: list[ParityCase], attentions: str) -> dict[str, dict[str, float]]:

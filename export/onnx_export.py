@@ -1,8 +1,10 @@
 """PyTorch -> ONNX with dynamic batch and sequence axes and the config in the metadata.
 
-Each graph is traced from the model itself (no copy of its weights is made), its weights
-are streamed into the directory's one weights file (export/weights.py), and only then is
-the graph optimised and saved: what is written per graph is its structure, a few MB.
+Each graph is traced from a shape-only twin of the model (on PyTorch's meta device: no
+weights at all), then given its weights by name from any mapping of the encoder's tensors
+(the float32 model's own, or a checkpoint's bfloat16 ones, widened one at a time as they
+are written), streamed into the directory's one weights file (export/weights.py); only
+then is the graph optimised and saved: what is written per graph is its structure.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
@@ -21,7 +24,9 @@ from attnserve.export.head_fold import fold_head_transposes
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
+from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
+from attnserve.model.layers import Rotary
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23
@@ -31,15 +36,17 @@ def exporter_versions() -> dict[str, str]:
     return {pkg: version(pkg) for pkg in ("attnserve", "torch", "onnx", "onnxscript")}
 
 
-def trace(model: Encoder, with_attentions: bool) -> ir.Model:
-    """The model's graph, its initializers still the model's own tensors (not copies).
+def trace(config: ModelConfig, with_attentions: bool) -> ir.Model:
+    """The encoder's graph for `config`, its initializers named after the encoder's tensors
+    and without values (traced on the meta device).
 
     with_attentions=False traces the fused attention path: input_ids -> embeddings.
     """
-    config = model.config
+    with torch.device("meta"):
+        model = Encoder(config)
     outputs = [config.embeddings_name] + ([config.attentions_name] if with_attentions else [])
     # The traced example only has to be valid; both axes are symbolic in the graph.
-    example = torch.zeros(2, min(8, config.max_seq_len), dtype=torch.int64)
+    example = torch.zeros(2, min(8, config.max_seq_len), dtype=torch.int64, device="meta")
     dynamic_shapes = {
         "input_ids": {
             0: torch.export.Dim("batch", min=1),
@@ -72,6 +79,17 @@ def trace(model: Encoder, with_attentions: bool) -> ir.Model:
     return program.model
 
 
+def _as_float32(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
+    """`tensor` as an ONNX tensor, converted to float32 only when it is written."""
+    if not tensor.is_floating_point():
+        return ir.Tensor(tensor.numpy(), name=name)
+
+    def widen() -> ir.Tensor:
+        return ir.Tensor(tensor.detach().float().contiguous().numpy(), name=name)
+
+    return ir.LazyTensor(widen, ir.DataType.FLOAT, ir.Shape(tuple(tensor.shape)), name=name)
+
+
 def _name_axes(model: ir.Model, names: dict[int, str]) -> None:
     """Give the input's symbolic axes readable names, in every shape that uses them (the
     exporter renames them only for inputs that are all tensors)."""
@@ -88,17 +106,28 @@ def _name_axes(model: ir.Model, names: dict[int, str]) -> None:
 
 
 def export_onnx(
-    model: Encoder, path: str | Path, weights: WeightsFile, with_attentions: bool = True
+    config: ModelConfig,
+    tensors: Mapping[str, torch.Tensor],
+    path: str | Path,
+    weights: WeightsFile,
+    with_attentions: bool = True,
 ) -> Path:
-    """Export `model` to `path`, its weights into `weights` (written once across graphs),
-    and check the file.
+    """Export the encoder of `config` with `tensors` (its state_dict, any float dtype) to
+    `path`, its weights into `weights` (written once across graphs), and check the file.
 
     with_attentions=False exports the embeddings-only graph.
     """
-    config = model.config
-    graph = trace(model, with_attentions)
+    graph = trace(config, with_attentions)
+    rotary = (
+        dict(Rotary(config).named_buffers(prefix="rotary")) if config.positions == "rotary" else {}
+    )
+    for name, value in graph.graph.initializers.items():
+        source = tensors.get(name, rotary.get(name))
+        if source is None:
+            raise KeyError(f"no tensor {name!r} for the traced graph")
+        value.const_value = _as_float32(source, name)
     transposed = store_linear_weights_transposed(graph)
-    externalize(graph, weights, names=transposed | set(model.state_dict()))
+    externalize(graph, weights, names=transposed | set(tensors))
     onnxscript.optimizer.optimize(graph)
     if not with_attentions:  # the traced full graph has no Attention op to fold into
         graph = fold_head_transposes(graph, config.n_heads, config.kv_heads)

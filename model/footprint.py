@@ -63,19 +63,58 @@ def available_memory() -> int:
     return available
 
 
-def check_import(config: ModelConfig, available: int | None = None) -> None:
-    """Raise FootprintError if importing `config` would need more than `available` bytes
-    (default: available_memory())."""
+def streamed_import_bytes(config: ModelConfig, checkpoint_bytes: int) -> int:
+    """The peak of an int8 import that holds the checkpoint in its own dtype (bfloat16: half
+    the float32 weights) and widens one tensor at a time; its parity check runs on a
+    float32 prefix of PREFIX_LAYERS layers."""
+    prefix = weight_bytes(prefix_config(config))
+    return int(checkpoint_bytes * (1 + IMPORT_MARGIN)) + 2 * prefix + IMPORT_BASE_BYTES
+
+
+# Where the float32 model does not fit, int8's parity gate runs on its first layers.
+PREFIX_LAYERS = 2
+
+
+def prefix_config(config: ModelConfig) -> ModelConfig:
+    """The model cut after its first PREFIX_LAYERS layers (its final norm kept)."""
+    import dataclasses
+
+    layers = min(PREFIX_LAYERS, config.n_layers)
+    sliding = config.sliding_layers
+    if sliding is not None:
+        sliding = tuple(i for i in sliding if i < layers) or None
+    window = config.sliding_window if sliding is not None or config.sliding_layers is None else None
+    return dataclasses.replace(
+        config, n_layers=layers, sliding_layers=sliding, sliding_window=window
+    )
+
+
+def plan_import(
+    config: ModelConfig,
+    checkpoint_bytes: int,
+    precisions: tuple[str, ...] = ("fp32",),
+    available: int | None = None,
+) -> bool:
+    """Whether an import of `config` holds the float32 model (True) or, for int8 alone where
+    float32 does not fit, the checkpoint's tensors in their own dtype (False). Raises
+    FootprintError, with the numbers, where neither fits `available` bytes (default:
+    available_memory())."""
     available = available_memory() if available is None else available
     need = import_bytes(config)
-    if need > available:
-        raise FootprintError(
-            f"importing {config.name} needs about {need / GiB:.1f} GiB "
-            f"({parameter_count(config) / 1e9:.2f}B parameters: {weight_bytes(config) / GiB:.1f} "
-            f"GiB of float32 weights, plus {IMPORT_BASE_BYTES / GiB:.1f} GiB for the libraries) "
-            f"and {available / GiB:.1f} GiB is available; free memory, or import on a machine "
-            "with more"
-        )
+    if need <= available:
+        return True
+    streamed = streamed_import_bytes(config, checkpoint_bytes)
+    if precisions == ("int8",) and streamed <= available:
+        return False
+    hint = "free memory, or import on a machine with more"
+    if precisions != ("int8",) and streamed <= available:
+        hint = f"--precision int8 alone imports it in about {streamed / GiB:.1f} GiB"
+    raise FootprintError(
+        f"importing {config.name} needs about {need / GiB:.1f} GiB "
+        f"({parameter_count(config) / 1e9:.2f}B parameters: {weight_bytes(config) / GiB:.1f} "
+        f"GiB of float32 weights, plus {IMPORT_BASE_BYTES / GiB:.1f} GiB for the libraries) "
+        f"and {available / GiB:.1f} GiB is available; {hint}"
+    )
 
 
 def _meminfo(key: str) -> int:

@@ -100,3 +100,47 @@ def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
     with pytest.raises(ParityError, match=r"embedding cosine \S+ >= 0\.9999999"):
         write_model_dir(build_encoder(CONFIG), out, log=lambda _: None, precisions=("int8",))
     assert not out.exists()
+
+
+def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(tmp_path):
+    import torch
+
+    from benchmarks.hf_checkpoints import build_checkpoint, reference_outputs
+    from tests.conftest import run_cli
+
+    fields = dict(
+        hidden_size=128, intermediate_size=512, num_hidden_layers=16, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = build_checkpoint("llama", tmp_path / "hf", dtype=torch.bfloat16, **fields)
+    from attnserve.export.hf_import import config_from_hf
+    from attnserve.model.footprint import import_bytes, streamed_import_bytes
+
+    config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()), "hf")
+    checkpoint_bytes = (tmp_path / "hf" / "model.safetensors").stat().st_size
+    # Room for the bfloat16 tensors and a float32 prefix, not for the float32 model.
+    limit = (streamed_import_bytes(config, checkpoint_bytes) + import_bytes(config)) // 2
+    assert streamed_import_bytes(config, checkpoint_bytes) < limit < import_bytes(config)
+    out = tmp_path / "int8"
+    common = ("export", "--from-hf", str(tmp_path / "hf"), "--out", str(out))
+    refused = run_cli(*common, "--memory-limit", str(limit))  # float32: does not fit
+    assert refused.returncode == 2
+    assert "--precision int8 alone imports it in about" in refused.stderr
+    result = run_cli(*common, "--memory-limit", str(limit), "--precision", "int8")
+    assert result.returncode == 0, result.stderr
+    assert "checking on the first 2 of 16 layers" in result.stdout
+    report = json.loads((out / REPORT_FILENAME).read_text())
+    assert report["parity_scope"] == "the first 2 of 16 layers"
+    assert report["precisions"] == ["int8"] and INT8_ONNX_FILENAME in report["fidelity"]
+    assert ModelDirectory(out).precisions == ("int8",)
+    assert sorted(p.name for p in out.glob("*.data")) == [WEIGHTS_FILENAMES["int8"]]
+    # The whole model, served, within int8's gate of transformers (in float32).
+    runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
+    ids = np.random.default_rng(6).integers(3, config.vocab_size, size=(2, 30))
+    want_hidden, want_attentions = reference_outputs(hf.float(), ids)
+    embeddings, attentions = runtime.run(ids)
+    assert np.abs(attentions - want_attentions).max() <= INT8_TOLERANCE
+    cosine = (embeddings * want_hidden).sum(-1) / (
+        np.linalg.norm(embeddings, axis=-1) * np.linalg.norm(want_hidden, axis=-1)
+    )
+    assert cosine.min() >= INT8_MIN_COSINE
