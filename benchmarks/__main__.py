@@ -42,11 +42,12 @@ def parser() -> argparse.ArgumentParser:
     families.add_argument(
         "--quick", action="store_true", help="two layers, three lengths, no 0.5B import (smoke)"
     )
-    commands.add_parser(
+    sizes = commands.add_parser(
         "sizes",
-        help="checkpoints in 0.5B and 1.1B models' shapes: import and serve memory and time "
-        "beside transformers' own load",
+        help="checkpoints in 0.5B to 7B models' shapes: import and serve memory and time "
+        "beside transformers' own load and forward",
     )
+    sizes.add_argument("--shapes", nargs="*", help="a subset of the shapes (default: all)")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sizes":
         from benchmarks.sizes import run_sizes
 
-        run_sizes(args.out, progress)
+        run_sizes(args.out, progress, args.shapes)
         return 0
     if args.command == "containers":
         from benchmarks.containers import run_containers

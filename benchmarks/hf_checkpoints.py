@@ -94,12 +94,14 @@ def build_checkpoint(
         model_type, pad_token_id=0, bos_token_id=1, eos_token_id=2, **fields
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * perturb)
-    if dtype is not None:
-        model.to(dtype)
+    # Made in `dtype` from the start: a 7B model made in float32 first would take 28 GB.
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=dtype or torch.float32
+    ).eval()
+    if perturb:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * perturb)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kwargs)
     tokenizer.save(str(directory / "tokenizer.json"))

@@ -1,18 +1,24 @@
-"""Real sizes: import and serve checkpoints in the shapes of 0.5-1.1B models, beside
+"""Real sizes: import and serve checkpoints in the shapes of 0.5B to 7B models, beside
 transformers' own load of the same checkpoint (`python -m benchmarks sizes`).
 
-Each checkpoint is made offline in bfloat16 (as the hub ships them), then, each in a child
+Each checkpoint is made offline in bfloat16 (as the hub ships them). Then, each in a child
 process whose process tree's summed RSS is sampled every half second: transformers loads
-it in float32, saves it and runs one 128-token forward with attention (the reference a
-user would run instead); `attnserve export --from-hf` imports it; `attnserve serve` serves
-it, measured after warm-up and after an Encode of one layer's attention at 128 tokens.
+it in float32, saves it and runs a 128-token forward with attention (the reference a user
+would run instead), then times its forward with attention at each length;
+`attnserve export --from-hf` imports it (float32, or int8); `attnserve serve` serves it:
+RSS after warm-up and after one layer's attention at 128 tokens, and Encode's p50 with one
+layer's attention at each length (the graph computes every layer's either way, as
+transformers does). The 7B shape's float32 weights (28 GB) do not fit in memory here: it
+is imported in int8 only, and transformers is not run on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,6 +28,7 @@ from pathlib import Path
 from benchmarks.hf_checkpoints import QWEN25_05B, build_checkpoint
 
 GiB = 2**30
+LENGTHS = (8, 128, 512)
 TINYLLAMA_11B = dict(
     hidden_size=2048,
     intermediate_size=5632,
@@ -34,15 +41,56 @@ TINYLLAMA_11B = dict(
     tie_word_embeddings=False,
     vocab_size=32000,
 )
-SHAPES = {"Qwen2.5-0.5B": ("qwen2", QWEN25_05B), "TinyLlama-1.1B": ("llama", TINYLLAMA_11B)}
+PYTHIA_14B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    max_position_embeddings=2048,
+    rotary_pct=0.25,
+    use_parallel_residual=True,
+    vocab_size=50304,
+)
+MISTRAL_7B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    vocab_size=32000,
+    sliding_window=None,
+)
+# name -> (model_type, config fields, precisions imported, whether transformers runs it)
+SHAPES = {
+    "Qwen2.5-0.5B": ("qwen2", QWEN25_05B, ("fp32",), True),
+    "TinyLlama-1.1B": ("llama", TINYLLAMA_11B, ("fp32", "int8"), True),
+    "Pythia-1.4B": ("gpt_neox", PYTHIA_14B, ("fp32",), True),
+    "Mistral-7B": ("mistral", MISTRAL_7B, ("int8",), False),
+}
 TRANSFORMERS_RUN = """
-import sys, torch
+import json, statistics, sys, time, torch
 from transformers import AutoModelForCausalLM
+start = time.perf_counter()
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32,
                                              attn_implementation="eager")
 model.save_pretrained(sys.argv[2])
 with torch.no_grad():
     model(torch.ones(1, 128, dtype=torch.long), output_attentions=True)
+wall = time.perf_counter() - start
+p50 = {}
+with torch.no_grad():
+    for t in map(int, sys.argv[3:]):
+        runs = []
+        for _ in range(5 if t < 512 else 3):
+            began = time.perf_counter()
+            model(torch.full((1, t), 3, dtype=torch.long), output_attentions=True)
+            runs.append(time.perf_counter() - began)
+        p50[t] = statistics.median(runs)
+print(json.dumps({"load_save_forward_s": wall, "p50_s": p50}))
 """
 
 
@@ -62,28 +110,37 @@ def tree_rss(pid: int) -> int:
 
 
 def measured(command: list[str]) -> dict:
-    """Run `command` to its end: wall seconds and the peak RSS of its process tree."""
+    """Run `command` to its end: wall seconds, the peak RSS of its process tree, and its last
+    line of output if that is JSON."""
     start, peak = time.perf_counter(), 0
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as child:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
         while child.poll() is None:
             peak = max(peak, tree_rss(child.pid))
             time.sleep(0.5)
-        error = child.stderr.read().decode() if child.stderr else ""
+        output, error = (
+            stream.read().decode() if stream else "" for stream in (child.stdout, child.stderr)
+        )
     if child.returncode:
         raise RuntimeError(f"{command[:4]} failed:\n{error[-2000:]}")
-    return {"seconds": round(time.perf_counter() - start, 1), "peak_gib": round(peak / GiB, 2)}
+    result = {"seconds": round(time.perf_counter() - start, 1), "peak_gib": round(peak / GiB, 2)}
+    lines = output.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        result |= json.loads(lines[-1])
+    return result
 
 
-def served(model_dir: Path, work: Path) -> dict:
+def served(model_dir: Path, work: Path, precision: str) -> dict:
     """`attnserve serve` on the directory: RSS after warm-up and after one layer's attention
-    for 128 tokens, and what GetModelInfo reports of the weights."""
+    for 128 tokens, Encode's p50 with one layer's attention per length, and what
+    GetModelInfo reports of the weights."""
     from attnserve.client import EncoderClient
 
     ports = [_free_port() for _ in range(3)]
-    ready = work / "ready.json"
+    ready = work / f"ready-{precision}.json"
     command = [sys.executable, "-m", "attnserve", "serve", "--model", str(model_dir)]
-    command += ["--port", str(ports[0]), "--http-port", str(ports[1])]
-    command += ["--metrics-port", str(ports[2]), "--ready-file", str(ready), "--host", "127.0.0.1"]
+    command += ["--port", str(ports[0]), "--http-port", str(ports[1]), "--host", "127.0.0.1"]
+    command += ["--metrics-port", str(ports[2]), "--ready-file", str(ready)]
+    command += ["--precision", precision]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
         try:
             while not ready.exists():
@@ -93,18 +150,29 @@ def served(model_dir: Path, work: Path) -> dict:
             warm = tree_rss(server.pid)
             with EncoderClient(f"127.0.0.1:{ports[0]}") as client:
                 info = client.model_info()
-                ids = list(range(3, 3 + 128))
-                out = client.encode([ids], attention=True, layers=[0], timeout=600)
+                out = client.encode([list(range(3, 131))], attention=True, layers=[0], timeout=900)
                 assert out[0].attention.shape[-1] == 128
+                after = tree_rss(server.pid)
+                p50 = {}
+                for t in LENGTHS:
+                    runs = []
+                    for _ in range(5 if t < 512 else 3):
+                        began = time.perf_counter()
+                        client.encode([[3] * t], attention=True, layers=[0], timeout=900)
+                        runs.append(time.perf_counter() - began)
+                    p50[str(t)] = statistics.median(runs)
             return {
                 "rss_warm_gib": round(warm / GiB, 2),
-                "rss_after_attention_gib": round(tree_rss(server.pid) / GiB, 2),
-                "weight_bytes": int(info["weight_bytes"]),
-                "resident_weight_bytes": int(info["resident_weight_bytes"]),
+                "rss_after_attention_gib": round(after / GiB, 2),
+                "weight_bytes": int(info.get("weight_bytes", 0)),
+                "resident_weight_bytes": int(info.get("resident_weight_bytes", 0)),
+                "attention_max_abs_diff": info.get("attention_max_abs_diff", 0.0),
+                "embedding_cosine_min": info.get("embedding_cosine_min", 1.0),
+                "p50_s": p50,
             }
         finally:
             server.terminate()
-            server.wait(timeout=60)
+            server.wait(timeout=120)
 
 
 def _free_port() -> int:
@@ -113,44 +181,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_sizes(out: Path, log=print) -> dict:
+def run_sizes(out: Path, log=print, shapes: list[str] | None = None) -> dict:
     import torch
 
     results = {}
-    for name, (model_type, fields) in SHAPES.items():
-        with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in shapes or list(SHAPES):
+        model_type, fields, precisions, with_transformers = SHAPES[name]
+        with tempfile.TemporaryDirectory(dir=out) as tmp:
             work = Path(tmp)
             log(f"{name}: building a random bfloat16 checkpoint...")
-            build_checkpoint(model_type, work / "hf", perturb=0.0, dtype=torch.bfloat16, **fields)
-            log(f"{name}: transformers load (float32) + save + a 128-token forward...")
-            reference = measured(
-                [sys.executable, "-c", TRANSFORMERS_RUN, str(work / "hf"), str(work / "saved")]
+            hf = build_checkpoint(
+                model_type, work / "hf", perturb=0.0, dtype=torch.bfloat16, **fields
             )
-            fp32_bytes = sum(f.stat().st_size for f in (work / "saved").glob("*.safetensors"))
-            log(f"{name}: attnserve export --from-hf...")
-            command = ["-m", "attnserve", "export", "--from-hf", str(work / "hf")]
-            export = measured([sys.executable, *command, "--out", str(work / "model")])
-            disk = sum(f.stat().st_size for f in (work / "model").iterdir())
-            log(f"{name}: attnserve serve...")
-            serve = served(work / "model", work)
-            results[name] = {
-                "fp32_weights_gib": round(fp32_bytes / GiB, 2),
-                "transformers": reference,
-                "export": export,
-                "disk_gib": round(disk / GiB, 2),
-                "serve": serve,
-                "ratios": {
-                    "import_peak_x_weights": round(export["peak_gib"] * GiB / fp32_bytes, 2),
-                    "import_time_x_transformers": round(
-                        export["seconds"] / reference["seconds"], 2
-                    ),
-                    "disk_x_weights": round(disk / fp32_bytes, 2),
-                    "served_rss_x_weights": round(serve["rss_warm_gib"] * GiB / fp32_bytes, 2),
-                },
-            }
-            log(json.dumps(results[name]))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sizes.json").write_text(json.dumps(results, indent=2) + "\n")
+            parameters = sum(p.numel() for p in hf.parameters())
+            del hf
+            result: dict = {"parameters": parameters}
+            fp32_bytes = 4 * parameters
+            if with_transformers:
+                log(f"{name}: transformers load (float32) + save + a 128-token forward...")
+                command = [sys.executable, "-c", TRANSFORMERS_RUN, str(work / "hf")]
+                result["transformers"] = measured(
+                    [*command, str(work / "saved"), *map(str, LENGTHS)]
+                )
+                fp32_bytes = sum(f.stat().st_size for f in (work / "saved").glob("*.safetensors"))
+                for f in (work / "saved").iterdir():
+                    f.unlink()
+            result["fp32_weights_bytes"] = fp32_bytes
+            for precision in precisions:
+                log(f"{name}: attnserve export --from-hf --precision {precision}...")
+                model_dir = work / f"model-{precision}"
+                command = ["-m", "attnserve", "export", "--from-hf", str(work / "hf")]
+                command += ["--precision", precision, "--out", str(model_dir)]
+                export = measured([sys.executable, *command])
+                disk = sum(f.stat().st_size for f in model_dir.iterdir())
+                log(f"{name}: attnserve serve --precision {precision}...")
+                serve = served(model_dir, work, precision)
+                result[precision] = {
+                    "export": export,
+                    "disk_gib": round(disk / GiB, 2),
+                    "serve": serve,
+                }
+                shutil.rmtree(model_dir)
+            results[name] = result
+            log(json.dumps({name: result}))
+            (out / "sizes.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "sizes.md").write_text(table(results) + "\n")
     log(table(results))
     return results
@@ -158,18 +233,51 @@ def run_sizes(out: Path, log=print) -> dict:
 
 def table(results: dict) -> str:
     lines = [
-        "| shape | fp32 weights | import: wall / peak RSS | transformers load+save+forward: "
-        "wall / peak RSS | on disk | served RSS warm / after attention |",
+        "| shape, precision | import: wall / peak RSS | on disk | served RSS: warm / after "
+        "attention | p50 with attention, T = 8 / 128 / 512 | fidelity vs float32 |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
-        ratios = r["ratios"]
-        lines.append(
-            f"| {name} | {r['fp32_weights_gib']} GiB | {r['export']['seconds']} s / "
-            f"{r['export']['peak_gib']} GiB ({ratios['import_peak_x_weights']}x) | "
-            f"{r['transformers']['seconds']} s / {r['transformers']['peak_gib']} GiB "
-            f"(import {ratios['import_time_x_transformers']}x its time) | {r['disk_gib']} GiB "
-            f"({ratios['disk_x_weights']}x) | {r['serve']['rss_warm_gib']} / "
-            f"{r['serve']['rss_after_attention_gib']} GiB ({ratios['served_rss_x_weights']}x) |"
-        )
+        weights = r["fp32_weights_bytes"]
+        reference = r.get("transformers")
+        if reference:
+            p50 = " / ".join(f"{reference['p50_s'][str(t)] * 1e3:.0f}" for t in LENGTHS)
+            lines.append(
+                f"| {name}: transformers, float32 ({weights / GiB:.2f} GiB) | load + save + "
+                f"a forward {reference['seconds']} s / {reference['peak_gib']} GiB | | | "
+                f"{p50} ms | |"
+            )
+        for precision in ("fp32", "int8"):
+            if precision not in r:
+                continue
+            run = r[precision]
+            export, serve = run["export"], run["serve"]
+            ratio = ""
+            if reference:
+                ratio = f", {export['seconds'] / reference['seconds']:.1f}x transformers'"
+            p50 = " / ".join(f"{serve['p50_s'][str(t)] * 1e3:.0f}" for t in LENGTHS)
+            if reference:
+                p50 += (
+                    " ms ("
+                    + " / ".join(
+                        f"{reference['p50_s'][str(t)] / serve['p50_s'][str(t)]:.2f}x"
+                        for t in LENGTHS
+                    )
+                    + " transformers' speed)"
+                )
+            else:
+                p50 += " ms"
+            fidelity = ""
+            if precision == "int8":
+                fidelity = (
+                    f"attention within {serve['attention_max_abs_diff']:.3f}, cosine >= "
+                    f"{serve['embedding_cosine_min']:.4f}"
+                )
+            lines.append(
+                f"| {name}: attnserve, {precision} | {export['seconds']} s{ratio} / "
+                f"{export['peak_gib']} GiB ({export['peak_gib'] * GiB / weights:.2f}x) | "
+                f"{run['disk_bytes'] / GiB:.2f} GiB ({run['disk_bytes'] / weights:.2f}x) | "
+                f"{serve['rss_warm_gib']} / {serve['rss_after_attention_gib']} GiB "
+                f"({serve['rss_warm_gib'] * GiB / weights:.2f}x) | {p50} | {fidelity} |"
+            )
     return "\n".join(lines)

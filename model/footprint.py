@@ -68,7 +68,7 @@ def streamed_import_bytes(config: ModelConfig, checkpoint_bytes: int) -> int:
     the float32 weights) and widens one tensor at a time; its parity check runs on a
     float32 prefix of PREFIX_LAYERS layers."""
     prefix = weight_bytes(prefix_config(config))
-    return int(checkpoint_bytes * (1 + IMPORT_MARGIN)) + 2 * prefix + IMPORT_BASE_BYTES
+    return int(checkpoint_bytes * (1 + IMPORT_MARGIN)) + prefix + IMPORT_BASE_BYTES
 
 
 # Where the float32 model does not fit, int8's parity gate runs on its first layers.
