@@ -262,11 +262,12 @@ def build_model(
     weights = None
     if given:
         backend = given.pop()
+        weights = backend.weights_info if isinstance(backend, OrtRuntime) else None
     else:
         options, count = session_layout(model_dir, settings)
         backend = OrtRuntime(model_dir, options)
         instances = model_instances(model_dir, settings, backend.provider, count)
-        resident = sum(r.resident_weight_bytes for r in (backend, *instances))
+        resident = sum(r.weights_info.resident_bytes for r in (backend, *instances))
         weights = replace(backend.weights_info, resident_bytes=resident)
     name = name or backend.config.name
     tokenizer = get_tokenizer(backend.config, model_dir)

@@ -101,12 +101,10 @@ class OrtRuntime:
         if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
         # Each session holds its own (prepacked) copy of the weights.
+        weight_bytes = model_dir.weight_bytes(self.precision)
         sessions = 1 + (self.embeddings_session is not self.session)
-        self.resident_weight_bytes = sessions * model_dir.weight_bytes(self.precision)
         self.weights_info = WeightsInfo(
-            model_dir.weight_bytes(self.precision),
-            self.resident_weight_bytes,
-            **model_dir.fidelity(self.attention_graph.name),
+            weight_bytes, sessions * weight_bytes, **model_dir.fidelity(self.attention_graph.name)
         )
 
     def _open_beside(

@@ -45,7 +45,7 @@ def test_a_second_copy_that_would_not_fit_leaves_one_session(
     assert options.single_session and instances == 1
     runtime = OrtRuntime(small_model_dir, options)
     assert runtime.embeddings_session is runtime.session  # one session, one copy
-    assert runtime.resident_weight_bytes == weights
+    assert runtime.weights_info.resident_bytes == weights
     # It answers embeddings and attention as the usual two sessions do.
     ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(2, 21))
     np.testing.assert_allclose(runtime.embed(ids), small_runtime.embed(ids), atol=1e-5)
@@ -61,7 +61,7 @@ def test_cheap_copies_keep_the_sessions_and_instances(small_model_dir, weights):
     assert not options.single_session and instances == 0  # the default: one per core
     runtime = OrtRuntime(small_model_dir, options)
     assert runtime.embeddings_session is not runtime.session
-    assert runtime.resident_weight_bytes == 2 * weights
+    assert runtime.weights_info.resident_bytes == 2 * weights
     # Asked for, instances are made whatever they cost.
     asked = replace(_settings(small_model_dir, SERVE_BASE_BYTES + weights), instances=2)
     assert session_layout(ModelDirectory(small_model_dir), asked)[1] == 2

@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
+from attnserve.model.artifacts import WEIGHTS_FILENAMES
 from tests.conftest import SMALL_CONFIG, ServerThread
 
 
@@ -78,6 +79,11 @@ def test_model_info(client, small_runtime):
     assert (info["n_layers"], info["n_heads"], info["d_model"]) == (2, 4, 64)
     assert info["max_seq_len"] == 300 and info["vocab_size"] == 259
     assert info["tokenizer"] == "byte" and info["provider"] == "cpu"
+    # The weights: once on disk, and a copy per session in memory (two: attention, embeddings).
+    weights = small_runtime.model_dir.path / WEIGHTS_FILENAMES["fp32"]
+    assert int(info["weight_bytes"]) == weights.stat().st_size
+    assert int(info["resident_weight_bytes"]) == 2 * weights.stat().st_size
+    assert 0 < info["attention_max_abs_diff"] <= 1e-4  # float32: what export measured
 
 
 def test_health_is_serving_for_the_server_and_the_service(server):
