@@ -112,3 +112,21 @@ def test_the_version_covers_the_weights_file(small_model_dir, tmp_path):
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     assert weights_version(copy / ONNX_FILENAME) != first
+
+
+def test_a_full_disk_is_said_and_leaves_nothing_behind(small_model, tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from attnserve.export import weights
+    from attnserve.export.model_dir import ExportWriteError, write_model_dir
+
+    def no_space(self, tensor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(weights.WeightsFile, "reference", no_space)
+    out = tmp_path / "model"
+    with pytest.raises(ExportWriteError, match="is full .* nothing was written to"):
+        write_model_dir(small_model, out, log=lambda _: None)
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor its scratch
