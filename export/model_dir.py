@@ -121,24 +121,11 @@ def write_model_dir(
         gates: dict[str, tuple[float, float | None]] = dict.fromkeys(fp32_graphs, (tolerance, None))
         log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
         with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
-        if "fp16" in precisions:
-            with WeightsFile(scratch / WEIGHTS_FILENAMES["fp16"]) as weights:
-                for fp32_graph, target in (
-                    (ONNX_FILENAME, FP16_ONNX_FILENAME),
-                    (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
-                ):
-                    log(f"writing {target} from {fp32_graph} (float16 inside, for CUDA)...")
-                    convert_to_fp16(scratch / fp32_graph, scratch / target, weights)
-                    gates[target] = (fp16_tolerance, None)
-        if "int8" in precisions:
-            with WeightsFile(scratch / WEIGHTS_FILENAMES["int8"]) as weights:
-                for fp32_graph, target in (
-                    (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
-                    (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
-                ):
-                    log(f"writing {target} from {fp32_graph} (8-bit matrix weights)...")
-                    convert_to_int8(scratch / fp32_graph, scratch / target, weights)
-                    gates[target] = (INT8_TOLERANCE, INT8_MIN_COSINE)
+        for precision in [p for p in precisions if p in DERIVED]:
+            gate = (
+                (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
+            )
+            gates |= dict.fromkeys(_derive(scratch, precision, log), gate)
         if "fp32" not in precisions:  # made only as the others' source
             for name in fp32_graphs:
                 (scratch / name).unlink()
@@ -147,11 +134,11 @@ def write_model_dir(
         export_seconds = time.perf_counter() - start
 
         cases: list[ParityCase] = []
-        for filename, (gate, min_cosine) in gates.items():
+        for filename, (limit, min_cosine) in gates.items():
             start = time.perf_counter()
             floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
-            log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {gate:g}{floor}...")
-            graph_cases = compare(references, scratch / filename, config, gate, min_cosine)
+            log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {limit:g}{floor}...")
+            graph_cases = compare(references, scratch / filename, config, limit, min_cosine)
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
@@ -214,13 +201,7 @@ def write_streamed_int8(
         tensors.clear()  # the weights file holds them now
         gc.collect()
         with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
-        with WeightsFile(scratch / WEIGHTS_FILENAMES["int8"]) as weights:
-            for fp32_graph, target in (
-                (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
-                (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
-            ):
-                log(f"writing {target} from {fp32_graph} (8-bit matrix weights)...")
-                convert_to_int8(scratch / fp32_graph, scratch / target, weights)
+        _derive(scratch, "int8", log)
         for name in (EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME, WEIGHTS_FILENAMES["fp32"]):
             (scratch / name).unlink()
         report = ExportReport(
@@ -239,6 +220,36 @@ def write_streamed_int8(
         _finish(scratch, out, report, extra_files)
     log(f"wrote {out}: int8, checked on {scope} ({report.parameters:,} parameters)")
     return report
+
+
+# The graphs made from the float32 ones: precision -> (converter, (source, target) graphs).
+DERIVED = {
+    "fp16": (
+        convert_to_fp16,
+        (
+            (ONNX_FILENAME, FP16_ONNX_FILENAME),
+            (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
+        ),
+    ),
+    "int8": (
+        convert_to_int8,
+        (
+            (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
+            (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
+        ),
+    ),
+}
+
+
+def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[str]:
+    """Make a precision's graphs from the float32 ones in `scratch`, into that precision's
+    weights file; returns their names."""
+    convert, pairs = DERIVED[precision]
+    with WeightsFile(scratch / WEIGHTS_FILENAMES[precision]) as weights:
+        for source, target in pairs:
+            log(f"writing {target} from {source} ({precision})...")
+            convert(scratch / source, scratch / target, weights)
+    return [target for _, target in pairs]
 
 
 def _finish(
