@@ -165,8 +165,8 @@ def read_hf(
     if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
         log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
     family = FAMILIES[data["model_type"]]
+    widen = before_reading is None or before_reading(config, checkpoint_bytes(directory))
     checkpoint = CheckpointReader(directory)
-    widen = before_reading is None or before_reading(config, checkpoint.nbytes)
     names = checkpoint.names
     prefix = next(
         (p for p in family.prefixes if any(k.startswith(p) for k in names)), family.prefixes[-1]
@@ -234,12 +234,17 @@ class CheckpointReader:
             handle = safe_open(str(directory / shard), framework="pt")
             self._files.update(dict.fromkeys(handle.keys(), handle))
         self.names = set(self._files) | set(self._bin)
-        files = [directory / s for s in shards] or [directory / TORCH_BIN]
-        self.nbytes = sum(f.stat().st_size for f in files)  # what holding every tensor takes
 
     def read(self, name: str, widen: bool = True) -> torch.Tensor:
         tensor = self._files[name].get_tensor(name) if name in self._files else self._bin[name]
         return tensor.float() if widen and tensor.is_floating_point() else tensor
+
+
+def checkpoint_bytes(directory: Path) -> int:
+    """The bytes of a checkpoint's weight files (what holding all its tensors takes), from
+    their sizes alone: nothing is opened."""
+    files = [*directory.glob("*.safetensors"), *directory.glob(TORCH_BIN)]
+    return sum(f.stat().st_size for f in files)
 
 
 def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:

@@ -156,8 +156,8 @@ def test_if_missing_leaves_an_existing_model_untouched(small_model_dir):
 
 
 def test_an_import_that_would_not_fit_is_refused_before_a_tensor_is_read(tmp_path):
-    # A checkpoint with its config and tokenizer but no weights file at all: the memory
-    # check has to speak before the reader would say the weights are missing.
+    # A checkpoint whose weights file is not even a safetensors file: the memory check has
+    # to speak before the reader opens it.
     checkpoint = tmp_path / "llama"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(
@@ -175,6 +175,7 @@ def test_an_import_that_would_not_fit_is_refused_before_a_tensor_is_read(tmp_pat
         )
     )
     (checkpoint / "tokenizer.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"not read")
     out = tmp_path / "refused"
     result = run_cli(
         "export", "--from-hf", str(checkpoint), "--out", str(out), "--memory-limit", str(2**32)
