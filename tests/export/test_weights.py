@@ -127,6 +127,6 @@ def test_a_full_disk_is_said_and_leaves_nothing_behind(small_model, tmp_path, mo
 
     monkeypatch.setattr(weights.WeightsFile, "reference", no_space)
     out = tmp_path / "model"
-    with pytest.raises(ExportWriteError, match=r"is full \(.*\); nothing was written to"):
+    with pytest.raises(ExportWriteError, match=r"is full \(.*\): .*; nothing was written to"):
         write_model_dir(small_model, out, log=lambda _: None)
     assert list(tmp_path.iterdir()) == []  # neither the directory nor its scratch
