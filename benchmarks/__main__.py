@@ -48,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
         "beside transformers' own load and forward",
     )
     sizes.add_argument("--shapes", nargs="*", help="a subset of the shapes (default: all)")
+    sizes.add_argument("--quick", action="store_true", help="a few-MB model instead (smoke)")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sizes":
         from benchmarks.sizes import run_sizes
 
-        run_sizes(args.out, progress, args.shapes)
+        run_sizes(args.out, progress, args.shapes, args.quick)
         return 0
     if args.command == "containers":
         from benchmarks.containers import run_containers

@@ -71,6 +71,16 @@ SHAPES = {
     "Pythia-1.4B": ("gpt_neox", PYTHIA_14B, ("fp32",), True),
     "Mistral-7B": ("mistral", MISTRAL_7B, ("int8",), False),
 }
+# --quick (the report's smoke run): a few-MB Llama, both precisions, every step.
+QUICK_SHAPES = {
+    "tiny Llama": (
+        "llama",
+        dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=600, vocab_size=400),
+        ("fp32", "int8"),
+        True,
+    )
+}  # fmt: skip
 TRANSFORMERS_RUN = """
 import json, statistics, sys, time, torch
 from transformers import AutoModelForCausalLM
@@ -181,13 +191,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_sizes(out: Path, log=print, shapes: list[str] | None = None) -> dict:
+def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool = False) -> dict:
     import torch
 
     results = {}
     out.mkdir(parents=True, exist_ok=True)
-    for name in shapes or list(SHAPES):
-        model_type, fields, precisions, with_transformers = SHAPES[name]
+    known = QUICK_SHAPES if quick else SHAPES
+    for name in shapes or list(known):
+        model_type, fields, precisions, with_transformers = known[name]
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             work = Path(tmp)
             log(f"{name}: building a random bfloat16 checkpoint...")
@@ -217,11 +228,7 @@ def run_sizes(out: Path, log=print, shapes: list[str] | None = None) -> dict:
                 disk = sum(f.stat().st_size for f in model_dir.iterdir())
                 log(f"{name}: attnserve serve --precision {precision}...")
                 serve = served(model_dir, work, precision)
-                result[precision] = {
-                    "export": export,
-                    "disk_gib": round(disk / GiB, 2),
-                    "serve": serve,
-                }
+                result[precision] = {"export": export, "disk_bytes": disk, "serve": serve}
                 shutil.rmtree(model_dir)
             results[name] = result
             log(json.dumps({name: result}))

@@ -37,6 +37,6 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_repository(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
         run_ray(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
     run_families(out, quick, progress)
-    if not quick:  # builds images, imports 1B models: too heavy for a smoke run
-        run_sizes(out, progress)
+    run_sizes(out, progress, quick=quick)
+    if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)
