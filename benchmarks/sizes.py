@@ -121,15 +121,17 @@ def tree_rss(pid: int) -> int:
 
 def measured(command: list[str]) -> dict:
     """Run `command` to its end: wall seconds, the peak RSS of its process tree, and its last
-    line of output if that is JSON."""
+    line of output if that is JSON. Its output goes to files: a pipe nobody reads while it
+    runs would fill and stop it."""
     start, peak = time.perf_counter(), 0
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
-        while child.poll() is None:
-            peak = max(peak, tree_rss(child.pid))
-            time.sleep(0.5)
-        output, error = (
-            stream.read().decode() if stream else "" for stream in (child.stdout, child.stderr)
-        )
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        with subprocess.Popen(command, stdout=stdout, stderr=stderr) as child:
+            while child.poll() is None:
+                peak = max(peak, tree_rss(child.pid))
+                time.sleep(0.5)
+        stdout.seek(0)
+        stderr.seek(0)
+        output, error = stdout.read().decode(), stderr.read().decode()
     if child.returncode:
         raise RuntimeError(f"{command[:4]} failed:\n{error[-2000:]}")
     result = {"seconds": round(time.perf_counter() - start, 1), "peak_gib": round(peak / GiB, 2)}
