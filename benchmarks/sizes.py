@@ -196,8 +196,9 @@ def _free_port() -> int:
 def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool = False) -> dict:
     import torch
 
-    results = {}
     out.mkdir(parents=True, exist_ok=True)
+    # A run of some shapes keeps the others' results from an earlier run.
+    results = json.loads((out / "sizes.json").read_text()) if (out / "sizes.json").exists() else {}
     known = QUICK_SHAPES if quick else SHAPES
     for name in shapes or list(known):
         model_type, fields, precisions, with_transformers = known[name]
@@ -226,7 +227,12 @@ def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool
                 model_dir = work / f"model-{precision}"
                 command = ["-m", "attnserve", "export", "--from-hf", str(work / "hf")]
                 command += ["--precision", precision, "--out", str(model_dir)]
-                export = measured([sys.executable, *command])
+                try:
+                    export = measured([sys.executable, *command])
+                except RuntimeError as exc:  # said, and the next shape runs
+                    result[precision] = {"error": str(exc).splitlines()[-1]}
+                    log(f"{name}: {result[precision]['error']}")
+                    continue
                 disk = sum(f.stat().st_size for f in model_dir.iterdir())
                 log(f"{name}: attnserve serve --precision {precision}...")
                 serve = served(model_dir, work, precision)
@@ -260,6 +266,9 @@ def table(results: dict) -> str:
             if precision not in r:
                 continue
             run = r[precision]
+            if "error" in run:
+                lines.append(f"| {name}: attnserve, {precision} | {run['error']} | | | | |")
+                continue
             export, serve = run["export"], run["serve"]
             ratio = ""
             if reference:

@@ -10,6 +10,8 @@ DEFAULT_TOLERANCE = 1e-4
 # export report says what each graph really reached.
 FP16_TOLERANCE = 1e-2
 # 8-bit weights (MatMulNBits): the largest attention difference allowed, and the smallest
-# cosine of a token's embedding with PyTorch float32's.
-INT8_TOLERANCE = 2e-2
+# cosine of a token's embedding with PyTorch float32's. 8-bit weights move the residual
+# stream, and attention with it: 0.011-0.019 on Qwen2.5-0.5B's shape, 0.027 on TinyLlama's
+# 22 layers (docs/BENCHMARKS.md "Real sizes"); the gate leaves room for deeper models.
+INT8_TOLERANCE = 5e-2
 INT8_MIN_COSINE = 0.99

@@ -5,8 +5,8 @@ in the weights file becomes ONNX Runtime's MatMulNBits with that weight quantize
 blocks along its input axis (symmetric int8 and a float32 scale per block of
 BLOCK_SIZE), `accuracy_level` 4 (int8 activations). Everything else (the token table,
 norms, biases) stays float32. Of what ONNX Runtime 1.31 offers on this CPU it is the one
-that keeps attention within 0.02 and embeddings at cosine >= 0.99; it saves memory, not
-time (research/int8-on-cpu measures it against 4 bits and dynamic int8 activations).
+that keeps a 0.5B model's attention within 0.02 and its embeddings at cosine >= 0.99; it
+saves memory, not time (research/int8-on-cpu measures it against 4 bits and dynamic int8).
 The quantization itself is onnxruntime's own (its C++ block quantizer); it runs one weight
 at a time, read from the float32 weights file, so the conversion holds one tensor of
 float32 at a time.
