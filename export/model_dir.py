@@ -103,7 +103,9 @@ def write_model_dir(
     with _scratch_beside(out) as scratch:
         start = time.perf_counter()
         progress = _progress(log, parameters * 4)
-        tensors = model.state_dict()
+        # The parameters themselves, not state_dict's detached views: _release frees their
+        # storage through them, whoever keeps a reference.
+        tensors = dict(model.named_parameters())
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             # The traced full graph serves fp32 on every provider and is fp16's source; the
             # fused one, made from the embeddings graph, is what int8 is made from.
