@@ -56,6 +56,42 @@ QWEN25_05B = dict(
     vocab_size=151936,
 )
 
+TINYLLAMA_11B = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    vocab_size=32000,
+)
+PYTHIA_14B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    max_position_embeddings=2048,
+    rotary_pct=0.25,
+    use_parallel_residual=True,
+    vocab_size=50304,
+)
+MISTRAL_7B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    vocab_size=32000,
+    sliding_window=None,
+)
+
 
 def train_tokenizer(vocab_size: int):
     """A byte-level BPE with <pad>, <s>, </s> as ids 0, 1, 2, trained on TEXTS in a second."""

@@ -25,45 +25,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.hf_checkpoints import QWEN25_05B, build_checkpoint
+from benchmarks.hf_checkpoints import (
+    MISTRAL_7B,
+    PYTHIA_14B,
+    QWEN25_05B,
+    TINYLLAMA_11B,
+    build_checkpoint,
+)
 
 GiB = 2**30
 LENGTHS = (8, 128, 512)
-TINYLLAMA_11B = dict(
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    max_position_embeddings=2048,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    vocab_size=32000,
-)
-PYTHIA_14B = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=24,
-    num_attention_heads=16,
-    max_position_embeddings=2048,
-    rotary_pct=0.25,
-    use_parallel_residual=True,
-    vocab_size=50304,
-)
-MISTRAL_7B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    vocab_size=32000,
-    sliding_window=None,
-)
 # name -> (model_type, config fields, precisions imported, whether transformers runs it)
 SHAPES = {
     "Qwen2.5-0.5B": ("qwen2", QWEN25_05B, ("fp32",), True),
