@@ -36,8 +36,8 @@ class Encoder(nn.Module):
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
         x = self.tok_emb(input_ids)  # (B, T, D)
-        if self.config.embedding_scale != 1.0:  # Gemma: sqrt(d_model), as a float32 number
-            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        if self.config.embedding_scale != 1.0:  # Gemma: sqrt(d_model), rounded to x's dtype
+            x = x * self.config.embedding_scale
         rotary = None
         if self.config.positions == "learned":
             x = x + self.pos_emb(torch.arange(T, device=input_ids.device))  # (B, T, D)
