@@ -103,13 +103,14 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
     if args.seed is None and not args.config and not args.from_hf:
         return load_checkpoint(DEFAULT_CHECKPOINT), {}
     if args.from_hf:
-        from attnserve.export.hf_import import DEFAULT_MAX_SEQ_LEN, read_hf
+        from attnserve.export.hf_import import read_hf
 
         def plan(config: ModelConfig, checkpoint_bytes: int) -> bool:
             return plan_import(config, checkpoint_bytes, precisions, args.memory_limit)
 
-        max_seq_len = args.max_seq_len or DEFAULT_MAX_SEQ_LEN
-        checkpoint = read_hf(args.from_hf, max_seq_len, require_tokenizer=True, before_reading=plan)
+        checkpoint = read_hf(
+            args.from_hf, args.max_seq_len, require_tokenizer=True, before_reading=plan
+        )
         extra_files = {TOKENIZER_FILENAME: checkpoint.directory / TOKENIZER_FILENAME}
         if not checkpoint.widened:
             return checkpoint, extra_files

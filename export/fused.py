@@ -42,6 +42,8 @@ def _output_attention_weights(graph: onnx.GraphProto, config: ModelConfig) -> No
     """Make every Attention node also output its probabilities, (B, H, T, T), and stack
     them, first layer first, into the graph output (B, L, H, T, T)."""
     layers = [node for node in graph.node if node.op_type == "Attention"]  # in layer order
+    # The names added here start with "fused_": the exporter's own ("stack_1" for a
+    # torch.stack) must not collide with them.
     if len(layers) != config.n_layers:
         raise ValueError(f"expected {config.n_layers} Attention nodes, found {len(layers)}")
     make, tensor, int64 = onnx.helper.make_node, onnx.helper.make_tensor, onnx.TensorProto.INT64
@@ -51,18 +53,18 @@ def _output_attention_weights(graph: onnx.GraphProto, config: ModelConfig) -> No
     # warn about on every run.
     graph.initializer.extend(
         [
-            tensor("stack_0", int64, [1], [0]),
-            tensor("stack_1", int64, [1], [1]),
-            tensor("stack_2", int64, [1], [2]),
-            tensor("stack_1_h", int64, [2], [1, config.n_heads]),
+            tensor("fused_stack_0", int64, [1], [0]),
+            tensor("fused_stack_1", int64, [1], [1]),
+            tensor("fused_stack_2", int64, [1], [2]),
+            tensor("fused_stack_1_h", int64, [2], [1, config.n_heads]),
         ]
     )
     graph.node.extend(
         [
-            make("Shape", [config.input_name], ["stack_ids_shape"]),  # (B, T)
-            make("Slice", ["stack_ids_shape", "stack_0", "stack_1"], ["stack_b"]),
-            make("Slice", ["stack_ids_shape", "stack_1", "stack_2"], ["stack_t"]),
-            make("Concat", ["stack_b", "stack_1_h", "stack_t", "stack_t"], ["stack_shape"], axis=0),
+            make("Shape", [config.input_name], ["fused_stack_ids_shape"]),  # (B, T)
+            make("Slice", ["fused_stack_ids_shape", "fused_stack_0", "fused_stack_1"], ["fused_stack_b"]),
+            make("Slice", ["fused_stack_ids_shape", "fused_stack_1", "fused_stack_2"], ["fused_stack_t"]),
+            make("Concat", ["fused_stack_b", "fused_stack_1_h", "fused_stack_t", "fused_stack_t"], ["fused_stack_shape"], axis=0),
         ]
     )
     stacked = []
@@ -73,9 +75,9 @@ def _output_attention_weights(graph: onnx.GraphProto, config: ModelConfig) -> No
             onnx.helper.make_attribute("qk_matmul_output_mode", SOFTMAX_PROBABILITIES)
         )
         node.output.extend([""] * (4 - len(node.output)))  # no present key / value
-        node.output[3] = f"attention_weights_{i}"  # (B, H, T, T)
-        stacked.append(f"attention_weights_{i}_stacked")  # (B, 1, H, T, T)
-        graph.node.append(make("Reshape", [node.output[3], "stack_shape"], [stacked[-1]]))
+        node.output[3] = f"fused_attention_weights_{i}"  # (B, H, T, T)
+        stacked.append(f"fused_attention_weights_{i}_stacked")  # (B, 1, H, T, T)
+        graph.node.append(make("Reshape", [node.output[3], "fused_stack_shape"], [stacked[-1]]))
     graph.node.append(make("Concat", stacked, [config.attentions_name], axis=1))
     batch, seq = (d.dim_param for d in graph.input[0].type.tensor_type.shape.dim)
     shape = [batch, config.n_layers, config.n_heads, seq, seq]

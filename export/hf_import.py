@@ -22,6 +22,7 @@ from attnserve.export.hf_families import (
     FAMILIES,
     IGNORED_NAMES,
     IGNORED_SUFFIXES,
+    REFUSED_TYPES,
     HFConfig,
     HFImportError,
     refuse_unsupported,
@@ -76,18 +77,32 @@ def config_from_hf(
     specials: dict[str, int] | None = None,
     max_seq_len: int | None = None,
 ) -> ModelConfig:
-    """The ModelConfig of a config.json, or HFImportError naming what cannot be reproduced."""
+    """The ModelConfig of a config.json, or HFImportError naming what cannot be reproduced.
+
+    max_seq_len: the longest sequence served (at most the checkpoint's); None: the default,
+    DEFAULT_MAX_SEQ_LEN, within the original context of a rope that changes past it."""
     model_type = data.get("model_type")
+    if model_type in REFUSED_TYPES:
+        raise HFImportError(
+            f"model_type {model_type!r} is not supported: {REFUSED_TYPES[model_type]}"
+        )
     if model_type not in FAMILIES:
         raise HFImportError(
             f"model_type is {model_type!r}; supported: {', '.join(sorted(FAMILIES))}"
         )
+    family = FAMILIES[model_type]
+    if family.text_config:
+        data = data.get("text_config") or {}
     hf = HFConfig(data)
-    refuse_unsupported(hf)
-    switches = FAMILIES[model_type].switches(hf)
+    refuse_unsupported(hf, family)
+    switches = family.switches(hf)
     specials = specials or {}
-    if max_seq_len is not None:
-        switches["max_seq_len"] = min(switches["max_seq_len"], max_seq_len)
+    scaling = switches.get("rope_scaling")
+    if max_seq_len is None:  # the default: never past what a length-bound rope reproduces
+        max_seq_len = DEFAULT_MAX_SEQ_LEN
+        if scaling is not None and scaling.length_bound:
+            max_seq_len = min(max_seq_len, scaling.original_max_seq_len)
+    switches["max_seq_len"] = min(switches["max_seq_len"], max_seq_len)
     try:
         return ModelConfig(
             **switches,
@@ -131,7 +146,7 @@ class HFCheckpoint:
 
 def load_hf(
     source: str | Path,
-    max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
+    max_seq_len: int | None = None,
     log: Callable[[str], None] = print,
     require_tokenizer: bool = False,
 ) -> tuple[Encoder, Path]:
@@ -142,7 +157,7 @@ def load_hf(
 
 def read_hf(
     source: str | Path,
-    max_seq_len: int | None = DEFAULT_MAX_SEQ_LEN,
+    max_seq_len: int | None = None,
     log: Callable[[str], None] = print,
     require_tokenizer: bool = False,
     before_reading: Callable[[ModelConfig, int], bool] | None = None,
@@ -185,7 +200,9 @@ def read_hf(
     unknown = sorted(
         k
         for k in names - taken
-        if k.removeprefix(prefix) not in IGNORED_NAMES and not k.endswith(IGNORED_SUFFIXES)
+        if k.removeprefix(prefix) not in IGNORED_NAMES
+        and not k.endswith(IGNORED_SUFFIXES)
+        and (k.startswith(prefix) or not family.text_config)
     )
     if unknown:
         raise HFImportError(f"unexpected tensor(s) {', '.join(unknown[:5])}")

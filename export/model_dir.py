@@ -108,9 +108,10 @@ def write_model_dir(
         tensors = dict(model.named_parameters())
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             # The traced full graph serves fp32 on every provider and is fp16's source; the
-            # fused one, made from the embeddings graph, is what int8 is made from.
+            # fused one, made from the embeddings graph, is what int8 is made from (the
+            # traced one where the fused kernel cannot compute the attention: Gemma 2).
             traced = [(EMBEDDINGS_ONNX_FILENAME, False)]
-            if {"fp32", "fp16"} & set(precisions):
+            if {"fp32", "fp16"} & set(precisions) or not config.fuses_attention:
                 traced.insert(0, (ONNX_FILENAME, True))
             for filename, with_attentions in traced:
                 log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
@@ -119,10 +120,14 @@ def write_model_dir(
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
         # graph -> (tolerance, smallest embedding cosine) of its parity gate
-        fp32_graphs = [name for name, _ in traced] + [FUSED_ONNX_FILENAME]
+        fp32_graphs = [name for name, _ in traced]
+        if config.fuses_attention:
+            fp32_graphs.append(FUSED_ONNX_FILENAME)
+            log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
+            with_attention_weights(
+                scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
+            )
         gates: dict[str, tuple[float, float | None]] = dict.fromkeys(fp32_graphs, (tolerance, None))
-        log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
-        with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
         for precision in [p for p in precisions if p in DERIVED]:
             gate = (
                 (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
@@ -197,14 +202,24 @@ def write_streamed_int8(
         )
         shutil.rmtree(scratch / "prefix")
         progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
+        # The attention graph int8 is made from: the fused one, else the traced (Gemma 2)
+        traced = [(EMBEDDINGS_ONNX_FILENAME, False)]
+        if not config.fuses_attention:
+            traced.append((ONNX_FILENAME, True))
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            log(f"tracing {EMBEDDINGS_ONNX_FILENAME}, widening one tensor at a time...")
-            export_onnx(config, tensors, scratch / EMBEDDINGS_ONNX_FILENAME, weights, False)
+            for filename, with_attentions in traced:
+                log(f"tracing {filename}, widening one tensor at a time...")
+                export_onnx(config, tensors, scratch / filename, weights, with_attentions)
         tensors.clear()  # the weights file holds them now
         gc.collect()
-        with_attention_weights(scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME)
+        sources = [name for name, _ in traced]
+        if config.fuses_attention:
+            sources.append(FUSED_ONNX_FILENAME)
+            with_attention_weights(
+                scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
+            )
         _derive(scratch, "int8", log)
-        for name in (EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME, WEIGHTS_FILENAMES["fp32"]):
+        for name in (*sources, WEIGHTS_FILENAMES["fp32"]):
             (scratch / name).unlink()
         report = ExportReport(
             model_dir=str(out),
@@ -247,6 +262,8 @@ def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[s
     """Make a precision's graphs from the float32 ones in `scratch`, into that precision's
     weights file; returns their names."""
     convert, pairs = DERIVED[precision]
+    if not (scratch / FUSED_ONNX_FILENAME).is_file():  # int8 from the traced graph instead
+        pairs = tuple((ONNX_FILENAME if s == FUSED_ONNX_FILENAME else s, t) for s, t in pairs)
     with WeightsFile(scratch / WEIGHTS_FILENAMES[precision]) as weights:
         for source, target in pairs:
             log(f"writing {target} from {source} ({precision})...")

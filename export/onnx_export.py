@@ -25,8 +25,7 @@ from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
 from attnserve.model.config import ModelConfig
-from attnserve.model.encoder import Encoder
-from attnserve.model.layers import Rotary
+from attnserve.model.encoder import Encoder, rotary_modules
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23
@@ -118,9 +117,11 @@ def export_onnx(
     with_attentions=False exports the embeddings-only graph.
     """
     graph = trace(config, with_attentions)
-    rotary = (
-        dict(Rotary(config).named_buffers(prefix="rotary")) if config.positions == "rotary" else {}
-    )
+    rotary = {
+        f"{name}.{buffer}": value
+        for name, module in rotary_modules(config).items()
+        for buffer, value in module.named_buffers()
+    }
     for name, value in graph.graph.initializers.items():
         source = tensors.get(name, rotary.get(name))
         if source is None:

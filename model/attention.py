@@ -28,8 +28,13 @@ def scaled_dot_product_attention(
     v: torch.Tensor,
     causal: bool = True,
     window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T / sqrt(d_k)) v over the last two axes.
+
+    scale replaces 1 / sqrt(d_k) (Gemma 2's query_pre_attn_scalar, Granite's multiplier);
+    softcap bounds the scores smoothly to (-cap, cap) before the mask: cap * tanh(s / cap).
 
     q: (..., T, d_k), k: (..., S, d_k), v: (..., S, d_v)
     returns output (..., T, d_v) and weights (..., T, S); each row of weights
@@ -37,9 +42,11 @@ def scaled_dot_product_attention(
     j <= i - window) are exactly 0 because their scores are -inf before the
     softmax (exp(-inf) == 0, not "small").
     """
-    d_k = q.size(-1)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     # Scale q rather than the scores: T*d_k multiplies instead of T*S.
-    scores = (q * (1.0 / math.sqrt(d_k))) @ k.transpose(-2, -1)  # (..., T, S)
+    scores = (q * scale) @ k.transpose(-2, -1)  # (..., T, S)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if causal:
         mask = causal_mask(scores.size(-2), scores.size(-1), window, device=scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))

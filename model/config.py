@@ -6,8 +6,8 @@ there is never a second copy to drift.
 
 The defaults are this project's own encoder, GPT-2's block shape. The switches
 after `bias` reproduce the causal LMs people study (Llama, Mistral, Qwen2,
-GPT-NeoX, Gemma, Phi-3); each field's comment names who uses which value, and
-docs/model.md has the table.
+GPT-NeoX, Gemma 1-3, Phi 1-3, Qwen3, OLMo 2-3, GPT-J, OPT, StableLM, Granite); each
+field's comment names who uses which value, and docs/model.md has the table.
 """
 
 from __future__ import annotations
@@ -22,12 +22,97 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 POSITIONS = ("learned", "rotary")
 MLPS = ("plain", "gated")
-RESIDUALS = ("sequential", "parallel")
-FLOAT_FIELDS = ("layer_norm_eps", "rope_theta", "rotary_fraction", "embedding_scale")
+# parallel: attn and mlp read the block's input through norms of their own (GPT-NeoX);
+# parallel_one_norm: through one norm they share (GPT-J, Phi, StableLM)
+RESIDUALS = ("sequential", "parallel", "parallel_one_norm")
+# Where each block's two norms sit: pre (GPT-2, Llama: x + f(norm(x))), sandwich (Gemma 2, 3:
+# x + norm'(f(norm(x))), four norms), output (OLMo 2: x + norm(f(x))), post (OPT-350m, the
+# 2017 Transformer: norm(x + f(x)), and no final norm).
+NORM_PLACEMENTS = ("pre", "sandwich", "output", "post")
+# Norms of the queries and keys before the rotation: per head over head_dim, one weight
+# shared by the heads (Qwen3, Gemma 3, Phi) or one per head (StableLM); or over the whole
+# projection, every head at once (OLMo 2, 3). Of the model's `norm` kind.
+QK_NORMS = ("head", "each_head", "projection")
+ROPE_KINDS = ("linear", "llama3", "yarn", "dynamic", "longrope")
+FLOAT_FIELDS = (
+    "layer_norm_eps",
+    "rope_theta",
+    "rotary_fraction",
+    "embedding_scale",
+    "residual_scale",
+    "attention_scale",
+    "attention_softcap",
+    "sliding_rope_theta",
+)
+
+OPTIONAL_FLOATS = ("attention_scale", "attention_softcap", "sliding_rope_theta")
 
 
 class ConfigError(ValueError):
     """A model config that cannot describe a valid model; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a checkpoint stretches its rotary frequencies past its training context
+    (transformers' rope_parameters); model/rope.py turns it into the tables.
+
+    linear: every frequency / factor. llama3 (Llama 3.1-3.3): low frequencies / factor,
+    high ones kept, a smooth ramp between. yarn: a ramp between interpolated and original
+    frequencies over beta_fast..beta_slow rotations, cos and sin times attention_factor.
+    dynamic and longrope change with the sequence's length; within original_max_seq_len
+    they are the default frequencies and the short factors, and only there are they served.
+    """
+
+    kind: str  # one of ROPE_KINDS
+    factor: float = 1.0
+    original_max_seq_len: int | None = None  # the context the checkpoint was trained at
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: the ramp's ends rounded to whole dims
+    attention_factor: float = 1.0  # yarn, longrope: cos and sin times this
+    short_factor: tuple[float, ...] | None = None  # longrope: each frequency divided by one
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_KINDS:
+            raise ConfigError(f"rope_scaling.kind must be one of {ROPE_KINDS}, got {self.kind!r}")
+        for field in ("factor", "low_freq_factor", "high_freq_factor", "attention_factor"):
+            value = getattr(self, field)
+            if not isinstance(value, float) or value <= 0:
+                raise ConfigError(f"rope_scaling.{field} must be a positive float, got {value!r}")
+        needs_original = self.kind in ("llama3", "yarn", "dynamic", "longrope")
+        if needs_original and self.original_max_seq_len is None:
+            raise ConfigError(f"rope_scaling.original_max_seq_len is needed by {self.kind!r}")
+        if self.original_max_seq_len is not None:
+            _check_positive_int("rope_scaling.original_max_seq_len", self.original_max_seq_len)
+        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError("rope_scaling.high_freq_factor must exceed low_freq_factor")
+        if self.kind == "longrope" and not self.short_factor:
+            raise ConfigError("rope_scaling.short_factor is needed by 'longrope'")
+
+    @property
+    def length_bound(self) -> bool:
+        """True where the frequencies change past original_max_seq_len (dynamic, longrope)."""
+        return self.kind in ("dynamic", "longrope")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RopeScaling:
+        data = dict(data)
+        for field in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+        ):
+            if isinstance(data.get(field), int) and not isinstance(data[field], bool):
+                data[field] = float(data[field])
+        if data.get("short_factor") is not None:
+            data["short_factor"] = tuple(float(f) for f in data["short_factor"])
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -65,11 +150,21 @@ class ModelConfig:
     sliding_window: int | None = None  # keys per query, itself included (Mistral); None: all
     sliding_layers: tuple[int, ...] | None = None  # layers with the window; None: every layer
     embedding_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(d_model))
+    norm_placement: str = "pre"  # pre | sandwich (Gemma 2, 3) | output (OLMo 2) | post (OPT)
+    qk_norm: str | None = None  # head (Qwen3, Gemma 3, Phi) | each_head (StableLM) | projection
+    attention_scale: float | None = None  # scores times this; None: 1/sqrt(head_dim) (Gemma 2)
+    attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    residual_scale: float = 1.0  # each sublayer's output times this before the add (Granite)
+    rope_scaling: RopeScaling | None = None  # stretched frequencies (Llama 3.x, YaRN...)
+    # Gemma 3, OLMo 3: the sliding layers' own rotary base, never scaled; rope_scaling then
+    # applies to the other layers only. None: every layer shares one rotary.
+    sliding_rope_theta: float | None = None
+    d_embed: int | None = None  # token embedding width if not d_model: projected in and out (OPT)
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len", "vocab_size"):
             _check_positive_int(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "sliding_window"):
+        for field in ("n_kv_heads", "d_head", "sliding_window", "d_embed"):
             if getattr(self, field) is not None:
                 _check_positive_int(field, getattr(self, field))
         if self.d_head is None and self.d_model % self.n_heads:
@@ -96,6 +191,7 @@ class ModelConfig:
             ("positions", POSITIONS),
             ("mlp", MLPS),
             ("residual", RESIDUALS),
+            ("norm_placement", NORM_PLACEMENTS),
         ):
             if getattr(self, field) not in choices:
                 raise ConfigError(f"{field} must be one of {choices}, got {getattr(self, field)!r}")
@@ -103,11 +199,38 @@ class ModelConfig:
             raise ConfigError(
                 f"vocab_size must be >= 256 for the byte tokenizer, got {self.vocab_size}"
             )
-        for field in ("layer_norm_eps", "rope_theta", "embedding_scale"):
+        for field in FLOAT_FIELDS:
             value = getattr(self, field)
+            if value is None and field in OPTIONAL_FLOATS:
+                continue
             if not isinstance(value, float) or value <= 0:
                 raise ConfigError(f"{field} must be a positive float, got {value!r}")
-        if not isinstance(self.rotary_fraction, float) or not 0 < self.rotary_fraction <= 1:
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"qk_norm must be one of {QK_NORMS} or null, got {self.qk_norm!r}")
+        if self.qk_norm == "each_head" and self.norm != "layernorm":
+            raise ConfigError("qk_norm 'each_head' (StableLM's LayerNorms) needs norm 'layernorm'")
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, RopeScaling):
+                raise ConfigError("rope_scaling must be a RopeScaling object")
+            factors = self.rope_scaling.short_factor
+            if factors is not None and len(factors) != self.rotary_dims // 2:
+                raise ConfigError(
+                    f"rope_scaling.short_factor has {len(factors)} values; the "
+                    f"{self.rotary_dims} rotary dims need {self.rotary_dims // 2}"
+                )
+            original = self.rope_scaling.original_max_seq_len
+            if (
+                self.rope_scaling.length_bound
+                and original is not None
+                and original < self.max_seq_len
+            ):
+                raise ConfigError(
+                    f"max_seq_len ({self.max_seq_len}) exceeds the {self.rope_scaling.kind!r} "
+                    f"rope's original context (rope_scaling.original_max_seq_len = {original}): "
+                    "past it the frequencies change with the sequence's length, which one "
+                    f"graph cannot reproduce; serve at most {original} positions"
+                )
+        if not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
         if self.positions == "rotary" and (self.rotary_dims < 2 or self.rotary_dims % 2):
             raise ConfigError(
@@ -149,6 +272,17 @@ class ModelConfig:
         """How many of each head's dims rotate (the first ones; the rest pass through)."""
         return int(self.head_dim * self.rotary_fraction)
 
+    @property
+    def embedding_dim(self) -> int:
+        """The width of the token embeddings and of the returned embeddings (OPT's d_embed)."""
+        return self.d_embed or self.d_model
+
+    @property
+    def fuses_attention(self) -> bool:
+        """Whether the fused attention kernel (ONNX's Attention op) computes this model's
+        attention: it has no soft-cap, so Gemma 2's goes the textbook way throughout."""
+        return self.attention_softcap is None
+
     def window(self, layer: int) -> int | None:
         """The sliding window of one layer, or None where it attends to every earlier key."""
         if self.sliding_layers is None or layer in self.sliding_layers:
@@ -176,6 +310,8 @@ class ModelConfig:
                 data[field] = float(data[field])
         if isinstance(data.get("sliding_layers"), list):  # JSON has no tuples
             data["sliding_layers"] = tuple(data["sliding_layers"])
+        if isinstance(data.get("rope_scaling"), dict):
+            data["rope_scaling"] = RopeScaling.from_dict(data["rope_scaling"])
         return cls(**data)
 
     @classmethod

@@ -34,12 +34,28 @@ def parameter_count(config: ModelConfig) -> int:
     qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
     out_bias = config.bias if config.out_bias is None else config.out_bias
     mlp_bias = config.bias if config.mlp_bias is None else config.mlp_bias
-    norm = d * (2 if config.norm == "layernorm" else 1)
+    per_feature = 2 if config.norm == "layernorm" else 1  # weight, and LayerNorm's bias
+
+    def norm(width: int = d) -> int:
+        return per_feature * width
+
     width = (2 if config.mlp == "gated" else 1) * config.d_ff
     attention = d * (h + 2 * kv) * dh + qkv_bias * (h + 2 * kv) * dh + h * dh * d + out_bias * d
+    attention += {
+        None: 0,
+        "head": 2 * norm(dh),
+        "each_head": (h + kv) * dh,
+        "projection": norm(h * dh) + norm(kv * dh),
+    }[config.qk_norm]
     mlp = d * width + mlp_bias * width + config.d_ff * d + mlp_bias * d
-    table = config.vocab_size * d + (config.max_seq_len * d if config.positions == "learned" else 0)
-    return table + config.n_layers * (2 * norm + attention + mlp) + norm
+    norms = {"pre": 2, "sandwich": 4, "output": 2, "post": 2}[config.norm_placement]
+    if config.residual == "parallel_one_norm":
+        norms -= 1
+    table = config.vocab_size * config.embedding_dim
+    table += config.max_seq_len * d if config.positions == "learned" else 0
+    table += 2 * d * config.d_embed if config.d_embed is not None else 0
+    final = norm() if config.norm_placement != "post" else 0
+    return table + config.n_layers * (norms * norm() + attention + mlp) + final
 
 
 def weight_bytes(config: ModelConfig) -> int:

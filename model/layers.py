@@ -14,6 +14,7 @@ from torch import nn
 
 from attnserve.model.attention import causal_mask, scaled_dot_product_attention
 from attnserve.model.config import ModelConfig
+from attnserve.model.rope import frequencies
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(approximate="none"),
@@ -38,37 +39,55 @@ class RMSNorm(nn.Module):
         return x * (self.offset + self.weight)
 
 
-def make_norm(config: ModelConfig) -> nn.Module:
+def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The model's norm over `dim` features (d_model unless given)."""
+    dim = dim or config.d_model
     if config.norm == "layernorm":
-        return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-    return RMSNorm(
-        config.d_model, config.layer_norm_eps, plus_one=config.norm == "rmsnorm_plus_one"
-    )
+        return nn.LayerNorm(dim, eps=config.layer_norm_eps)
+    return RMSNorm(dim, config.layer_norm_eps, plus_one=config.norm == "rmsnorm_plus_one")
+
+
+class EachHeadNorm(nn.Module):
+    """StableLM's q/k norm: a LayerNorm over head_dim with a weight of each head's own and
+    no bias, on (B, H, T, d_k)."""
+
+    def __init__(self, heads: int, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(x, x.shape[-1:], eps=self.eps)  # (B, H, T, d_k)
+        return x * self.weight[:, None, :]
 
 
 class Rotary(nn.Module):
-    """Rotary position embeddings: cos and sin of position * frequency for every layer.
+    """Rotary position embeddings: cos and sin of position * frequency.
 
     The tables are computed once for max_seq_len positions the way transformers computes
-    them (float32 inverse frequencies, position times frequency), so the exported graph
-    only slices them; they are rebuilt from the config, never stored in a checkpoint.
+    them (float32 inverse frequencies, scaled as the checkpoint says, position times
+    frequency), so the exported graph only slices them; they are rebuilt from the config,
+    never stored in a checkpoint.
     """
 
     cos: torch.Tensor  # buffers, (max_seq_len, dims)
     sin: torch.Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self, config: ModelConfig, theta: float | None = None, scaled: bool = True
+    ) -> None:
         super().__init__()
-        dims = config.rotary_dims
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dims, 2, dtype=torch.float) / dims))
+        scaling = config.rope_scaling if scaled else None
+        inv_freq, factor = frequencies(config.rotary_dims, theta or config.rope_theta, scaling)
         positions = torch.arange(config.max_seq_len, dtype=torch.float)
         freqs = positions[:, None] * inv_freq[None, :]  # (max_seq_len, dims / 2)
         if config.rotary_interleaved:  # GPT-J: each frequency on a pair of adjacent dims
             angles = freqs.repeat_interleave(2, dim=-1)
         else:  # half-split: the first half of the dims pairs with the second
             angles = torch.cat((freqs, freqs), dim=-1)  # (max_seq_len, dims)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # YaRN and LongRoPE scale cos and sin (and so every attention score) by a factor.
+        self.register_buffer("cos", angles.cos() * factor, persistent=False)
+        self.register_buffer("sin", angles.sin() * factor, persistent=False)
 
     def forward(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[:t], self.sin[:t]  # 2 x (T, dims)
@@ -108,12 +127,25 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.d_k = config.n_heads, config.kv_heads, config.head_dim
         self.causal, self.window = causal, window
         self.interleaved = config.rotary_interleaved
+        self.scale = config.attention_scale  # None: 1 / sqrt(d_k)
+        self.softcap = config.attention_softcap
         q_width, kv_width = self.n_heads * self.d_k, self.n_kv_heads * self.d_k
         self.widths = [q_width, kv_width, kv_width]
         qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
         out_bias = config.bias if config.out_bias is None else config.out_bias
         self.qkv = nn.Linear(config.d_model, q_width + 2 * kv_width, bias=qkv_bias)
         self.proj = nn.Linear(q_width, config.d_model, bias=out_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm == "projection":  # over all heads' dims at once (OLMo 2)
+            self.q_norm = make_norm(config, q_width)
+            self.k_norm = make_norm(config, kv_width)
+        elif config.qk_norm == "head":  # over head_dim, one weight for every head
+            self.q_norm = make_norm(config, self.d_k)
+            self.k_norm = make_norm(config, self.d_k)
+        elif config.qk_norm == "each_head":
+            eps = config.layer_norm_eps
+            self.q_norm = EachHeadNorm(self.n_heads, self.d_k, eps)
+            self.k_norm = EachHeadNorm(self.n_kv_heads, self.d_k, eps)
 
     def forward(
         self,
@@ -124,17 +156,25 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, H, d_k).transpose(1, 2)  # (B, H, T, d_k)
         k = k.view(B, T, H_kv, d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
         v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
+        if self.qk_norm in ("head", "each_head"):  # per head, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
         if positions is not None:  # rotary: (cos, sin) of each position, through q and k only
             q = apply_rotary(q, *positions, self.interleaved)
             k = apply_rotary(k, *positions, self.interleaved)
-        if need_weights:
+        if need_weights or self.softcap is not None:  # the fused kernel has no soft-cap
             if H_kv != H:  # each K/V head repeated for the query heads that read it
                 k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
                 v = v.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
-            y, weights = scaled_dot_product_attention(q, k, v, self.causal, self.window)
+            y, weights = scaled_dot_product_attention(
+                q, k, v, self.causal, self.window, self.scale, self.softcap
+            )
+            if not need_weights:
+                weights = None
         else:
             # Same math through the fused kernel, which never materialises the
             # weights; it exports to ONNX's Attention op (opset 23), GQA included.
@@ -143,7 +183,7 @@ class MultiHeadAttention(nn.Module):
                 mask = causal_mask(T, T, self.window, device=x.device)
             is_causal = self.causal and mask is None
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=H_kv != H
+                q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=H_kv != H
             )
             weights = None
         y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
@@ -178,16 +218,25 @@ class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 
     With the parallel residual (GPT-NeoX) both read the block's input:
-    x + attn(ln1(x)) + mlp(ln2(x)).
+    x + attn(ln1(x)) + mlp(ln2(x)); with one norm (GPT-J, Phi), x + attn(h) + mlp(h)
+    for h = ln1(x). The other norm placements (config.NORM_PLACEMENTS): sandwich adds
+    norms of each sublayer's output (ln1_out, ln2_out), output keeps only those, post
+    norms the sum. Granite scales each sublayer's output before the add.
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
-        self.parallel = config.residual == "parallel"
-        self.ln1 = make_norm(config)
+        self.residual, self.placement = config.residual, config.norm_placement
+        self.scale = config.residual_scale
+        if self.placement != "output":
+            self.ln1 = make_norm(config)
         self.attn = MultiHeadAttention(config, window=config.window(layer))
-        self.ln2 = make_norm(config)
+        if self.placement != "output" and self.residual != "parallel_one_norm":
+            self.ln2 = make_norm(config)
         self.mlp = MLP(config)
+        if self.placement in ("sandwich", "output"):
+            self.ln1_out = make_norm(config)
+            self.ln2_out = make_norm(config)
 
     def forward(
         self,
@@ -195,9 +244,31 @@ class Block(nn.Module):
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, weights = self.attn(self.ln1(x), need_weights, positions)
-        if self.parallel:
+        if self.residual == "parallel":
+            a, weights = self.attn(self.ln1(x), need_weights, positions)
             return x + a + self.mlp(self.ln2(x)), weights
-        x = x + a
-        x = x + self.mlp(self.ln2(x))
+        if self.residual == "parallel_one_norm":
+            h = self.ln1(x)
+            a, weights = self.attn(h, need_weights, positions)
+            return x + a + self.mlp(h), weights
+        x, weights = self._sublayer(x, 1, lambda h: self.attn(h, need_weights, positions))
+        x, _ = self._sublayer(x, 2, lambda h: (self.mlp(h), None))
         return x, weights
+
+    def _sublayer(
+        self,
+        x: torch.Tensor,
+        index: int,
+        f: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x plus one sublayer's output, with the norms where this model has them."""
+        norm = getattr(self, f"ln{index}", None)
+        if self.placement == "post":  # norm(x + f(x))
+            y, weights = f(x)
+            return norm(x + y), weights
+        y, weights = f(x if self.placement == "output" else norm(x))
+        if self.placement in ("sandwich", "output"):
+            y = getattr(self, f"ln{index}_out")(y)
+        if self.scale != 1.0:
+            y = y * self.scale
+        return x + y, weights

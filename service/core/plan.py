@@ -198,9 +198,9 @@ def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
         t = len(ids)
         total += t * _OVERHEAD_BYTES_PER_TOKEN
         if plan.token_embeddings:
-            total += t * config.d_model * 4
+            total += t * config.embedding_dim * 4
         if plan.pooling != pb.POOLING_NONE:
-            total += config.d_model * 4
+            total += config.embedding_dim * 4
         if plan.attention:
             total += attention_bytes(plan.attention[index], t)
     return total

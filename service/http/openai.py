@@ -30,7 +30,7 @@ class EmbeddingsRequest(BaseModel):
     )
     model: str | None = Field(None, description="the served model's name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="if given, must equal the model's d_model")
+    dimensions: int | None = Field(None, description="if given, must equal the width of the model's embeddings")
     user: str | None = None
 
 
@@ -53,7 +53,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
     with s.repository.observed("POST /v1/embeddings") as find:
         dataplane = find(body.model or "")
         config = dataplane.backend.config
-        encode = _encode_request(body, config.d_model, s.settings.embeddings_pooling)
+        encode = _encode_request(body, config.embedding_dim, s.settings.embeddings_pooling)
         data = []
         async with dataplane.results(encode, deadline(request)) as (plan, results):
             for index, result in enumerate(results):

@@ -325,7 +325,7 @@ class V2Model:
         return {name: (datatype, shapes[name]) for name, (datatype, _) in INPUTS.items()}
 
     def _outputs(self) -> dict[str, tuple[str, list[int]]]:
-        d = self.dataplane.backend.config.d_model
+        d = self.dataplane.backend.config.embedding_dim
         shapes = {
             "embeddings": [-1, -1, d],
             "pooled": [-1, d],

@@ -288,7 +288,7 @@ def _check_io(
         config.input_name: (inputs, "tensor(int64)", 2),
         config.embeddings_name: (outputs, "tensor(float)", 3),
     }
-    fixed_dims = {config.embeddings_name: {2: config.d_model}}
+    fixed_dims = {config.embeddings_name: {2: config.embedding_dim}}
     if with_attentions:
         expected[config.attentions_name] = (outputs, "tensor(float)", 5)
         fixed_dims[config.attentions_name] = {1: config.n_layers, 2: config.n_heads}

@@ -1,5 +1,7 @@
-"""Llama, Mistral, Qwen2, GPT-NeoX, Gemma and Phi-3: imported, exported and served number for
-number with transformers' eager implementation (the reference, built here from a config).
+"""Every family attnserve imports (Llama, Mistral, Qwen2 and 3, GPT-NeoX, Gemma 1-3, Phi 1-3,
+OLMo 2 and 3, GPT-J, OPT, StableLM, Granite) and every rope scaling: imported, exported and
+served number for number with transformers' eager implementation (the reference, built here
+from a config).
 
 Every comparison runs at lengths past the sliding windows, on right-padded batches of
 mixed lengths, against the last hidden state and the attention probabilities.
@@ -7,6 +9,7 @@ mixed lengths, against the last hidden state and the attention probabilities.
 
 import json
 import shutil
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -15,14 +18,20 @@ import torch
 
 from attnserve.client import ClientOptions, EncoderClient, InferenceClient
 from attnserve.export.hf_import import HFImportError, config_from_hf, load_hf
-from attnserve.model.artifacts import TOKENIZER_FILENAME
+from attnserve.model.artifacts import FUSED_ONNX_FILENAME, TOKENIZER_FILENAME
+from attnserve.model.encoder import encoder_from_weights
+from attnserve.model.footprint import parameter_count
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
 from tests.conftest import FAMILY_SHAPES, ServerThread, run_cli
 
 FAMILIES = sorted(FAMILY_SHAPES)
 TOLERANCE = 1e-4  # docs/model.md: fp32, PyTorch or ONNX Runtime against the reference
-LENGTHS = (40, 23, 9)  # a right-padded batch; 40 and 23 pass every window (6, 7, 9)
+LENGTHS = (40, 23, 9)  # a right-padded batch; 40 and 23 pass every window (5 to 9)
+
+
+def heads_of(shape: dict) -> int:
+    return shape.get("num_attention_heads") or shape["n_head"]  # GPT-J spells it n_head
 
 
 def padded_batch(vocab_size: int, seed: int = 0) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -49,8 +58,10 @@ def test_pytorch_import_matches_transformers(families, family):
     want_emb, want_att = reference_outputs(reference, ids)
     with torch.no_grad():
         emb, att = model(torch.from_numpy(ids))
-    assert att.shape[2] == FAMILY_SHAPES[family]["num_attention_heads"]  # per query head
+    assert att.shape[2] == heads_of(FAMILY_SHAPES[family])  # per query head
     assert_close_on_real_positions(emb.numpy(), att.numpy(), want_emb, want_att, lengths)
+    # the import's memory check counts the parameters from the config alone
+    assert parameter_count(model.config) == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -75,7 +86,7 @@ def test_served_encode_http_and_v2_match_transformers(families, family):
     V2, and a model info that says which key/value head each query head reads."""
     _, reference = families.checkpoint(family)
     shape = FAMILY_SHAPES[family]
-    heads, kv = shape["num_attention_heads"], shape.get("num_key_value_heads")
+    heads, kv = heads_of(shape), shape.get("num_key_value_heads")
     server = ServerThread(families.exported(family))
     try:
         with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
@@ -131,6 +142,142 @@ def test_other_shapes_match_too(tmp_path, family, fields):
     assert_close_on_real_positions(emb.numpy(), att.numpy(), want_emb, want_att, lengths)
 
 
+LLAMA_ROPE = dict(FAMILY_SHAPES["llama"], max_position_embeddings=96)
+ORIGINAL = 24  # the rope scalings' original context: the test sequences pass it
+VARIANTS = {  # name: (model_type, config fields)
+    "llama3": (
+        "llama",
+        LLAMA_ROPE | {"rope_parameters": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+            "rope_theta": 500000.0,
+        }},
+    ),
+    "yarn": (
+        "qwen2",
+        LLAMA_ROPE | {"rope_parameters": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+            "rope_theta": 10000.0,
+        }},
+    ),
+    "yarn-mscale": (  # DeepSeek's attention factor, other ramp ends
+        "llama",
+        LLAMA_ROPE | {"rope_parameters": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+            "rope_theta": 10000.0, "mscale": 0.8, "mscale_all_dim": 0.5, "beta_fast": 16,
+            "beta_slow": 2,
+        }},
+    ),
+    "linear": (
+        "mistral",
+        LLAMA_ROPE | {"rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 1e4}},
+    ),
+    "dynamic": (
+        "llama",
+        LLAMA_ROPE | {"rope_parameters": {"rope_type": "dynamic", "factor": 3.0,
+                                          "rope_theta": 1e4}},
+    ),
+    "longrope": (  # Phi-3's long-context checkpoints, within their original context
+        "phi3",
+        dict(FAMILY_SHAPES["phi3"], max_position_embeddings=128,
+             original_max_position_embeddings=48, rope_parameters={
+                 "rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 2.5], "long_factor": [2.0, 5.0],
+                 "original_max_position_embeddings": 48,
+             }),
+    ),
+    "opt-350m": (  # post-norm, no final norm, narrower embeddings projected in and out
+        "opt",
+        FAMILY_SHAPES["opt"] | {"word_embed_proj_dim": 32, "do_layer_norm_before": False},
+    ),
+    "stablelm-parallel": (
+        "stablelm",
+        FAMILY_SHAPES["stablelm"] | {"use_parallel_residual": True, "qk_layernorm": False},
+    ),
+    "phi-2": ("phi", dict(FAMILY_SHAPES["phi"], hidden_size=50, num_attention_heads=5,
+                          partial_rotary_factor=0.4, qk_layernorm=False)),
+    "gemma3": (  # the multimodal checkpoint's language model; the vision tower is not read
+        "gemma3",
+        dict(
+            text_config=dict(FAMILY_SHAPES["gemma3_text"], vocab_size=400),
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, image_size=28, patch_size=14),
+            mm_tokens_per_image=4,
+        ),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rope_scalings_and_variants_match(tmp_path, variant):
+    model_type, fields = VARIANTS[variant]
+    reference = build_checkpoint(model_type, tmp_path / variant, seed=4, **fields)
+    model, _ = load_hf(tmp_path / variant, log=lambda _: None)
+    ids, lengths = padded_batch(model.config.vocab_size, seed=5)
+    want_emb, want_att = reference_outputs(reference, ids)
+    with torch.no_grad():
+        emb, att = model(torch.from_numpy(ids))
+    assert_close_on_real_positions(emb.numpy(), att.numpy(), want_emb, want_att, lengths)
+
+
+@pytest.mark.parametrize("variant", ["opt-350m", "longrope"])
+def test_variants_export_and_run_in_onnx_runtime(tmp_path, variant):
+    """The projected embeddings and the stretched tables through the exported graphs."""
+    model_type, fields = VARIANTS[variant]
+    reference = build_checkpoint(model_type, tmp_path / variant, seed=4, **fields)
+    out = tmp_path / "model"
+    result = run_cli("export", "--from-hf", str(tmp_path / variant), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    runtime = OrtRuntime(out, RuntimeOptions(provider="cpu"))
+    ids, lengths = padded_batch(runtime.config.vocab_size, seed=5)
+    want_emb, want_att = reference_outputs(reference, ids)
+    emb, att = runtime.run(ids)
+    assert_close_on_real_positions(emb, att, want_emb, want_att, lengths)
+
+
+@pytest.mark.parametrize(
+    ("family", "neutral"),
+    [  # each switch set back to what it would be without it
+        ("gemma2", {"attention_softcap": None}),
+        ("gemma2", {"attention_scale": None}),
+        ("gemma2", {"norm_placement": "pre"}),
+        ("gemma3_text", {"sliding_rope_theta": None}),
+        ("gemma3_text", {"rope_scaling": None}),
+        ("olmo3", {"rope_scaling": None}),
+        ("granite", {"residual_scale": 1.0}),
+        ("phi", {"qk_norm": None}),
+        ("stablelm", {"qk_norm": None}),
+    ],
+)
+def test_the_tiny_shapes_exercise_each_switch(families, family, neutral):
+    """The exactness above is no accident of small numbers: the same weights without the
+    switch miss transformers by far more than the tolerance."""
+    directory, reference = families.checkpoint(family)
+    model, _ = load_hf(directory, log=lambda _: None)
+    tensors = dict(model.state_dict())
+    if neutral.get("norm_placement") == "pre":  # the sandwich's output norms go unused
+        tensors = {k: v for k, v in tensors.items() if "_out." not in k}
+    if neutral.get("qk_norm", "kept") is None:
+        tensors = {k: v for k, v in tensors.items() if "_norm." not in k}
+    changed = encoder_from_weights(replace(model.config, **neutral), tensors)
+    ids, lengths = padded_batch(model.config.vocab_size)
+    want_emb, want_att = reference_outputs(reference, ids)
+    with torch.no_grad():
+        emb, att = changed(torch.from_numpy(ids))
+    t = lengths[0]
+    missed = max(
+        np.abs(emb[0, :t].numpy() - want_emb[0, :t]).max(),
+        np.abs(att[0, ..., :t, :t].numpy() - want_att[0, ..., :t, :t]).max(),
+    )
+    assert missed > 100 * TOLERANCE
+
+
+def test_gemma2_serves_without_the_fused_graph(families):
+    """ONNX's fused Attention op has no soft-cap: Gemma 2's graphs compute it op by op."""
+    assert not (families.exported("gemma2") / FUSED_ONNX_FILENAME).exists()
+    assert (families.exported("gemma3_text") / FUSED_ONNX_FILENAME).exists()
+
+
 def test_sharded_safetensors_with_their_index(tmp_path):
     reference = build_checkpoint(
         "llama", tmp_path / "sharded", max_shard_size="20KB", **FAMILY_SHAPES["llama"]
@@ -168,16 +315,34 @@ def test_older_spellings_read_as_transformers_5s(families):
     [
         (
             "llama",
-            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
-            "rope type 'llama3'",
+            {"rope_parameters": {"rope_type": "proportional", "factor": 2.0}},
+            "rope_parameters: rope type 'proportional' is not implemented",
         ),
-        ("phi3", {"rope_scaling": {"type": "longrope"}}, "rope_scaling: rope type 'longrope'"),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+            "rope_parameters lacks 'original_max_position_embeddings', which rope type 'llama3'",
+        ),
+        (
+            "gemma3_text",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                }
+            },
+            "rope_parameters.sliding_attention: the sliding layers' rotary is only implemented",
+        ),
         ("gemma", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
-        ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
-        ("mistral", {"num_local_experts": 8}, "num_local_experts=8 is not supported"),
+        ("gemma2", {"use_bidirectional_attention": True}, "(Gemma embedders) is not causal"),
+        ("mistral", {"num_local_experts": 8}, "num_local_experts=8 is not supported (mixtures"),
         ("qwen2", {"layer_types": ["chunked_attention"] * 3}, "layer_types ['chunked_attention']"),
         ("llama", {"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
-        ("llama", {"model_type": "mixtral"}, "model_type is 'mixtral'; supported: gemma, gpt2"),
+        ("llama", {"model_type": "falcon"}, "model_type is 'falcon'; supported: gemma, gemma2"),
+        ("llama", {"model_type": "mixtral"}, "'mixtral' is not supported: a mixture of experts"),
+        ("llama", {"model_type": "gpt_oss"}, "attention sinks (rows that sum to less than 1)"),
+        ("llama", {"model_type": "qwen3_next"}, "linear-attention layers (gated DeltaNet)"),
+        ("opt", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine=False"),
         ("mistral", {"num_key_value_heads": 4}, "n_kv_heads (4) must divide n_heads (6)"),
     ],
 )
@@ -193,6 +358,22 @@ def test_what_cannot_be_reproduced_is_refused_before_any_work(
     result = run_cli("export", "--from-hf", str(tmp_path), "--out", str(tmp_path / "m"))
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_a_length_bound_rope_is_served_within_its_original_context(tmp_path):
+    """LongRoPE switches to its long factors past the original context, which one graph
+    cannot: an import serves at most that many positions, and asking more is refused."""
+    model_type, fields = VARIANTS["longrope"]
+    build_checkpoint(model_type, tmp_path / "longrope", **fields)
+    config = config_from_hf(read_config(tmp_path / "longrope"), "x")
+    assert config.max_seq_len == 48 and config.rope_scaling.short_factor == (1.0, 2.5)
+    out = tmp_path / "m"
+    result = run_cli(
+        "export", "--from-hf", str(tmp_path / "longrope"), "--out", str(out), "--max-seq-len", "64"
+    )
+    assert result.returncode == 2
+    assert "max_seq_len (64) exceeds the 'longrope' rope's original context" in result.stderr
+    assert "rope_scaling.original_max_seq_len = 48" in result.stderr and not out.exists()
 
 
 def test_special_ids_from_generation_and_tokenizer_configs(families, tmp_path):

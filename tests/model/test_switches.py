@@ -8,8 +8,9 @@ fused kernel against the textbook path, and rotary's defining property for both 
 import pytest
 import torch
 
-from attnserve.model.config import ConfigError, ModelConfig
-from attnserve.model.encoder import build_encoder
+from attnserve.model.config import ConfigError, ModelConfig, RopeScaling
+from attnserve.model.encoder import Encoder, build_encoder
+from attnserve.model.footprint import parameter_count
 from attnserve.model.layers import Rotary, apply_rotary
 
 WINDOW = 5
@@ -36,10 +37,47 @@ EVERYTHING = ModelConfig(
     sliding_layers=(1,),
 )
 
+# The second round's switches, three models' worth: Gemma 2 and 3's sandwich norms, soft-cap,
+# own scale, q/k norms per head and a local rotary beside YaRN's; OLMo 2's output norms and
+# q/k norms over the projection with Llama 3's rope and Granite's multipliers; OPT-350m's
+# post-norm with projected embeddings beside GPT-J's one-norm parallel block and StableLM's
+# per-head q/k norms (as the window on layer 1 only, for the tests below).
+SECOND_ROUND = {
+    "sandwich": dict(
+        norm="rmsnorm_plus_one",
+        norm_placement="sandwich",
+        qk_norm="head",
+        attention_scale=0.3,
+        attention_softcap=0.8,
+        rope_scaling=RopeScaling("yarn", factor=4.0, original_max_seq_len=16),
+        sliding_rope_theta=500.0,
+    ),
+    "output": dict(
+        norm="rmsnorm",
+        norm_placement="output",
+        qk_norm="projection",
+        rope_scaling=RopeScaling("llama3", factor=8.0, original_max_seq_len=16),
+        embedding_scale=3.0,
+        residual_scale=0.5,
+    ),
+    "post": dict(
+        norm="layernorm",
+        norm_placement="post",
+        residual="parallel_one_norm",
+        qk_norm="each_head",
+        d_embed=24,
+        rotary_interleaved=True,
+    ),
+}
+BASE = {**EVERYTHING.to_dict(), "residual": "sequential", "sliding_layers": (1,)}
+CONFIGS = {"everything": EVERYTHING} | {
+    name: ModelConfig(**{**BASE, **switches}) for name, switches in SECOND_ROUND.items()
+}
 
-@pytest.fixture(scope="module")
-def model():
-    return build_encoder(EVERYTHING, seed=2)
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def model(request):
+    return build_encoder(CONFIGS[request.param], seed=2)
 
 
 def run(model, ids, need_weights=True):
@@ -52,8 +90,9 @@ def ids(batch, t, seed=0):
 
 
 def test_rows_sum_to_one_and_the_mask_is_exact_zeros(model):
-    _, att = run(model, ids(2, 30))  # (B, L, H, T, T)
+    emb, att = run(model, ids(2, 30))  # (B, L, H, T, T)
     assert att.shape == (2, 2, 7, 30, 30)
+    assert emb.shape == (2, 30, model.config.embedding_dim)
     torch.testing.assert_close(att.sum(-1), torch.ones(2, 2, 7, 30), atol=1e-5, rtol=0)
     future = torch.ones(30, 30, dtype=torch.bool).triu(1)
     outside = torch.ones(30, 30, dtype=torch.bool).tril(-WINDOW)  # j <= i - WINDOW
@@ -149,6 +188,35 @@ def test_rms_norm_forms():
         ({"sliding_window": 0}, "sliding_window must be a positive integer"),
         ({"qkv_bias": "yes"}, "qkv_bias must be true or false"),
         ({"d_model": 250}, "must be divisible by n_heads (8) unless d_head is set"),
+        ({"norm_placement": "middle"}, "norm_placement must be one of"),
+        ({"qk_norm": "token"}, "qk_norm must be one of"),
+        ({"qk_norm": "each_head", "norm": "rmsnorm"}, "'each_head' (StableLM's LayerNorms)"),
+        ({"attention_softcap": 0.0}, "attention_softcap must be a positive float"),
+        ({"d_embed": 0}, "d_embed must be a positive integer"),
+        (
+            {"positions": "rotary", "rope_scaling": {"kind": "ntk"}},
+            "rope_scaling.kind must be one of",
+        ),
+        (
+            {"positions": "rotary", "rope_scaling": {"kind": "llama3", "factor": 8}},
+            "rope_scaling.original_max_seq_len is needed by 'llama3'",
+        ),
+        (
+            {
+                "positions": "rotary",
+                "rope_scaling": {"kind": "longrope", "original_max_seq_len": 64,
+                                 "short_factor": [1.0, 2.0]},
+            },
+            "rope_scaling.short_factor has 2 values; the 32 rotary dims need 16",
+        ),
+        (
+            {
+                "positions": "rotary",
+                "rope_scaling": {"kind": "dynamic", "factor": 2, "original_max_seq_len": 512},
+            },
+            "max_seq_len (1024) exceeds the 'dynamic' rope's original context "
+            "(rope_scaling.original_max_seq_len = 512)",
+        ),
     ],
 )
 def test_switch_values_are_checked_naming_the_field(overrides, named):
@@ -162,7 +230,23 @@ def test_a_head_dim_set_apart_need_not_divide_d_model():
     assert config.head_dim == 32 and build_encoder(config).blocks[0].attn.proj.in_features == 256
 
 
-def test_switches_survive_json():
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_switches_survive_json(name):
+    config = CONFIGS[name]
+    assert ModelConfig.from_json(config.to_json()) == config
+
+
+def test_what_json_gives_back_is_typed():
+    again = ModelConfig.from_json(CONFIGS["sandwich"].to_json())
+    assert isinstance(again.rope_scaling, RopeScaling) and again.rope_scaling.kind == "yarn"
     again = ModelConfig.from_json(EVERYTHING.to_json())
     assert again == EVERYTHING and again.sliding_layers == (1,)
     assert again.kv_head_of == (0,) * 7 and again.window(0) is None and again.window(1) == WINDOW
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_footprint_counts_what_the_encoder_holds(name):
+    """model/footprint.py's torch-free count, which the import's memory check relies on."""
+    with torch.device("meta"):
+        model = Encoder(CONFIGS[name])
+    assert parameter_count(CONFIGS[name]) == sum(p.numel() for p in model.parameters())
