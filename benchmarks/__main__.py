@@ -42,6 +42,13 @@ def parser() -> argparse.ArgumentParser:
     families.add_argument(
         "--quick", action="store_true", help="two layers, three lengths, no 0.5B import (smoke)"
     )
+    families.add_argument(
+        "--second-round",
+        nargs="*",
+        metavar="SHAPE",
+        help="instead: gemma-2-2b's, Llama-3.2-1B's, Qwen3-0.6B's and gemma-3-1b's shapes (or "
+        "those named): import, serve, ORT against eager at T = 8, 128, 1024",
+    )
     sizes = commands.add_parser(
         "sizes",
         help="checkpoints in 0.5B to 7B models' shapes: import and serve memory and time "
@@ -93,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"wrote {args.doc}")
         return 0
     if args.command == "families":
-        from benchmarks.families import run_families
+        from benchmarks.families import run_families, run_second_round
 
-        run_families(args.out, args.quick, progress)
+        if args.second_round is not None:
+            run_second_round(args.out, args.second_round or None, progress)
+        else:
+            run_families(args.out, args.quick, progress)
         return 0
     if args.command == "sizes":
         from benchmarks.sizes import run_sizes

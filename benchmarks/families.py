@@ -9,6 +9,12 @@
 2. What importing a 0.5B-parameter model costs: `attnserve export --from-hf` of random
    weights in Qwen2.5-0.5B's shape (bfloat16 on disk, as published), its wall time and the
    peak resident memory of the export process.
+
+`--second-round`: the shapes of gemma-2-2b, Llama-3.2-1B, Qwen3-0.6B and gemma-3-1b
+(bfloat16 checkpoints), each imported in float32 (wall time, the process tree's peak RSS),
+served (RSS, Encode with one layer's attention), then ONNX Runtime against transformers
+eager with attention at T = 8 to 1024: one after the other, not alternating, since the two
+float32 copies of a 2.6B model do not fit in memory beside each other here.
 """
 
 from __future__ import annotations
@@ -27,7 +33,16 @@ import numpy as np
 from attnserve.bench.results import save
 from attnserve.bench.timing import alternate, p50_ms, timed
 from attnserve.model.config import ModelConfig
-from benchmarks.hf_checkpoints import PYTHIA_160M, QWEN25_05B, SMOLLM2_135M, build_checkpoint
+from benchmarks.hf_checkpoints import (
+    GEMMA2_2B,
+    GEMMA3_1B,
+    LLAMA32_1B,
+    PYTHIA_160M,
+    QWEN3_06B,
+    QWEN25_05B,
+    SMOLLM2_135M,
+    build_checkpoint,
+)
 
 LENGTHS = [8, 16, 32, 64, 128, 256, 512, 1024]
 MODELS = {"SmolLM2-135M": ("llama", SMOLLM2_135M), "Pythia-160M": ("gpt_neox", PYTHIA_160M)}
@@ -35,6 +50,13 @@ ENGINES = ["ort-attention", "eager-attention", "ort-embeddings", "eager-embeddin
 SERVED = ["server-attention", "server-embeddings"]
 TARGET = 1.5  # ORT >= 1.5x transformers eager with attention weights on, at every length
 MESSAGE_BYTES = 512 * 2**20
+SECOND_ROUND = {
+    "gemma-2-2b": ("gemma2", GEMMA2_2B),
+    "Llama-3.2-1B": ("llama", LLAMA32_1B),
+    "Qwen3-0.6B": ("qwen3", QWEN3_06B),
+    "gemma-3-1b": ("gemma3_text", GEMMA3_1B),
+}
+SECOND_LENGTHS = [8, 128, 1024]
 
 
 def export(source: Path, out: Path, max_seq_len: int) -> dict:
@@ -230,4 +252,140 @@ def run_families(out: Path, quick: bool = False, log=print) -> dict:
         "large_export": large,
     }
     save(out, "families", result, table(result))
+    return result
+
+
+def second_round_shape(name: str, work: Path, repeats: int, log=print) -> dict:
+    """One shape of the second round: import, serve, then ORT and eager one after the other."""
+    import gc
+    import shutil
+
+    import torch
+
+    from benchmarks.sizes import measured, served
+
+    family, fields = SECOND_ROUND[name]
+    source, model_dir = work / name, work / f"{name}-model"
+    log(f"{name}: building a random {family} checkpoint (bfloat16 on disk)...")
+    build_checkpoint(family, source, perturb=0.0, dtype=torch.bfloat16, **fields)
+    gc.collect()
+    log(f"{name}: importing (attnserve export --from-hf, float32)...")
+    command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(source)]
+    command += ["--out", str(model_dir), "--max-seq-len", str(max(SECOND_LENGTHS))]
+    imported = measured(command)
+    report = json.loads((model_dir / "export_report.json").read_text())
+    imported |= {
+        "parameters": report["parameters"],
+        "disk_gib": round(sum(report["onnx_bytes"].values()) / 2**30, 2),
+    }
+    log(f"  {imported['seconds']} s, peak {imported['peak_gib']} GiB; serving...")
+    serve = served(model_dir, work, "fp32")
+    rng = np.random.default_rng(0)
+    inputs = {t: rng.integers(3, 400, size=(1, t), dtype=np.int64) for t in SECOND_LENGTHS}
+    p50 = _ort_p50s(model_dir, inputs, repeats, log)
+    gc.collect()  # the session's weights go before transformers loads its own copy
+    for t, row in _eager_p50s(source, inputs, repeats, log).items():
+        p50[t] |= row
+    gc.collect()
+    shutil.rmtree(source)
+    shutil.rmtree(model_dir)
+    return {"family": family, "import": imported, "serve": serve, "p50_ms": p50}  # fmt: skip
+
+
+def _ort_p50s(model_dir: Path, inputs: dict, repeats: int, log) -> dict[int, dict[str, float]]:
+    from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    p50 = {}
+    for t, ids in inputs.items():
+        calls = {
+            "ort-attention": lambda ids=ids: runtime.run(ids),
+            "ort-embeddings": lambda ids=ids: runtime.embed(ids),
+        }
+        p50[t] = _p50s(calls, repeats)
+        log(f"  ORT T={t}: {p50[t]}")
+    return p50
+
+
+def _eager_p50s(source: Path, inputs: dict, repeats: int, log) -> dict[int, dict[str, float]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        source, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+    def eager(ids: np.ndarray, weights: bool) -> object:
+        with torch.inference_mode():
+            return reference.base_model(torch.from_numpy(ids), output_attentions=weights)
+
+    p50 = {}
+    for t, ids in inputs.items():
+        calls = {
+            "eager-attention": lambda ids=ids: eager(ids, True),
+            "eager-embeddings": lambda ids=ids: eager(ids, False),
+        }
+        p50[t] = _p50s(calls, repeats)
+        log(f"  eager T={t}: {p50[t]}")
+    return p50
+
+
+def _p50s(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """p50 ms per call, interleaved, after one warm-up each (a 1024-token forward of a 2B
+    model takes tens of seconds: no more rounds than that)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(repeats):
+        for name, call in calls.items():
+            samples[name].append(timed(call))
+    return {name: round(p50_ms(s), 2) for name, s in samples.items()}
+
+
+def second_round_table(result: dict) -> str:
+    lines = [
+        "| shape | parameters | import: wall / peak RSS | on disk | served RSS | T | ORT "
+        "attention | eager attention | ratio | ORT embeddings | eager embeddings | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, shape in result["shapes"].items():
+        imported, serve = shape["import"], shape["serve"]
+        weights_gib = imported["parameters"] * 4 / 2**30
+        for i, (t, row) in enumerate(shape["p50_ms"].items()):
+            head = ["", "", "", "", ""]
+            if i == 0:
+                head = [
+                    name,
+                    f"{imported['parameters'] / 1e9:.2f}B ({weights_gib:.2f} GiB fp32)",
+                    f"{imported['seconds']} s / {imported['peak_gib']} GiB "
+                    f"({imported['peak_gib'] / weights_gib:.2f}x)",
+                    f"{imported['disk_gib']} GiB",
+                    f"{serve['rss_after_attention_gib']} GiB",
+                ]
+            on = row["eager-attention"] / row["ort-attention"]
+            off = row["eager-embeddings"] / row["ort-embeddings"]
+            lines.append(
+                f"| {' | '.join(head)} | {t} | {row['ort-attention']:.1f} | "
+                f"{row['eager-attention']:.1f} | {on:.2f}x | {row['ort-embeddings']:.1f} | "
+                f"{row['eager-embeddings']:.1f} | {off:.2f}x |"
+            )
+    lines.append(
+        "\np50 ms, batch 1, float32; ratio = transformers eager / ONNX Runtime (above 1: "
+        "attnserve's graph is faster). Served RSS: `attnserve serve` after one layer's "
+        "attention for 128 tokens. Import: `attnserve export --from-hf` of the bfloat16 "
+        "checkpoint, the process tree's peak RSS against the float32 weights.\n"
+    )
+    return "\n".join(lines)
+
+
+def run_second_round(out: Path, shapes: list[str] | None = None, log=print) -> dict:
+    names = shapes or list(SECOND_ROUND)
+    unknown = sorted(set(names) - set(SECOND_ROUND))
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; known: {sorted(SECOND_ROUND)}")
+    with tempfile.TemporaryDirectory(prefix="attnserve-families-2-") as scratch:
+        work = Path(scratch)
+        results = {name: second_round_shape(name, work, 3, log) for name in names}
+    result = {"machine": platform.processor() or platform.machine(), "shapes": results}
+    save(out, "families_second_round", result, second_round_table(result))
     return result

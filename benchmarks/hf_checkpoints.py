@@ -2,8 +2,8 @@
 
 No hub is reachable here, so every checkpoint is made from a config by transformers
 itself (`from_config`, eager attention, `save_pretrained`) with a byte-level BPE
-tokenizer trained on the spot. The tests use tiny, awkward shapes; the families
-benchmark uses real models' shapes (SmolLM2-135M, Pythia-160M, Qwen2.5-0.5B).
+tokenizer trained on the spot. The tests use tiny, awkward shapes; the families and sizes
+benchmarks use real models' shapes (their config.json's sizes).
 """
 
 from __future__ import annotations
@@ -90,6 +90,73 @@ MISTRAL_7B = dict(
     tie_word_embeddings=False,
     vocab_size=32000,
     sliding_window=None,
+)
+
+# The second round's families (benchmarks/families.py, second_round)
+GEMMA2_2B = dict(
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    max_position_embeddings=8192,
+    sliding_window=4096,
+    query_pre_attn_scalar=256,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    rms_norm_eps=1e-6,
+    vocab_size=256000,
+)
+LLAMA32_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=131072,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    vocab_size=128256,
+)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)
+GEMMA3_1B = dict(
+    hidden_size=1152,
+    intermediate_size=6912,
+    num_hidden_layers=26,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    max_position_embeddings=32768,
+    sliding_window=512,
+    query_pre_attn_scalar=256,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    rms_norm_eps=1e-6,
+    vocab_size=262144,
 )
 
 

@@ -90,6 +90,17 @@ SECTIONS = [
         "python -m benchmarks families",
     ),
     (
+        "families_second_round",
+        "The families people study: the second round at real sizes",
+        "Random bfloat16 checkpoints in the shapes of gemma-2-2b, Llama-3.2-1B, Qwen3-0.6B and "
+        "gemma-3-1b, each imported in float32 by `attnserve export --from-hf` (the process "
+        "tree's peak RSS sampled every half second), served by `attnserve serve`, then ONNX "
+        "Runtime (the graphs the server runs) and transformers' eager implementation, with "
+        "attention weights and without, one after the other: two float32 copies of a 2.6B "
+        "model do not fit beside each other in this machine's memory.",
+        "python -m benchmarks families --second-round",
+    ),
+    (
         "sizes",
         "Real sizes",
         "Random bfloat16 checkpoints in the shapes of Qwen2.5-0.5B, TinyLlama-1.1B, Pythia-1.4B "

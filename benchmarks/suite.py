@@ -13,7 +13,7 @@ from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
 from benchmarks.batching import run_batching
 from benchmarks.containers import run_containers
-from benchmarks.families import run_families
+from benchmarks.families import run_families, run_second_round
 from benchmarks.oip import run_oip
 from benchmarks.peer_env import PEERS_VENV
 from benchmarks.peers import run_peers
@@ -37,6 +37,8 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_repository(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
         run_ray(out, model_dir, 1 if quick else 3, 3.0 if quick else 15.0, progress)
     run_families(out, quick, progress)
+    if not quick:  # four 0.6-2.6B models imported and run at 1024 tokens: an hour here
+        run_second_round(out, log=progress)
     run_sizes(out, progress, quick=quick)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

@@ -62,9 +62,22 @@ def _output_attention_weights(graph: onnx.GraphProto, config: ModelConfig) -> No
     graph.node.extend(
         [
             make("Shape", [config.input_name], ["fused_stack_ids_shape"]),  # (B, T)
-            make("Slice", ["fused_stack_ids_shape", "fused_stack_0", "fused_stack_1"], ["fused_stack_b"]),
-            make("Slice", ["fused_stack_ids_shape", "fused_stack_1", "fused_stack_2"], ["fused_stack_t"]),
-            make("Concat", ["fused_stack_b", "fused_stack_1_h", "fused_stack_t", "fused_stack_t"], ["fused_stack_shape"], axis=0),
+            make(
+                "Slice",
+                ["fused_stack_ids_shape", "fused_stack_0", "fused_stack_1"],
+                ["fused_stack_b"],
+            ),
+            make(
+                "Slice",
+                ["fused_stack_ids_shape", "fused_stack_1", "fused_stack_2"],
+                ["fused_stack_t"],
+            ),
+            make(
+                "Concat",
+                ["fused_stack_b", "fused_stack_1_h", "fused_stack_t", "fused_stack_t"],
+                ["fused_stack_shape"],
+                axis=0,
+            ),
         ]
     )
     stacked = []

@@ -240,7 +240,10 @@ def write_streamed_int8(
 
 
 # The graphs made from the float32 ones: precision -> (converter, (source, target) graphs).
-DERIVED = {
+# precision -> (its converter, the (float32 source, graph) pairs it makes)
+DERIVED: dict[
+    str, tuple[Callable[[Path, Path, WeightsFile], object], tuple[tuple[str, str], ...]]
+] = {
     "fp16": (
         convert_to_fp16,
         (

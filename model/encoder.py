@@ -11,6 +11,9 @@ from attnserve.model.layers import Block, Rotary, make_norm
 
 
 class Encoder(nn.Module):
+    rotary: Rotary  # rotary positions: the tables of every layer (or of the global ones)
+    sliding_rotary: Rotary  # ... and of the sliding layers, where they have their own
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -170,11 +170,10 @@ class MultiHeadAttention(nn.Module):
             if H_kv != H:  # each K/V head repeated for the query heads that read it
                 k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
                 v = v.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
-            y, weights = scaled_dot_product_attention(
+            y, probabilities = scaled_dot_product_attention(
                 q, k, v, self.causal, self.window, self.scale, self.softcap
             )
-            if not need_weights:
-                weights = None
+            weights = probabilities if need_weights else None
         else:
             # Same math through the fused kernel, which never materialises the
             # weights; it exports to ONNX's Attention op (opset 23), GQA included.
@@ -262,11 +261,10 @@ class Block(nn.Module):
         f: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x plus one sublayer's output, with the norms where this model has them."""
-        norm = getattr(self, f"ln{index}", None)
         if self.placement == "post":  # norm(x + f(x))
             y, weights = f(x)
-            return norm(x + y), weights
-        y, weights = f(x if self.placement == "output" else norm(x))
+            return getattr(self, f"ln{index}")(x + y), weights
+        y, weights = f(x if self.placement == "output" else getattr(self, f"ln{index}")(x))
         if self.placement in ("sandwich", "output"):
             y = getattr(self, f"ln{index}_out")(y)
         if self.scale != 1.0:

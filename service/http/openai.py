@@ -30,7 +30,7 @@ class EmbeddingsRequest(BaseModel):
     )
     model: str | None = Field(None, description="the served model's name (GET /v1/models)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="if given, must equal the width of the model's embeddings")
+    dimensions: int | None = Field(None, description="if given, the model's embedding width")
     user: str | None = None
 
 

@@ -204,8 +204,11 @@ def test_rms_norm_forms():
         (
             {
                 "positions": "rotary",
-                "rope_scaling": {"kind": "longrope", "original_max_seq_len": 64,
-                                 "short_factor": [1.0, 2.0]},
+                "rope_scaling": {
+                    "kind": "longrope",
+                    "original_max_seq_len": 64,
+                    "short_factor": [1.0, 2.0],
+                },
             },
             "rope_scaling.short_factor has 2 values; the 32 rotary dims need 16",
         ),
