@@ -59,19 +59,17 @@ REASONS = {
     "n_routed_experts": "mixtures of experts route each token through a few MLPs",
 }
 # model types refused with their reason (docs/model.md, "What is refused")
+EXPERTS = "a mixture of experts: each token goes through a few of many MLPs, routed"
+LINEAR = "linear-attention layers (gated DeltaNet) have no attention probabilities"
+STATEFUL = "computed statefully, as a recurrence: no attention probabilities there"
 REFUSED_TYPES = {
-    "mixtral": "a mixture of experts: each token goes through 2 of 8 MLPs",
-    "qwen2_moe": "a mixture of experts",
-    "qwen3_moe": "a mixture of experts",
-    "olmoe": "a mixture of experts",
+    **dict.fromkeys(
+        ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "granitemoe", "deepseek_v3"),
+        EXPERTS,
+    ),
     "gpt_oss": "a mixture of experts with attention sinks (rows that sum to less than 1)",
-    "qwen3_next": "linear-attention layers (gated DeltaNet) have no attention probabilities",
-    "qwen3_5": "linear-attention layers (gated DeltaNet) have no attention probabilities",
-    "qwen3_5_text": "linear-attention layers (gated DeltaNet) have no attention probabilities",
-    "mamba": "a state-space model: no attention",
-    "mamba2": "a state-space model: no attention",
-    "recurrent_gemma": "recurrent layers computed statefully: no attention probabilities there",
-    "rwkv": "a recurrent model: no attention",
+    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text"), LINEAR),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma"), STATEFUL),
 }
 LAYER_TYPES = ("full_attention", "sliding_attention")
 Take = Callable[[str], torch.Tensor]  # a checkpoint tensor by its name without the prefix
