@@ -17,6 +17,7 @@ import torch
 from attnserve.export import DEFAULT_TOLERANCE
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
+from attnserve.model.footprint import parameter_count
 
 
 class ParityError(RuntimeError):
@@ -41,16 +42,24 @@ class Reference:
     outputs: dict[str, np.ndarray]
 
 
-# The longest parity case holds every layer's and head's T x T weights at most this large.
+# The longest parity case holds every layer's and head's T x T weights at most this large,
+# and costs at most this many parameter-tokens (about 2.3 TFLOP: ~5 s a graph on 2 cores).
 LONGEST_CASE_BYTES = 2**28
+LONGEST_CASE_PARAMETER_TOKENS = 2**37
 
 
 def default_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     """(batch, seq_len) pairs: length 1, 2, an odd length and the longest affordable one,
     several batch sizes. The longest is max_seq_len unless its attention weights (layers x
-    heads x T^2 floats, 18 GB for a 30-layer model at 4096) would pass LONGEST_CASE_BYTES."""
+    heads x T^2 floats, 18 GB for a 30-layer model at 4096) would pass LONGEST_CASE_BYTES,
+    or its forward pass LONGEST_CASE_PARAMETER_TOKENS (a 1B model checks 128 tokens: each
+    graph runs it, and at 300 the checks were a fifth of an import's time)."""
     per_square = config.n_layers * config.n_heads * 4
-    longest = min(config.max_seq_len, math.isqrt(LONGEST_CASE_BYTES // per_square))
+    longest = min(
+        config.max_seq_len,
+        math.isqrt(LONGEST_CASE_BYTES // per_square),
+        max(17, LONGEST_CASE_PARAMETER_TOKENS // parameter_count(config)),
+    )
     shapes = [(1, 1), (2, 2), (3, min(17, longest)), (1, longest)]
     return list(dict.fromkeys(shapes))  # drop duplicates when max_seq_len is tiny
 
