@@ -229,6 +229,24 @@ class Family:
     # The model is config.json's text_config, its tensors the prefixed ones (a multimodal
     # checkpoint's language model; the vision tower is not read).
     text_config: bool = False
+    # transformers' tie_word_embeddings for this type, where config.json leaves it out
+    tied: bool = False
+    head_bias: bool = False  # its LM head has a bias (Phi, GPT-J)
+
+
+# Where a checkpoint keeps its own unembedding (outside the model's prefix), and its bias
+UNEMBEDDING_NAMES = ("lm_head", "embed_out")
+
+
+def unembedding_switches(hf: HFConfig, family: Family) -> dict[str, Any]:
+    """Tied to the token table or a matrix of its own (with its bias where the family has
+    one), as the checkpoint's tie_word_embeddings says."""
+    tied = hf.data.get("tie_word_embeddings")
+    if tied is None:
+        tied = family.tied
+    if tied:
+        return {"unembedding": "tied"}
+    return {"unembedding": "separate", "unembedding_bias": family.head_bias}
 
 
 # --- config.json -> ModelConfig fields ----------------------------------------------------
@@ -334,10 +352,14 @@ def gemma2_switches(hf: HFConfig) -> dict[str, Any]:
     soft-capped, and a window on every other layer (the first included)."""
     hf = with_layer_types(hf, lambda i: i % 2 == 0)
     softcap = hf.get("attn_logit_softcapping")
+    final = hf.data.get("final_logit_softcapping", 30.0)  # transformers' default: 30
     return (
         gemma_switches(hf)
         | _gemma2_block(hf)
-        | {"attention_softcap": None if softcap is None else float(softcap)}
+        | {
+            "attention_softcap": None if softcap is None else float(softcap),
+            "logit_softcap": None if final is None else float(final),
+        }
     )
 
 
@@ -346,7 +368,12 @@ def gemma3_switches(hf: HFConfig) -> dict[str, Any]:
     five local layers a global one, the local layers' own unscaled rotary."""
     pattern = hf.get("sliding_window_pattern", 6)
     hf = with_layer_types(hf, lambda i: (i + 1) % pattern != 0)
-    return gemma_switches(hf, layered_rope=True) | _gemma2_block(hf) | {"qk_norm": "head"}
+    final = hf.get("final_logit_softcapping")
+    return (
+        gemma_switches(hf, layered_rope=True)
+        | _gemma2_block(hf)
+        | {"qk_norm": "head", "logit_softcap": None if final is None else float(final)}
+    )
 
 
 def _gemma2_block(hf: HFConfig) -> dict[str, Any]:
@@ -387,6 +414,7 @@ def granite_switches(hf: HFConfig) -> dict[str, Any]:
         embedding_scale=float(hf.get("embedding_multiplier", 1.0)),
         attention_scale=None if scale is None else float(scale),
         residual_scale=float(hf.get("residual_multiplier", 1.0)),
+        logit_scale=1.0 / float(hf.get("logits_scaling", 1.0)),
     )
 
 
@@ -656,14 +684,14 @@ def neox_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
 LLAMA = ("model.", "")
 GEMMA2_HANDLES = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
 FAMILIES = {
-    "gpt2": Family(("transformer.", ""), gpt2_switches, gpt2_weights),
+    "gpt2": Family(("transformer.", ""), gpt2_switches, gpt2_weights, tied=True),
     "llama": Family(LLAMA, llama_switches, llama_weights),
     "mistral": Family(LLAMA, llama_switches, llama_weights),
     "qwen2": Family(LLAMA, qwen2_switches, llama_weights),
     "qwen3": Family(LLAMA, qwen3_switches, llama_weights),
-    "gemma": Family(LLAMA, gemma_switches, llama_weights),
-    "gemma2": Family(LLAMA, gemma2_switches, llama_weights, GEMMA2_HANDLES),
-    "gemma3_text": Family(LLAMA, gemma3_switches, llama_weights, GEMMA2_HANDLES),
+    "gemma": Family(LLAMA, gemma_switches, llama_weights, tied=True),
+    "gemma2": Family(LLAMA, gemma2_switches, llama_weights, GEMMA2_HANDLES, tied=True),
+    "gemma3_text": Family(LLAMA, gemma3_switches, llama_weights, GEMMA2_HANDLES, tied=True),
     # Gemma 3 from 4b up is multimodal: its language model, under either spelling
     "gemma3": Family(
         ("model.language_model.", "language_model.model."),
@@ -671,6 +699,7 @@ FAMILIES = {
         llama_weights,
         GEMMA2_HANDLES,
         text_config=True,
+        tied=True,
     ),
     "olmo2": Family(LLAMA, olmo2_switches, llama_weights),
     "olmo3": Family(LLAMA, olmo3_switches, llama_weights),
@@ -680,12 +709,12 @@ FAMILIES = {
         llama_weights,
         ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"),
     ),
-    "phi": Family(LLAMA, phi_switches, phi_weights, ("qk_layernorm",)),
+    "phi": Family(LLAMA, phi_switches, phi_weights, ("qk_layernorm",), head_bias=True),
     "phi3": Family(LLAMA, llama_switches, phi3_weights),
     "stablelm": Family(LLAMA, stablelm_switches, llama_weights, ("qk_layernorm",)),
     "gpt_neox": Family(("gpt_neox.", ""), neox_switches, neox_weights),
-    "gptj": Family(("transformer.", ""), gptj_switches, gptj_weights),
-    "opt": Family(("model.decoder.", "decoder.", ""), opt_switches, opt_weights),
+    "gptj": Family(("transformer.", ""), gptj_switches, gptj_weights, head_bias=True),
+    "opt": Family(("model.decoder.", "decoder.", ""), opt_switches, opt_weights, tied=True),
 }
 IGNORED_NAMES = ("lm_head.weight", "lm_head.bias", "embed_out.weight")
 IGNORED_SUFFIXES = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ from attnserve.export.hf_families import (
     IGNORED_NAMES,
     IGNORED_SUFFIXES,
     REFUSED_TYPES,
+    UNEMBEDDING_NAMES,
     HFConfig,
     HFImportError,
     refuse_unsupported,
+    unembedding_switches,
 )
 from attnserve.model.artifacts import TOKENIZER_FILENAME
 from attnserve.model.checkpoint import first_shape_mismatch
@@ -95,7 +97,7 @@ def config_from_hf(
         data = data.get("text_config") or {}
     hf = HFConfig(data)
     refuse_unsupported(hf, family)
-    switches = family.switches(hf)
+    switches = family.switches(hf) | unembedding_switches(hf, family)
     specials = specials or {}
     scaling = switches.get("rope_scaling")
     if max_seq_len is None:  # the default: never past what a length-bound rope reproduces
@@ -197,6 +199,17 @@ def read_hf(
         return checkpoint.read(prefix + name, widen)
 
     mapped = family.weights(take, config)
+    if config.unembedding == "separate":
+        head = next((n for n in UNEMBEDDING_NAMES if f"{n}.weight" in names), None)
+        if head is None:  # a bare model (LlamaModel...) saved without its LM head
+            log("the checkpoint has no LM head: imported without next-token logits")
+            config = replace(config, unembedding="none", unembedding_bias=False)
+        else:
+            for part in ("weight", "bias") if config.unembedding_bias else ("weight",):
+                if f"{head}.{part}" not in names:
+                    raise HFImportError(f"missing tensor {head}.{part}")
+                taken.add(f"{head}.{part}")
+                mapped[f"lm_head.{part}"] = checkpoint.read(f"{head}.{part}", widen)
     unknown = sorted(
         k
         for k in names - taken

@@ -34,6 +34,10 @@ NORM_PLACEMENTS = ("pre", "sandwich", "output", "post")
 # projection, every head at once (OLMo 2, 3). Of the model's `norm` kind.
 QK_NORMS = ("head", "each_head", "projection")
 ROPE_KINDS = ("linear", "llama3", "yarn", "dynamic", "longrope")
+# The unembedding (residual stream -> next-token logits): the token table itself (GPT-2,
+# Gemma, OPT, this project's model), a matrix of its own (Llama, Pythia's embed_out...), or
+# none (a checkpoint saved without its LM head; imports made before heads were kept).
+UNEMBEDDINGS = ("tied", "separate", "none")
 FLOAT_FIELDS = (
     "layer_norm_eps",
     "rope_theta",
@@ -43,9 +47,11 @@ FLOAT_FIELDS = (
     "attention_scale",
     "attention_softcap",
     "sliding_rope_theta",
+    "logit_scale",
+    "logit_softcap",
 )
 
-OPTIONAL_FLOATS = ("attention_scale", "attention_softcap", "sliding_rope_theta")
+OPTIONAL_FLOATS = ("attention_scale", "attention_softcap", "sliding_rope_theta", "logit_softcap")
 
 
 class ConfigError(ValueError):
@@ -160,6 +166,10 @@ class ModelConfig:
     # applies to the other layers only. None: every layer shares one rotary.
     sliding_rope_theta: float | None = None
     d_embed: int | None = None  # token embedding width if not d_model: projected in and out (OPT)
+    unembedding: str = "tied"  # tied: logits from the token table | separate: own matrix | none
+    unembedding_bias: bool = False  # a bias on the logits (Phi, GPT-J; separate only)
+    logit_scale: float = 1.0  # logits times this (Granite: 1 / logits_scaling)
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len", "vocab_size"):
@@ -192,6 +202,7 @@ class ModelConfig:
             ("mlp", MLPS),
             ("residual", RESIDUALS),
             ("norm_placement", NORM_PLACEMENTS),
+            ("unembedding", UNEMBEDDINGS),
         ):
             if getattr(self, field) not in choices:
                 raise ConfigError(f"{field} must be one of {choices}, got {getattr(self, field)!r}")
@@ -237,7 +248,16 @@ class ModelConfig:
                 f"rotary_fraction ({self.rotary_fraction}) of head_dim ({self.head_dim}) must "
                 f"give an even number of rotated dims, got {self.rotary_dims}"
             )
-        for field in ("bias", "rotary_interleaved", "qkv_bias", "out_bias", "mlp_bias"):
+        if self.unembedding_bias and self.unembedding != "separate":
+            raise ConfigError("unembedding_bias needs unembedding 'separate'")
+        for field in (
+            "bias",
+            "rotary_interleaved",
+            "qkv_bias",
+            "out_bias",
+            "mlp_bias",
+            "unembedding_bias",
+        ):
             value = getattr(self, field)
             if not isinstance(value, bool) and not (value is None and field.endswith("_bias")):
                 raise ConfigError(f"{field} must be true or false, got {value!r}")
@@ -312,6 +332,8 @@ class ModelConfig:
             data["sliding_layers"] = tuple(data["sliding_layers"])
         if isinstance(data.get("rope_scaling"), dict):
             data["rope_scaling"] = RopeScaling.from_dict(data["rope_scaling"])
+        if "unembedding" not in data and data.get("tokenizer") == "hf":
+            data["unembedding"] = "none"  # imported before heads were kept: it was dropped
         return cls(**data)
 
     @classmethod

@@ -1,5 +1,6 @@
 """The encoder: token embeddings, positions (a learned table or rotary), N blocks, a final
-norm."""
+norm; and what reads its residual stream: the unembedding (next-token logits) and the
+logit lens."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from torch import nn
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import Block, Rotary, make_norm
+from attnserve.model.layers import Block, Rotary, frozen_norm, make_norm, norm_scale
 
 
 class Encoder(nn.Module):
@@ -29,17 +30,37 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         if config.norm_placement != "post":  # post-norm blocks end normed already
             self.ln_f = make_norm(config)
+        if config.unembedding == "separate":  # else the token table is the unembedding
+            bias = config.unembedding_bias
+            self.lm_head = nn.Linear(config.embedding_dim, config.vocab_size, bias=bias)
         self.apply(_init_weights)
 
     def forward(
-        self, input_ids: torch.Tensor, need_weights: bool = True
+        self,
+        input_ids: torch.Tensor,
+        need_weights: bool = True,
+        head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids (B, T) int64 -> embeddings (B, T, D), attentions (B, L, H, T, T).
 
         H counts query heads, also under grouped-query attention. With
         need_weights=False the attentions are None and every layer uses the fused
         attention kernel instead (same embeddings, less memory traffic).
+        head_mask (L, H): each head's output times its entry before the output
+        projection (0 removes the head, 1 keeps it).
         """
+        stream, attentions = self.residual_stream(input_ids, need_weights, head_mask, keep=False)
+        return self.finish(stream[-1]), attentions
+
+    def residual_stream(
+        self,
+        input_ids: torch.Tensor,
+        need_weights: bool = True,
+        head_mask: torch.Tensor | None = None,
+        keep: bool = True,
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The residual stream x_0 (what the first block reads) .. x_L (what the last one
+        wrote), each (B, T, D), only x_L unless keep; and the attentions as forward's."""
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
@@ -56,20 +77,68 @@ class Encoder(nn.Module):
             rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
             if config.sliding_rope_theta is not None:  # Gemma 3: the local layers' own
                 sliding_rotary = self.sliding_rotary(T)
-        attentions = []
+        stream, attentions = [x], []
         for layer, block in enumerate(self.blocks):
             positions = rotary
             if sliding_rotary is not None and config.window(layer) is not None:
                 positions = sliding_rotary
-            x, weights = block(x, need_weights, positions)  # (B, T, D), (B, H, T, T) or None
+            heads = None if head_mask is None else head_mask[layer]  # (H,)
+            x, weights = block(x, need_weights, positions, heads)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
-        if config.norm_placement != "post":
-            x = self.ln_f(x)
-        if config.d_embed is not None:
-            x = self.embed_out(x)  # (B, T, d_embed)
+            stream = [*stream, x] if keep else [x]
         if not need_weights:
-            return x, None
-        return x, torch.stack(attentions, dim=1)  # (B, T, D), (B, L, H, T, T)
+            return stream, None
+        return stream, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The last residual x_L (B, T, D) -> the model's output: the final norm, and OPT's
+        projection back to the embedding width."""
+        if self.config.norm_placement != "post":  # post-norm blocks end normed already
+            x = self.ln_f(x)
+        if self.config.d_embed is not None:
+            x = self.embed_out(x)  # (B, T, d_embed)
+        return x
+
+    def unembed(self, y: torch.Tensor) -> torch.Tensor:
+        """The model's output (..., embedding_dim) -> next-token logits (..., V): the
+        unembedding (the token table when tied), its bias, Granite's scale, Gemma 2's cap."""
+        config = self.config
+        if config.unembedding == "none":
+            raise ValueError(f"{config.name} has no unembedding (its checkpoint had no LM head)")
+        tied = config.unembedding == "tied"
+        logits = y @ self.tok_emb.weight.T if tied else self.lm_head(y)  # (..., V)
+        if config.logit_scale != 1.0:
+            logits = logits * config.logit_scale
+        if config.logit_softcap is not None:
+            logits = torch.tanh(logits / config.logit_softcap) * config.logit_softcap
+        return logits
+
+    def logits(
+        self, input_ids: torch.Tensor, head_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids (B, T) -> next-token logits (B, T, V), as AutoModelForCausalLM's."""
+        embeddings, _ = self(input_ids, need_weights=False, head_mask=head_mask)
+        return self.unembed(embeddings)
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, head_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(B, L+1, T, D) as transformers' output_hidden_states: x_0 .. x_(L-1), and the
+        final norm of x_L (before OPT-350m's projection out, which changes the width)."""
+        stream, _ = self.residual_stream(input_ids, False, head_mask)
+        last = self.ln_f(stream[-1]) if self.config.norm_placement != "post" else stream[-1]
+        return torch.stack([*stream[:-1], last], dim=1)
+
+    def lens(self, residual: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The logit lens: any layer's residual (..., D) read as if it were the last, by the
+        final norm with the scale of `last` (x_L at the same position) frozen, then the
+        unembedding (TransformerLens' accumulated_resid(apply_ln=True) times W_U). With
+        residual = last it is the model's own logits."""
+        if self.config.norm_placement != "post":
+            residual = frozen_norm(self.ln_f, residual, norm_scale(self.ln_f, last))
+        if self.config.d_embed is not None:
+            residual = self.embed_out(residual)
+        return self.unembed(residual)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -55,6 +55,8 @@ def parameter_count(config: ModelConfig) -> int:
     table += config.max_seq_len * d if config.positions == "learned" else 0
     table += 2 * d * config.d_embed if config.d_embed is not None else 0
     final = norm() if config.norm_placement != "post" else 0
+    if config.unembedding == "separate":  # else the token table unembeds too
+        final += config.vocab_size * (config.embedding_dim + config.unembedding_bias)
     return table + config.n_layers * (norms * norm() + attention + mlp) + final
 
 

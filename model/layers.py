@@ -47,6 +47,23 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
     return RMSNorm(dim, config.layer_norm_eps, plus_one=config.norm == "rmsnorm_plus_one")
 
 
+def norm_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What `norm` divides x (..., D) by: (..., 1), sqrt(var + eps) or sqrt(mean x^2 + eps)."""
+    if isinstance(norm, nn.LayerNorm):
+        return torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+    assert isinstance(norm, RMSNorm)
+    return torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+
+
+def frozen_norm(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`norm` of x with its scale given, not computed from x: linear in x, so the parts of
+    a residual stream add up to the norm of their sum (the logit lens, attribution)."""
+    if isinstance(norm, nn.LayerNorm):
+        return (x - x.mean(-1, keepdim=True)) / scale * norm.weight + norm.bias
+    assert isinstance(norm, RMSNorm)
+    return x / scale * (norm.offset + norm.weight)
+
+
 class EachHeadNorm(nn.Module):
     """StableLM's q/k norm: a LayerNorm over head_dim with a weight of each head's own and
     no bias, on (B, H, T, d_k)."""
@@ -152,7 +169,9 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+        heads: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """heads (H,): each head's output times this before the output projection."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
@@ -185,6 +204,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=H_kv != H
             )
             weights = None
+        if heads is not None:  # ablation: a head's output removed (0) or scaled
+            y = y * heads[None, :, None, None]  # (B, H, T, d_k)
         y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
         return self.proj(y), weights  # (B, T, D), (B, H, T, T)
 
@@ -242,15 +263,16 @@ class Block(nn.Module):
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+        heads: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.residual == "parallel":
-            a, weights = self.attn(self.ln1(x), need_weights, positions)
+            a, weights = self.attn(self.ln1(x), need_weights, positions, heads)
             return x + a + self.mlp(self.ln2(x)), weights
         if self.residual == "parallel_one_norm":
             h = self.ln1(x)
-            a, weights = self.attn(h, need_weights, positions)
+            a, weights = self.attn(h, need_weights, positions, heads)
             return x + a + self.mlp(h), weights
-        x, weights = self._sublayer(x, 1, lambda h: self.attn(h, need_weights, positions))
+        x, weights = self._sublayer(x, 1, lambda h: self.attn(h, need_weights, positions, heads))
         x, _ = self._sublayer(x, 2, lambda h: (self.mlp(h), None))
         return x, weights
 

@@ -49,6 +49,7 @@ SECOND_ROUND = {
         qk_norm="head",
         attention_scale=0.3,
         attention_softcap=0.8,
+        logit_softcap=2.0,
         rope_scaling=RopeScaling("yarn", factor=4.0, original_max_seq_len=16),
         sliding_rope_theta=500.0,
     ),
@@ -59,6 +60,7 @@ SECOND_ROUND = {
         rope_scaling=RopeScaling("llama3", factor=8.0, original_max_seq_len=16),
         embedding_scale=3.0,
         residual_scale=0.5,
+        logit_scale=0.25,
     ),
     "post": dict(
         norm="layernorm",
@@ -67,6 +69,8 @@ SECOND_ROUND = {
         qk_norm="each_head",
         d_embed=24,
         rotary_interleaved=True,
+        unembedding="separate",
+        unembedding_bias=True,
     ),
 }
 BASE = {**EVERYTHING.to_dict(), "residual": "sequential", "sliding_layers": (1,)}
@@ -120,6 +124,30 @@ def test_the_fused_kernel_gives_the_textbook_embeddings(model):
     """need_weights=False runs PyTorch's fused attention (GQA and window masks included)."""
     x = ids(3, 33, seed=4)
     torch.testing.assert_close(run(model, x, False)[0], run(model, x)[0], atol=1e-5, rtol=0)
+
+
+def test_the_readouts_agree_with_the_forward_pass(model):
+    """logits are the unembedded output; the lens at the last layer is the logits; hidden
+    states are the stream with its last normed; a head mask of ones changes nothing."""
+    x = ids(2, 20)
+    with torch.inference_mode():
+        embeddings, attentions = model(x)
+        logits = model.logits(x)
+        stream, _ = model.residual_stream(x)
+        hidden = model.hidden_states(x)
+        ones = torch.ones(model.config.n_layers, model.config.n_heads)
+        masked, masked_attentions = model(x, head_mask=ones)
+        lens = model.lens(torch.stack(stream, dim=1), stream[-1][:, None])  # (B, L+1, T, V)
+        unembedded = model.unembed(embeddings)
+    assert logits.shape == (2, 20, model.config.vocab_size)
+    assert torch.allclose(logits, unembedded, atol=1e-5)
+    assert torch.allclose(lens[:, -1], logits, atol=1e-4)
+    assert len(stream) == model.config.n_layers + 1 and hidden.shape[1] == len(stream)
+    assert torch.equal(hidden[:, 0], stream[0])  # (hidden states take the fused kernel)
+    assert torch.allclose(hidden[:, -2], stream[-2], atol=1e-5)
+    if model.config.d_embed is None:
+        assert torch.allclose(hidden[:, -1], embeddings, atol=1e-6)
+    assert torch.equal(masked, embeddings) and torch.equal(masked_attentions, attentions)
 
 
 def test_query_heads_of_one_group_read_the_same_keys():
@@ -193,6 +221,9 @@ def test_rms_norm_forms():
         ({"qk_norm": "each_head", "norm": "rmsnorm"}, "'each_head' (StableLM's LayerNorms)"),
         ({"attention_softcap": 0.0}, "attention_softcap must be a positive float"),
         ({"d_embed": 0}, "d_embed must be a positive integer"),
+        ({"unembedding": "lm_head"}, "unembedding must be one of ('tied', 'separate', 'none')"),
+        ({"unembedding_bias": True}, "unembedding_bias needs unembedding 'separate'"),
+        ({"logit_softcap": 0.0}, "logit_softcap must be a positive float"),
         (
             {"positions": "rotary", "rope_scaling": {"kind": "ntk"}},
             "rope_scaling.kind must be one of",
@@ -237,6 +268,17 @@ def test_a_head_dim_set_apart_need_not_divide_d_model():
 def test_switches_survive_json(name):
     config = CONFIGS[name]
     assert ModelConfig.from_json(config.to_json()) == config
+
+
+def test_an_import_from_before_heads_were_kept_has_none():
+    """Imported (hf) directories written before the unembedding was kept had it dropped;
+    the project's own model (byte) was always tied."""
+    old = ModelConfig(tokenizer="hf").to_dict()
+    del old["unembedding"]
+    assert ModelConfig.from_dict(old).unembedding == "none"
+    own = ModelConfig().to_dict()
+    del own["unembedding"]
+    assert ModelConfig.from_dict(own).unembedding == "tied"
 
 
 def test_what_json_gives_back_is_typed():

@@ -1,0 +1,189 @@
+"""What the imported encoder reads off its residual stream, against transformers'
+AutoModelForCausalLM (built here from a config): next-token logits with each family's
+unembedding (tied or not, its bias, Gemma 2's soft-cap, Granite's scaling), the hidden
+states of every layer, the logit lens, and heads removed by a head mask.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.export.hf_import import load_hf
+from benchmarks.hf_checkpoints import build_checkpoint
+from tests.conftest import FAMILY_SHAPES
+from tests.export.test_hf_families import padded_batch
+
+FAMILIES = sorted(FAMILY_SHAPES)
+LOGITS_TOLERANCE = 1e-3  # issue 52: within 1e-3 of AutoModelForCausalLM
+HIDDEN_TOLERANCE = 1e-4
+
+
+def transformers_readouts(reference, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """AutoModelForCausalLM's logits (B, T, V) and hidden states (B, L+1, T, D)."""
+    with torch.no_grad():
+        out = reference(torch.as_tensor(ids), output_hidden_states=True)
+    return out.logits.numpy(), torch.stack(out.hidden_states, dim=1).numpy()
+
+
+def assert_rows_close(got: np.ndarray, want: np.ndarray, lengths, axis: int, limit: float):
+    """Each row's real positions along `axis` (right padding is exact past them)."""
+    for row, t in enumerate(lengths):
+        real = np.take(got[row], range(t), axis=axis - 1)
+        wanted = np.take(want[row], range(t), axis=axis - 1)
+        assert np.abs(real - wanted).max() <= limit
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_hidden_states_match_transformers(families, family):
+    directory, reference = families.checkpoint(family)
+    model, _ = load_hf(directory, log=lambda _: None)
+    ids, lengths = padded_batch(model.config.vocab_size, seed=2)
+    want_logits, want_hidden = transformers_readouts(reference, ids)
+    with torch.no_grad():
+        logits = model.logits(torch.from_numpy(ids)).numpy()
+        hidden = model.hidden_states(torch.from_numpy(ids)).numpy()
+    assert logits.shape == want_logits.shape
+    assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
+    if family != "opt":  # OPT-350m's last is after its projection out; this shape has none
+        assert hidden.shape == want_hidden.shape
+    assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
+
+
+def test_unembedding_follows_the_checkpoint(families):
+    """Tied where the checkpoint ties it (no second matrix), its own matrix otherwise, with
+    the family's bias; a checkpoint without its LM head imports without logits."""
+    tied, _ = load_hf(families.checkpoint("llama")[0], log=lambda _: None)
+    assert tied.config.unembedding == "tied" and not hasattr(tied, "lm_head")
+    untied, _ = load_hf(families.checkpoint("mistral")[0], log=lambda _: None)
+    assert untied.config.unembedding == "separate" and untied.lm_head.bias is None
+    phi, _ = load_hf(families.checkpoint("phi")[0], log=lambda _: None)
+    assert phi.config.unembedding_bias and phi.lm_head.bias is not None
+
+
+def test_a_checkpoint_without_its_head_imports_without_logits(families, tmp_path):
+    _, reference = families.checkpoint("mistral")
+    reference.model.save_pretrained(tmp_path)  # the bare MistralModel: no lm_head.weight
+    (tmp_path / "tokenizer.json").write_bytes(
+        (families.checkpoint("mistral")[0] / "tokenizer.json").read_bytes()
+    )
+    lines: list[str] = []
+    model, _ = load_hf(tmp_path, log=lines.append)
+    assert model.config.unembedding == "none"
+    assert any("no LM head" in line for line in lines)
+    with pytest.raises(ValueError, match="has no unembedding"):
+        model.logits(torch.ones(1, 3, dtype=torch.long))
+
+
+# head_mask on the layouts that differ: GQA (Llama), parallel blocks with two norms
+# (GPT-NeoX) and one (Phi), sandwich norms (Gemma 2)
+MASKED = ("llama", "gpt_neox", "phi", "gemma2")
+OUTPUT_PROJECTIONS = {  # the module whose input is the heads' concatenated outputs
+    "llama": "self_attn.o_proj",
+    "gpt_neox": "attention.dense",
+    "phi": "self_attn.dense",
+    "gemma2": "self_attn.o_proj",
+}
+
+
+def zero_heads(reference, family: str, mask: torch.Tensor) -> list:
+    """Hooks on transformers' model scaling each head's slice of the output projection's
+    input by mask[layer, head] (what issue 52 defines head_mask to be)."""
+    handles = []
+    for i, layer in enumerate(reference.base_model.layers):
+        module = layer.get_submodule(OUTPUT_PROJECTIONS[family])
+
+        def scale(_module, args, row=mask[i]):
+            (x,) = args  # (B, T, H * d_k), the heads side by side
+            return (x * row.repeat_interleave(x.shape[-1] // row.numel()),)
+
+        handles.append(module.register_forward_pre_hook(scale))
+    return handles
+
+
+@pytest.mark.parametrize("family", MASKED)
+def test_head_mask_equals_scaling_the_output_projections_input(families, family):
+    directory, reference = families.checkpoint(family)
+    model, _ = load_hf(directory, log=lambda _: None)
+    config = model.config
+    mask = torch.ones(config.n_layers, config.n_heads)
+    mask[0, 1] = 0.0
+    mask[-1, 0] = 0.0
+    mask[-1, -1] = 0.5  # a float scales the head
+    ids, lengths = padded_batch(config.vocab_size, seed=3)
+    handles = zero_heads(reference, family, mask)
+    try:
+        want_logits, want_hidden = transformers_readouts(reference, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    unmasked, _ = transformers_readouts(reference, ids)
+    assert np.abs(unmasked - want_logits).max() > 100 * LOGITS_TOLERANCE  # the mask matters
+    with torch.no_grad():
+        logits = model.logits(torch.from_numpy(ids), head_mask=mask).numpy()
+        hidden = model.hidden_states(torch.from_numpy(ids), head_mask=mask).numpy()
+        _, attentions = model(torch.from_numpy(ids), head_mask=mask)
+        _, plain_attentions = model(torch.from_numpy(ids))
+    assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
+    assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
+    # the first layer's pattern is its input's: unchanged; later ones read a changed stream
+    assert torch.equal(attentions[:, 0], plain_attentions[:, 0])
+    assert not torch.allclose(attentions[:, -1], plain_attentions[:, -1])
+
+
+def numpy_lens(model, ids: np.ndarray) -> np.ndarray:
+    """The logit lens written out in numpy from the model's weights: each layer's residual,
+    centred (LayerNorm), divided by the last residual's norm scale, times the final norm's
+    weight plus its bias, times the unembedding, scaled and soft-capped (B, L+1, T, V)."""
+    config = model.config
+    with torch.no_grad():
+        stream, _ = model.residual_stream(torch.from_numpy(ids), need_weights=False)
+
+    def array(t: torch.Tensor) -> np.ndarray:
+        return t.detach().double().numpy()
+
+    x = array(torch.stack(stream, dim=1))  # (B, L+1, T, D)
+    last = x[:, -1:]
+    norm = model.ln_f
+    if config.norm == "layernorm":
+        scale = np.sqrt(last.var(-1, keepdims=True) + norm.eps)
+        normed = (x - x.mean(-1, keepdims=True)) / scale * array(norm.weight) + array(norm.bias)
+    else:
+        scale = np.sqrt((last**2).mean(-1, keepdims=True) + norm.eps)
+        normed = x / scale * ((config.norm == "rmsnorm_plus_one") + array(norm.weight))
+    table = model.tok_emb.weight if config.unembedding == "tied" else model.lm_head.weight
+    logits = normed @ array(table).T
+    if config.unembedding_bias:
+        logits = logits + array(model.lm_head.bias)
+    logits = logits * config.logit_scale
+    if config.logit_softcap is not None:
+        logits = np.tanh(logits / config.logit_softcap) * config.logit_softcap
+    return logits
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gemma2", "granite", "phi"])
+def test_logit_lens_equals_a_numpy_reference(families, family):
+    """LayerNorm (NeoX), Gemma's 1 + w RMSNorm with the soft-cap, Granite's scaling and
+    Phi's bias; at the last layer the lens is the model's own logits."""
+    model, _ = load_hf(families.checkpoint(family)[0], log=lambda _: None)
+    ids, _ = padded_batch(model.config.vocab_size, seed=4)
+    with torch.no_grad():
+        stream, _ = model.residual_stream(torch.from_numpy(ids), need_weights=False)
+        lens = model.lens(torch.stack(stream, dim=1), stream[-1][:, None]).numpy()
+        logits = model.logits(torch.from_numpy(ids)).numpy()
+    assert np.abs(lens - numpy_lens(model, ids)).max() <= 1e-4
+    assert np.abs(lens[:, -1] - logits).max() <= 1e-4
+    assert np.abs(lens[:, 0] - logits).max() > 1e-2  # the first layer reads differently
+
+
+def test_gemma2_soft_caps_its_logits(tmp_path):
+    """A small final cap, so that the cap decides the logits (30 barely touches them)."""
+    shape = dict(FAMILY_SHAPES["gemma2"], final_logit_softcapping=0.5)
+    reference = build_checkpoint("gemma2", tmp_path, **shape)
+    model, _ = load_hf(tmp_path, log=lambda _: None)
+    assert model.config.logit_softcap == 0.5
+    ids, lengths = padded_batch(model.config.vocab_size, seed=5)
+    want_logits, _ = transformers_readouts(reference, ids)
+    assert np.abs(want_logits).max() <= 0.5
+    with torch.no_grad():
+        logits = model.logits(torch.from_numpy(ids)).numpy()
+    assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
