@@ -23,5 +23,6 @@ def convert_to_fp16(src: str | Path, dst: str | Path, weights: WeightsFile) -> P
     weights into `weights`, checked. Holds the float32 graph's weights while converting."""
     fp16 = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
     graph = ir.from_proto(fp16)
+    graph.graph.sort()  # the tool appends the casts of float inputs (head_mask) at the end
     externalize(graph, weights)
     return save_checked(ir.to_proto(graph), dst)

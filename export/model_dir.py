@@ -21,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE, INT8_MIN_COSINE, INT8_TOLERANCE
+from attnserve.export import (
+    DEFAULT_TOLERANCE,
+    FP16_TOLERANCE,
+    INT8_MIN_COSINE,
+    INT8_TOLERANCE,
+    LOGITS_TOLERANCE,
+)
 from attnserve.export.fp16 import convert_to_fp16
 from attnserve.export.fused import with_attention_weights
 from attnserve.export.int8 import convert_to_int8
@@ -35,6 +41,7 @@ from attnserve.model.artifacts import (
     FP16_ONNX_FILENAME,
     FUSED_ONNX_FILENAME,
     INT8_ONNX_FILENAME,
+    LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PRECISIONS,
     REPORT_FILENAME,
@@ -110,12 +117,14 @@ def write_model_dir(
             # The traced full graph serves fp32 on every provider and is fp16's source; the
             # fused one, made from the embeddings graph, is what int8 is made from (the
             # traced one where the fused kernel cannot compute the attention: Gemma 2).
-            traced = [(EMBEDDINGS_ONNX_FILENAME, False)]
+            traced = [(EMBEDDINGS_ONNX_FILENAME, "embeddings")]
             if {"fp32", "fp16"} & set(precisions) or not config.fuses_attention:
-                traced.insert(0, (ONNX_FILENAME, True))
-            for filename, with_attentions in traced:
-                log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic batch and seq axes)...")
-                export_onnx(config, tensors, scratch / filename, weights, with_attentions)
+                traced.insert(0, (ONNX_FILENAME, "full"))
+            if "fp32" in precisions and config.unembedding != "none":
+                traced.append((LENS_ONNX_FILENAME, "lens"))
+            for filename, kind in traced:
+                log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
+                export_onnx(config, tensors, scratch / filename, weights, kind)
         del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
@@ -128,6 +137,8 @@ def write_model_dir(
                 scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
             )
         gates: dict[str, tuple[float, float | None]] = dict.fromkeys(fp32_graphs, (tolerance, None))
+        if LENS_ONNX_FILENAME in gates:  # logits are dot products over d_model: 10x the room
+            gates[LENS_ONNX_FILENAME] = (LOGITS_TOLERANCE, None)
         for precision in [p for p in precisions if p in DERIVED]:
             gate = (
                 (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
@@ -203,13 +214,13 @@ def write_streamed_int8(
         shutil.rmtree(scratch / "prefix")
         progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
         # The attention graph int8 is made from: the fused one, else the traced (Gemma 2)
-        traced = [(EMBEDDINGS_ONNX_FILENAME, False)]
+        traced = [(EMBEDDINGS_ONNX_FILENAME, "embeddings")]
         if not config.fuses_attention:
-            traced.append((ONNX_FILENAME, True))
+            traced.append((ONNX_FILENAME, "full"))
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            for filename, with_attentions in traced:
+            for filename, kind in traced:
                 log(f"tracing {filename}, widening one tensor at a time...")
-                export_onnx(config, tensors, scratch / filename, weights, with_attentions)
+                export_onnx(config, tensors, scratch / filename, weights, kind)
         tensors.clear()  # the weights file holds them now
         gc.collect()
         sources = [name for name, _ in traced]

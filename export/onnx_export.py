@@ -23,7 +23,14 @@ import torch
 from attnserve.export.head_fold import fold_head_transposes
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
-from attnserve.model.artifacts import CONFIG_METADATA_KEY, VERSIONS_METADATA_KEY
+from attnserve.model.artifacts import (
+    CONFIG_METADATA_KEY,
+    HEAD_MASK_NAME,
+    LENS_INPUTS,
+    LOGITS_NAME,
+    RESIDUAL_STREAM_NAME,
+    VERSIONS_METADATA_KEY,
+)
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, rotary_modules
 
@@ -35,37 +42,77 @@ def exporter_versions() -> dict[str, str]:
     return {pkg: version(pkg) for pkg in ("attnserve", "torch", "onnx", "onnxscript")}
 
 
-def trace(config: ModelConfig, with_attentions: bool) -> ir.Model:
-    """The encoder's graph for `config`, its initializers named after the encoder's tensors
-    and without values (traced on the meta device).
+GRAPH_KINDS = ("full", "embeddings", "lens")
 
-    with_attentions=False traces the fused attention path: input_ids -> embeddings.
-    """
-    with torch.device("meta"):
-        model = Encoder(config)
-    outputs = [config.embeddings_name] + ([config.attentions_name] if with_attentions else [])
-    # The traced example only has to be valid; both axes are symbolic in the graph.
-    example = torch.zeros(2, min(8, config.max_seq_len), dtype=torch.int64, device="meta")
-    dynamic_shapes = {
-        "input_ids": {
-            0: torch.export.Dim("batch", min=1),
-            1: torch.export.Dim("seq", min=1, max=config.max_seq_len),
-        },
-        "need_weights": None,
+
+class _FullGraph(Encoder):
+    """model.onnx: forward's outputs and the residual stream, under a head mask."""
+
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor, head_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        stream, attentions = self.residual_stream(input_ids, True, head_mask)
+        return self.finish(stream[-1]), attentions, torch.stack(stream, dim=1)
+
+
+class _EmbeddingsGraph(Encoder):
+    """model_embeddings.onnx: the fused attention path, input_ids -> embeddings."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return Encoder.forward(self, input_ids, need_weights=False)[0]
+
+
+class _LensGraph(Encoder):
+    """model_lens.onnx: residual rows (N, D) and the last layer's at the same positions ->
+    logits (N, V)."""
+
+    def forward(self, residual: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.lens(residual, last)
+
+
+def trace(config: ModelConfig, kind: str) -> ir.Model:
+    """The graph of `kind` (GRAPH_KINDS) for `config`, its initializers named after the
+    encoder's tensors and without values (traced on the meta device)."""
+    names: dict[str, tuple[list[str], list[str]]] = {
+        "full": (
+            [config.input_name, HEAD_MASK_NAME],
+            [config.embeddings_name, config.attentions_name, RESIDUAL_STREAM_NAME],
+        ),
+        "embeddings": ([config.input_name], [config.embeddings_name]),
+        "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
     }
+    module = {"full": _FullGraph, "embeddings": _EmbeddingsGraph, "lens": _LensGraph}[kind]
+    with torch.device("meta"):
+        model = module(config)
+    # The traced examples only have to be valid; the axes named here are symbolic.
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("seq", min=1, max=config.max_seq_len)
+    t = min(8, config.max_seq_len)
+    if kind == "lens":
+        rows = torch.export.Dim("rows", min=1)
+        example: tuple[torch.Tensor, ...] = tuple(
+            torch.zeros(2, config.d_model, device="meta") for _ in LENS_INPUTS
+        )
+        dynamic_shapes: dict = {"residual": {0: rows}, "last": {0: rows}}
+    else:
+        example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
+        dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
+        if kind == "full":
+            example += (torch.ones(2, config.n_layers, config.n_heads, device="meta"),)
+            dynamic_shapes["head_mask"] = {0: batch}
+    inputs, outputs = names[kind]
     # The dynamo exporter logs missing optional torchvision ops at WARNING; irrelevant here.
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
-        # The exporter cannot rename the axes of a non-tensor argument: _name_axes does.
-        warnings.filterwarnings("ignore", "# ONNX model has different number of inputs")
+        # Two inputs share an axis (batch, rows): the exporter says it names it once.
+        warnings.filterwarnings("ignore", "# The axis name")
         program = torch.onnx.export(
             model.eval(),
-            (example,),
-            kwargs={"need_weights": with_attentions},
+            example,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
-            input_names=[config.input_name],
+            input_names=inputs,
             output_names=outputs,
             opset_version=ONNX_OPSET,
             # Optimised below, once the weights are in the file: folding first would make
@@ -74,7 +121,6 @@ def trace(config: ModelConfig, with_attentions: bool) -> ir.Model:
             verbose=False,
         )
     assert program is not None  # torch returns None only for the legacy exporter
-    _name_axes(program.model, {0: "batch", 1: "seq"})
     return program.model
 
 
@@ -89,34 +135,17 @@ def _as_float32(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
     return ir.LazyTensor(widen, ir.DataType.FLOAT, ir.Shape(tuple(tensor.shape)), name=name)
 
 
-def _name_axes(model: ir.Model, names: dict[int, str]) -> None:
-    """Give the input's symbolic axes readable names, in every shape that uses them (the
-    exporter renames them only for inputs that are all tensors)."""
-    dims = model.graph.inputs[0].shape
-    assert dims is not None
-    renamed = {str(dims[axis]): name for axis, name in names.items()}
-    values = [
-        *model.graph.inputs,
-        *(out for node in model.graph.all_nodes() for out in node.outputs),
-    ]
-    for value in values:
-        if value.shape is not None and any(str(d) in renamed for d in value.shape):
-            value.shape = ir.Shape([renamed.get(str(d), d) for d in value.shape])
-
-
 def export_onnx(
     config: ModelConfig,
     tensors: Mapping[str, torch.Tensor],
     path: str | Path,
     weights: WeightsFile,
-    with_attentions: bool = True,
+    kind: str = "full",
 ) -> Path:
-    """Export the encoder of `config` with `tensors` (its state_dict, any float dtype) to
-    `path`, its weights into `weights` (written once across graphs), and check the file.
-
-    with_attentions=False exports the embeddings-only graph.
-    """
-    graph = trace(config, with_attentions)
+    """Export the graph of `kind` (GRAPH_KINDS) of the encoder of `config` with `tensors`
+    (its state_dict, any float dtype) to `path`, its weights into `weights` (written once
+    across graphs), and check the file."""
+    graph = trace(config, kind)
     rotary = {
         f"{name}.{buffer}": value
         for name, module in rotary_modules(config).items()
@@ -129,8 +158,9 @@ def export_onnx(
         value.const_value = _as_float32(source, name)
     transposed = store_linear_weights_transposed(graph)
     externalize(graph, weights, names=transposed | set(tensors))
+    weights.flush()
     onnxscript.optimizer.optimize(graph)
-    if not with_attentions:  # the traced full graph has no Attention op to fold into
+    if kind == "embeddings":  # the only graph with the fused Attention op to fold into
         graph = fold_head_transposes(graph, config.n_heads, config.kv_heads)
     graph.metadata_props.update(
         {

@@ -15,6 +15,12 @@ import onnxruntime as ort
 import torch
 
 from attnserve.export import DEFAULT_TOLERANCE
+from attnserve.model.artifacts import (
+    HEAD_MASK_NAME,
+    LENS_INPUTS,
+    LOGITS_NAME,
+    RESIDUAL_STREAM_NAME,
+)
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 from attnserve.model.footprint import parameter_count
@@ -36,9 +42,10 @@ class ParityCase:
 
 @dataclass(frozen=True)
 class Reference:
-    """What PyTorch computed for one shape: the input ids and every output by name."""
+    """What PyTorch computed for one shape: every input and output by name."""
 
-    input_ids: np.ndarray  # (B, T) int64
+    shape: tuple[int, int]  # (batch, seq_len) of the ids
+    inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
 
 
@@ -67,18 +74,41 @@ def default_shapes(config: ModelConfig) -> list[tuple[int, int]]:
 def reference_outputs(
     model: Encoder, shapes: list[tuple[int, int]] | None = None, seed: int = 0
 ) -> list[Reference]:
-    """PyTorch's embeddings and attentions on random ids of each shape."""
+    """PyTorch's embeddings, attentions and residual stream on random ids of each shape
+    (every head kept), and where the model has an unembedding its logit lens of the first
+    sequence of the first multi-token shape, at its first, middle and last layers."""
     config = model.config
     rng = np.random.default_rng(seed)
     references = []
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
+        mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
         with torch.inference_mode():
-            embeddings, attentions = model(torch.from_numpy(ids))
-        outputs = {config.embeddings_name: embeddings.numpy()}
-        outputs[config.attentions_name] = attentions.numpy()  # type: ignore[union-attr]
-        references.append(Reference(ids, outputs))
+            stream, attentions = model.residual_stream(torch.from_numpy(ids))
+            embeddings = model.finish(stream[-1])
+        assert attentions is not None
+        inputs: dict[str, np.ndarray] = {config.input_name: ids, HEAD_MASK_NAME: mask}
+        outputs = {
+            config.embeddings_name: embeddings.numpy(),
+            config.attentions_name: attentions.numpy(),
+            RESIDUAL_STREAM_NAME: torch.stack(stream, dim=1).numpy(),
+        }
+        references.append(Reference((batch, seq_len), inputs, outputs))
+    if config.unembedding != "none":
+        references.append(_lens_reference(model, references))
     return references
+
+
+def _lens_reference(model: Encoder, references: list[Reference]) -> Reference:
+    case = next((r for r in references if r.shape[1] > 1), references[0])
+    stream = case.outputs[RESIDUAL_STREAM_NAME][0]  # (L+1, T, D) of its first sequence
+    layers = sorted({0, len(stream) // 2, len(stream) - 1})
+    residual = stream[layers].reshape(-1, stream.shape[-1])  # (rows, D)
+    last = np.broadcast_to(stream[-1], stream[layers].shape).reshape(residual.shape)
+    with torch.inference_mode():
+        logits = model.lens(torch.from_numpy(residual), torch.from_numpy(last.copy()))
+    inputs = dict(zip(LENS_INPUTS, (residual, np.ascontiguousarray(last)), strict=True))
+    return Reference(case.shape, inputs, {LOGITS_NAME: logits.numpy()})
 
 
 def compare(
@@ -101,16 +131,23 @@ def compare(
     options.add_session_config_entry("session.disable_prepacking", "1")
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
+    inputs = [i.name for i in session.get_inputs()]
     cases = []
     for reference in references:
-        batch, seq_len = reference.input_ids.shape
-        values = session.run(names, {config.input_name: reference.input_ids})
+        if not set(inputs) <= set(reference.inputs) or not set(names) <= set(reference.outputs):
+            continue  # a reference of another graph (the lens' of the model's)
+        batch, seq_len = reference.shape
+        values = session.run(names, {name: reference.inputs[name] for name in inputs})
         got = dict(zip(names, values, strict=True))
         diffs = {
             name: float(np.abs(value - reference.outputs[name]).max())
             for name, value in got.items()
         }
-        cosine = _min_cosine(got[config.embeddings_name], reference.outputs[config.embeddings_name])
+        cosine = 1.0
+        if config.embeddings_name in got:
+            cosine = _min_cosine(
+                got[config.embeddings_name], reference.outputs[config.embeddings_name]
+            )
         gated = [config.attentions_name] if min_cosine is not None else names
         # `not <=` and `not >=` also catch NaN
         if not all(diffs[name] <= tolerance for name in gated if name in diffs) or not (
@@ -123,6 +160,8 @@ def compare(
                 f"seq_len={seq_len}: max abs diff {detail} > tolerance {tolerance:g}{floor}"
             )
         cases.append(ParityCase(Path(onnx_path).name, batch, seq_len, diffs, round(cosine, 6)))
+    if not cases:
+        raise ParityError(f"no reference has the inputs and outputs of {Path(onnx_path).name}")
     return cases
 
 

@@ -73,6 +73,11 @@ class WeightsFile:
     def nbytes(self) -> int:
         return self._file.tell()
 
+    def flush(self) -> None:
+        """Make what was written readable through the references (the optimiser reads
+        small weights, a bias, to decide its rewrites)."""
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
 

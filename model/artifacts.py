@@ -7,6 +7,14 @@ import json
 from pathlib import Path
 
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
+# ... and, beside them, the residual stream under a head mask (the readouts):
+HEAD_MASK_NAME = "head_mask"  # input, float32 [batch, layers, heads]: 1 keeps a head
+RESIDUAL_STREAM_NAME = "residual_stream"  # output, float32 [batch, layers + 1, seq, d_model]
+# The logit lens: any layer's residual rows through the final norm (with the last layer's
+# scale frozen) and the unembedding; written where the model has an unembedding.
+LENS_ONNX_FILENAME = "model_lens.onnx"
+LENS_INPUTS = ("residual", "last")  # float32 [rows, d_model] each: x_l and x_L of one position
+LOGITS_NAME = "logits"  # output, float32 [rows, vocab]
 # Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
 EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
 # The full graph's outputs through the fused Attention op (export/fused.py): faster on CPU;

@@ -5,6 +5,7 @@ logit lens."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnserve.model.config import ModelConfig
@@ -46,8 +47,8 @@ class Encoder(nn.Module):
         H counts query heads, also under grouped-query attention. With
         need_weights=False the attentions are None and every layer uses the fused
         attention kernel instead (same embeddings, less memory traffic).
-        head_mask (L, H): each head's output times its entry before the output
-        projection (0 removes the head, 1 keeps it).
+        head_mask (L, H), or (B, L, H) one per sequence: each head's output times its
+        entry before the output projection (0 removes the head, 1 keeps it).
         """
         stream, attentions = self.residual_stream(input_ids, need_weights, head_mask, keep=False)
         return self.finish(stream[-1]), attentions
@@ -82,7 +83,7 @@ class Encoder(nn.Module):
             positions = rotary
             if sliding_rotary is not None and config.window(layer) is not None:
                 positions = sliding_rotary
-            heads = None if head_mask is None else head_mask[layer]  # (H,)
+            heads = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
             x, weights = block(x, need_weights, positions, heads)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
             stream = [*stream, x] if keep else [x]
@@ -105,8 +106,10 @@ class Encoder(nn.Module):
         config = self.config
         if config.unembedding == "none":
             raise ValueError(f"{config.name} has no unembedding (its checkpoint had no LM head)")
-        tied = config.unembedding == "tied"
-        logits = y @ self.tok_emb.weight.T if tied else self.lm_head(y)  # (..., V)
+        if config.unembedding == "tied":
+            logits = F.linear(y, self.tok_emb.weight)  # (..., V)
+        else:
+            logits = self.lm_head(y)
         if config.logit_scale != 1.0:
             logits = logits * config.logit_scale
         if config.logit_softcap is not None:

@@ -171,7 +171,9 @@ class MultiHeadAttention(nn.Module):
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         heads: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """heads (H,): each head's output times this before the output projection."""
+        """heads (H,) or per sequence (B, H): each head's output times this before the
+        output projection (after the concatenation, where the fused kernel's graph keeps
+        its layout)."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
@@ -204,9 +206,9 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=H_kv != H
             )
             weights = None
-        if heads is not None:  # ablation: a head's output removed (0) or scaled
-            y = y * heads[None, :, None, None]  # (B, H, T, d_k)
         y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
+        if heads is not None:  # ablation: each head's output removed (0) or scaled
+            y = y * heads.repeat_interleave(d_k, dim=-1).unsqueeze(-2)  # (B or 1, 1, H*d_k)
         return self.proj(y), weights  # (B, T, D), (B, H, T, T)
 
 

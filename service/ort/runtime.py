@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,10 +18,23 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
+from attnserve.model.artifacts import (
+    CONFIG_METADATA_KEY,
+    HEAD_MASK_NAME,
+    LENS_INPUTS,
+    LENS_ONNX_FILENAME,
+    LOGITS_NAME,
+    RESIDUAL_STREAM_NAME,
+    ModelDirectory,
+)
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.service.core.backend import AttentionOutput, AttentionSelection, WeightsInfo
-from attnserve.service.core.errors import InferenceError, ModelLoadError, ProviderUnavailableError
+from attnserve.service.core.errors import (
+    InferenceError,
+    ModelLoadError,
+    ProviderUnavailableError,
+    UnsupportedError,
+)
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.reducer import AttentionReducer
@@ -91,10 +105,19 @@ class OrtRuntime:
             self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
         # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
-        providers = [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if self.provider == "cuda" else [CPU_EP]
         self.reducer = AttentionReducer(
-            providers, session_options(options), self.config.n_layers, self.config.n_heads
+            _providers(self.provider),
+            session_options(options),
+            self.config.n_layers,
+            self.config.n_heads,
         )
+
+        # The readouts (residual stream, head mask, logit lens) come from sessions opened
+        # when first asked for, without prepacking: they read the weights where the file
+        # is mapped, so they add no copy of them (research/weights-in-memory).
+        self._options = options
+        self._readouts: dict[str, ort.InferenceSession] = {}
+        self._readouts_lock = threading.Lock()
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
@@ -106,6 +129,12 @@ class OrtRuntime:
         self.weights_info = WeightsInfo(
             weight_bytes, sessions * weight_bytes, **model_dir.fidelity(self.attention_graph.name)
         )
+        # The sessions of the traced full graph, which takes a head mask (every head kept)
+        self._masked = {
+            id(s)
+            for s in (self.session, self.embeddings_session)
+            if HEAD_MASK_NAME in {i.name for i in s.get_inputs()}
+        }
 
     def _open_beside(
         self, path: Path, options: RuntimeOptions, with_attentions: bool
@@ -147,15 +176,72 @@ class OrtRuntime:
         """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
         return self._run(self.embeddings_session, [self.config.embeddings_name], input_ids)[0]
 
+    def readouts(
+        self, input_ids: np.ndarray, head_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) ->
+        embeddings (B, T, D), attentions (B, L, H, T, T) and the residual stream
+        (B, L+1, T, D), x_0 .. x_L, every head's output times its entry in the mask."""
+        c = self.config
+        session = self._readouts_session(self.model_path.name, RESIDUAL_STREAM_NAME)
+        names = [c.embeddings_name, c.attentions_name, RESIDUAL_STREAM_NAME]
+        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
+        try:
+            embeddings, attentions, stream = session.run(names, feeds)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
+        return embeddings, attentions, stream
+
+    def lens(self, residual: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Residual rows (N, D) of any layers and the last layer's at the same positions
+        (N, D) -> logits (N, V): the logit lens; with residual = last, the model's logits."""
+        session = self._readouts_session(LENS_ONNX_FILENAME, LOGITS_NAME)
+        feeds = dict(zip(LENS_INPUTS, (residual, last), strict=True))
+        try:
+            return session.run([LOGITS_NAME], feeds)[0]
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on the logit lens: {exc}") from exc
+
+    def _readouts_session(self, filename: str, output: str) -> ort.InferenceSession:
+        """The session of one readouts graph, opened on first use; UnsupportedError where
+        the directory has none (written before readouts, or a model without a head)."""
+        with self._readouts_lock:
+            if filename in self._readouts:
+                return self._readouts[filename]
+            path = self.model_dir.path / filename
+            if self.precision != "fp32" or not path.is_file():
+                raise UnsupportedError(
+                    f"{self.config.name} has no {output} to read in {self.precision} "
+                    f"({filename}): readouts come from the float32 graphs of a directory "
+                    "exported by this version (re-export it with `attnserve export`)"
+                )
+            so = session_options(self._options)
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            session = _open(path, so, _providers(self.provider))
+            if output not in {o.name for o in session.get_outputs()}:
+                raise UnsupportedError(
+                    f"{path} has no {output!r} output: it was exported before readouts "
+                    "(re-export it with `attnserve export`)"
+                )
+            self._readouts[filename] = session
+            return session
+
     def _run(
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
     ) -> list[np.ndarray]:
         try:
-            return session.run(outputs, {self.config.input_name: input_ids})
+            return session.run(outputs, self._feeds(session, input_ids))
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(
                 f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
             ) from exc
+
+    def _feeds(self, session: ort.InferenceSession, input_ids: np.ndarray) -> dict:
+        feeds = {self.config.input_name: input_ids}
+        if id(session) in self._masked:  # the traced full graph: every head kept
+            c = self.config
+            feeds[HEAD_MASK_NAME] = np.ones((len(input_ids), c.n_layers, c.n_heads), np.float32)
+        return feeds
 
     def release_memory(self) -> None:
         """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
@@ -166,8 +252,10 @@ class OrtRuntime:
         shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", arenas)
         ids = np.full((1, 1), self.config.bos_id, dtype=np.int64)
         for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
-            session.run(None, {self.config.input_name: ids}, shrink)
+            session.run(None, self._feeds(session, ids), shrink)
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
+        with self._readouts_lock:
+            self._readouts.clear()
         give_back_memory()
 
     def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:
@@ -258,6 +346,11 @@ def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceS
     return session, "cpu"
 
 
+def _providers(provider: str) -> list:
+    """The execution providers of a session beside the model's, on the provider it got."""
+    return [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if provider == "cuda" else [CPU_EP]
+
+
 def _open(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(path), so, providers=providers)
@@ -312,5 +405,8 @@ def _check_io(
                     f"{path}: output {name!r} has shape {shape}, its config needs "
                     f"{size} on axis {axis}"
                 )
-    if len(inputs) != 1:
-        raise ModelLoadError(f"{path} must have exactly one input, has {sorted(inputs)}")
+    if set(inputs) - {config.input_name, HEAD_MASK_NAME}:
+        raise ModelLoadError(
+            f"{path} must have the inputs {config.input_name!r} (and {HEAD_MASK_NAME!r} "
+            f"in the full graph), has {sorted(inputs)}"
+        )

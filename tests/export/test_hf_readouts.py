@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnserve.export.hf_import import load_hf
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import build_checkpoint
 from tests.conftest import FAMILY_SHAPES
 from tests.export.test_hf_families import padded_batch
@@ -186,4 +187,22 @@ def test_gemma2_soft_caps_its_logits(tmp_path):
     assert np.abs(want_logits).max() <= 0.5
     with torch.no_grad():
         logits = model.logits(torch.from_numpy(ids)).numpy()
+    assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_readouts_match_transformers(families, family):
+    """The exported graphs in ONNX Runtime: the residual stream (hidden states with the
+    final norm's output last) and the lens of the last layer (the logits)."""
+    _, reference = families.checkpoint(family)
+    runtime = OrtRuntime(families.exported(family), RuntimeOptions(provider="cpu"))
+    config = runtime.config
+    ids, lengths = padded_batch(config.vocab_size, seed=6)
+    want_logits, want_hidden = transformers_readouts(reference, ids)
+    ones = np.ones((len(ids), config.n_layers, config.n_heads), dtype=np.float32)
+    embeddings, _, stream = runtime.readouts(ids, ones)
+    hidden = np.concatenate([stream[:, :-1], embeddings[:, None]], axis=1)
+    assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
+    last = stream[:, -1].reshape(-1, config.d_model)  # every position's x_L
+    logits = runtime.lens(last, last).reshape(*ids.shape, -1)
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)

@@ -1,0 +1,78 @@
+"""The readouts in ONNX Runtime (residual stream under a head mask, the logit lens) against
+the PyTorch model they were exported from, and what a directory without them says."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.model.artifacts import LENS_ONNX_FILENAME, ONNX_FILENAME
+from attnserve.service.core.errors import UnsupportedError
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import SMALL_CONFIG
+
+
+def masks(batch: int) -> np.ndarray:
+    """One head mask per sequence: all kept, a head removed, a layer's heads halved."""
+    mask = np.ones((batch, SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads), dtype=np.float32)
+    mask[1, 0, 2] = 0.0
+    mask[2, -1, :] = 0.5
+    return mask
+
+
+def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_model):
+    ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
+    mask = masks(3)
+    embeddings, attentions, stream = small_runtime.readouts(ids, mask)
+    assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
+    with torch.inference_mode():
+        want_stream, want_attentions = small_model.residual_stream(
+            torch.from_numpy(ids), head_mask=torch.from_numpy(mask)
+        )
+        want_embeddings = small_model.finish(want_stream[-1])
+    np.testing.assert_allclose(stream, torch.stack(want_stream, 1).numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(attentions, want_attentions.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(embeddings, want_embeddings.numpy(), rtol=0, atol=1e-4)
+    # each sequence got its own mask: the unmasked one is what the served graphs give
+    served, _ = small_runtime.run(ids[:1])
+    np.testing.assert_allclose(embeddings[:1], served, rtol=0, atol=1e-5)
+    assert np.abs(embeddings[1] - small_runtime.run(ids[1:2])[0][0]).max() > 1e-3
+
+
+def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runtime, small_model):
+    ids = np.random.default_rng(1).integers(0, SMALL_CONFIG.vocab_size, size=(1, 12))
+    _, _, stream = small_runtime.readouts(ids, masks(3)[:1])
+    rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
+    last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
+    logits = small_runtime.lens(rows, last).reshape(SMALL_CONFIG.n_layers + 1, 12, -1)
+    with torch.inference_mode():
+        want = small_model.lens(torch.from_numpy(rows), torch.from_numpy(last)).numpy()
+        want_logits = small_model.logits(torch.from_numpy(ids)).numpy()
+    np.testing.assert_allclose(logits.reshape(want.shape), want, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(logits[-1], want_logits[0], rtol=0, atol=1e-4)
+
+
+def test_readout_sessions_hold_no_copy_of_the_weights(small_runtime):
+    """They read the mapped weights file: opened without prepacking."""
+    row = np.ones((1, SMALL_CONFIG.d_model), np.float32)
+    small_runtime.lens(row, row)
+    for session in small_runtime._readouts.values():
+        assert (
+            session.get_session_options().get_session_config_entry("session.disable_prepacking")
+            == "1"
+        )
+
+
+def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(small_model_dir, model_dir)
+    (model_dir / LENS_ONNX_FILENAME).unlink()
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
+        runtime.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
+    fp16 = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
+    with pytest.raises(UnsupportedError, match="no residual_stream to read in fp16"):
+        fp16.readouts(np.zeros((1, 3), np.int64), masks(3)[:1])
+    assert (model_dir / ONNX_FILENAME).is_file()  # what it has still serves
+    assert runtime.run(np.zeros((1, 3), np.int64))[0].shape == (1, 3, 64)
