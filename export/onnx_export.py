@@ -28,6 +28,8 @@ from attnserve.model.artifacts import (
     HEAD_MASK_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
+    PREDICTION_INPUTS,
+    PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
     VERSIONS_METADATA_KEY,
 )
@@ -124,6 +126,33 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     return program.model
 
 
+def _with_predictions(model: ir.Model) -> None:
+    """Append to the lens graph what a reader wants of its logits, so that the vocabulary-
+    wide rows never leave ONNX Runtime unless asked for: the softmax's k largest
+    probabilities and their ids (k an input), and the probabilities of given target ids."""
+    graph = model.graph
+    logits = graph.outputs[0]
+    int64 = ir.TensorType(ir.DataType.INT64)
+    k = ir.Value(name=PREDICTION_INPUTS[0], shape=ir.Shape([1]), type=int64)
+    targets = ir.Value(name=PREDICTION_INPUTS[1], shape=ir.Shape(["rows", "n"]), type=int64)
+    graph.inputs.extend([k, targets])
+    softmax = ir.node("Softmax", [logits], attributes={"axis": -1})
+    top = ir.node("TopK", [softmax.outputs[0], k], attributes={"axis": -1}, num_outputs=2)
+    chosen = ir.node("GatherElements", [softmax.outputs[0], targets], attributes={"axis": -1})
+    graph.extend([softmax, top, chosen])
+    softmax.outputs[0].name = "probabilities"
+    float32 = ir.TensorType(ir.DataType.FLOAT)
+    probabilities, ids = top.outputs
+    outputs = {
+        ids: (int64, ["rows", "k"]),
+        probabilities: (float32, ["rows", "k"]),
+        chosen.outputs[0]: (float32, ["rows", "n"]),
+    }
+    for (value, (dtype, dims)), name in zip(outputs.items(), PREDICTION_OUTPUTS, strict=True):
+        value.name, value.type, value.shape = name, dtype, ir.Shape(dims)
+        graph.outputs.append(value)
+
+
 def _as_float32(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
     """`tensor` as an ONNX tensor, converted to float32 only when it is written."""
     if not tensor.is_floating_point():
@@ -160,6 +189,8 @@ def export_onnx(
     externalize(graph, weights, names=transposed | set(tensors))
     weights.flush()
     onnxscript.optimizer.optimize(graph)
+    if kind == "lens":
+        _with_predictions(graph)
     if kind == "embeddings":  # the only graph with the fused Attention op to fold into
         graph = fold_head_transposes(graph, config.n_heads, config.kv_heads)
     graph.metadata_props.update(

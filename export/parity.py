@@ -19,11 +19,15 @@ from attnserve.model.artifacts import (
     HEAD_MASK_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
+    PREDICTION_INPUTS,
+    PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 from attnserve.model.footprint import parameter_count
+
+LENS_TOP_K = 5  # the parity case of the lens' predictions
 
 
 class ParityError(RuntimeError):
@@ -105,10 +109,19 @@ def _lens_reference(model: Encoder, references: list[Reference]) -> Reference:
     layers = sorted({0, len(stream) // 2, len(stream) - 1})
     residual = stream[layers].reshape(-1, stream.shape[-1])  # (rows, D)
     last = np.broadcast_to(stream[-1], stream[layers].shape).reshape(residual.shape)
+    targets = np.stack([np.arange(len(residual)) % model.config.vocab_size] * 2, axis=1)
     with torch.inference_mode():
         logits = model.lens(torch.from_numpy(residual), torch.from_numpy(last.copy()))
+        probabilities = logits.softmax(-1)
+        top = probabilities.topk(LENS_TOP_K).values
+        chosen = probabilities.gather(-1, torch.from_numpy(targets))
     inputs = dict(zip(LENS_INPUTS, (residual, np.ascontiguousarray(last)), strict=True))
-    return Reference(case.shape, inputs, {LOGITS_NAME: logits.numpy()})
+    inputs |= dict(zip(PREDICTION_INPUTS, (np.array([LENS_TOP_K]), targets), strict=True))
+    # top_ids are not compared: where two probabilities are within rounding, either order
+    # is right; their probabilities, sorted, are compared instead.
+    outputs = {LOGITS_NAME: logits.numpy()}
+    outputs |= dict(zip(PREDICTION_OUTPUTS[1:], (top.numpy(), chosen.numpy()), strict=True))
+    return Reference(case.shape, inputs, outputs)
 
 
 def compare(
@@ -134,11 +147,12 @@ def compare(
     inputs = [i.name for i in session.get_inputs()]
     cases = []
     for reference in references:
-        if not set(inputs) <= set(reference.inputs) or not set(names) <= set(reference.outputs):
+        compared = [name for name in names if name in reference.outputs]
+        if not set(inputs) <= set(reference.inputs) or not compared:
             continue  # a reference of another graph (the lens' of the model's)
         batch, seq_len = reference.shape
-        values = session.run(names, {name: reference.inputs[name] for name in inputs})
-        got = dict(zip(names, values, strict=True))
+        values = session.run(compared, {name: reference.inputs[name] for name in inputs})
+        got = dict(zip(compared, values, strict=True))
         diffs = {
             name: float(np.abs(value - reference.outputs[name]).max())
             for name, value in got.items()
@@ -148,7 +162,7 @@ def compare(
             cosine = _min_cosine(
                 got[config.embeddings_name], reference.outputs[config.embeddings_name]
             )
-        gated = [config.attentions_name] if min_cosine is not None else names
+        gated = [config.attentions_name] if min_cosine is not None else compared
         # `not <=` and `not >=` also catch NaN
         if not all(diffs[name] <= tolerance for name in gated if name in diffs) or not (
             cosine >= (min_cosine or -1.0)

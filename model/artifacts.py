@@ -15,6 +15,10 @@ RESIDUAL_STREAM_NAME = "residual_stream"  # output, float32 [batch, layers + 1, 
 LENS_ONNX_FILENAME = "model_lens.onnx"
 LENS_INPUTS = ("residual", "last")  # float32 [rows, d_model] each: x_l and x_L of one position
 LOGITS_NAME = "logits"  # output, float32 [rows, vocab]
+# ... and what is read off them: k (int64 [1]) and targets (int64 [rows, n], token ids) in;
+# the k most probable ids (int64 [rows, k]), their probabilities and the targets' out.
+PREDICTION_INPUTS = ("k", "targets")
+PREDICTION_OUTPUTS = ("top_ids", "top_probabilities", "target_probabilities")
 # Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
 EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
 # The full graph's outputs through the fused Attention op (export/fused.py): faster on CPU;

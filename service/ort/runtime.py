@@ -24,11 +24,18 @@ from attnserve.model.artifacts import (
     LENS_INPUTS,
     LENS_ONNX_FILENAME,
     LOGITS_NAME,
+    PREDICTION_INPUTS,
+    PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
     ModelDirectory,
 )
 from attnserve.model.config import ConfigError, ModelConfig
-from attnserve.service.core.backend import AttentionOutput, AttentionSelection, WeightsInfo
+from attnserve.service.core.backend import (
+    AttentionOutput,
+    AttentionSelection,
+    LensOutput,
+    WeightsInfo,
+)
 from attnserve.service.core.errors import (
     InferenceError,
     ModelLoadError,
@@ -192,15 +199,26 @@ class OrtRuntime:
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
         return embeddings, attentions, stream
 
-    def lens(self, residual: np.ndarray, last: np.ndarray) -> np.ndarray:
+    def lens(
+        self,
+        residual: np.ndarray,
+        last: np.ndarray,
+        k: int = 1,
+        targets: np.ndarray | None = None,
+    ) -> LensOutput:
         """Residual rows (N, D) of any layers and the last layer's at the same positions
-        (N, D) -> logits (N, V): the logit lens; with residual = last, the model's logits."""
+        (N, D) -> the logit lens: logits (N, V) (with residual = last, the model's own), the
+        k most probable ids and their probabilities, and those of `targets` (N, n) ids."""
         session = self._readouts_session(LENS_ONNX_FILENAME, LOGITS_NAME)
-        feeds = dict(zip(LENS_INPUTS, (residual, last), strict=True))
+        if targets is None:
+            targets = np.zeros((len(residual), 0), dtype=np.int64)
+        inputs = (residual, last, np.array([k], dtype=np.int64), targets)
+        feeds = dict(zip((*LENS_INPUTS, *PREDICTION_INPUTS), inputs, strict=True))
         try:
-            return session.run([LOGITS_NAME], feeds)[0]
+            values = session.run([LOGITS_NAME, *PREDICTION_OUTPUTS], feeds)
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the logit lens: {exc}") from exc
+        return LensOutput(*values)
 
     def _readouts_session(self, filename: str, output: str) -> ort.InferenceSession:
         """The session of one readouts graph, opened on first use; UnsupportedError where

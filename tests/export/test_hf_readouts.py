@@ -204,5 +204,5 @@ def test_exported_readouts_match_transformers(families, family):
     hidden = np.concatenate([stream[:, :-1], embeddings[:, None]], axis=1)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
     last = stream[:, -1].reshape(-1, config.d_model)  # every position's x_L
-    logits = runtime.lens(last, last).reshape(*ids.shape, -1)
+    logits = runtime.lens(last, last).logits.reshape(*ids.shape, -1)
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)

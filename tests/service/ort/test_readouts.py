@@ -45,12 +45,34 @@ def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runt
     _, _, stream = small_runtime.readouts(ids, masks(3)[:1])
     rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
     last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
-    logits = small_runtime.lens(rows, last).reshape(SMALL_CONFIG.n_layers + 1, 12, -1)
+    logits = small_runtime.lens(rows, last).logits.reshape(SMALL_CONFIG.n_layers + 1, 12, -1)
     with torch.inference_mode():
         want = small_model.lens(torch.from_numpy(rows), torch.from_numpy(last)).numpy()
         want_logits = small_model.logits(torch.from_numpy(ids)).numpy()
     np.testing.assert_allclose(logits.reshape(want.shape), want, rtol=0, atol=1e-4)
     np.testing.assert_allclose(logits[-1], want_logits[0], rtol=0, atol=1e-4)
+
+
+def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtime):
+    rng = np.random.default_rng(2)
+    rows = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
+    last = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
+    targets = rng.integers(0, SMALL_CONFIG.vocab_size, size=(6, 3))
+    out = small_runtime.lens(rows, last, k=4, targets=targets)
+    logits = out.logits.astype(np.float64)
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    order = np.argsort(-probabilities, axis=-1)[:, :4]
+    assert out.top_ids.shape == (6, 4) and out.top_ids.dtype == np.int64
+    np.testing.assert_array_equal(out.top_ids, order)  # random rows: no near-ties
+    np.testing.assert_allclose(
+        out.top_probabilities, np.take_along_axis(probabilities, order, -1), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        out.target_probabilities, np.take_along_axis(probabilities, targets, -1), atol=1e-6
+    )
+    # without targets: none asked, none computed
+    assert small_runtime.lens(rows, last).target_probabilities.shape == (6, 0)
 
 
 def test_readout_sessions_hold_no_copy_of_the_weights(small_runtime):
