@@ -44,9 +44,6 @@ def exporter_versions() -> dict[str, str]:
     return {pkg: version(pkg) for pkg in ("attnserve", "torch", "onnx", "onnxscript")}
 
 
-GRAPH_KINDS = ("full", "embeddings", "lens")
-
-
 class _FullGraph(Encoder):
     """model.onnx: forward's outputs and the residual stream, under a head mask."""
 
@@ -73,8 +70,8 @@ class _LensGraph(Encoder):
 
 
 def trace(config: ModelConfig, kind: str) -> ir.Model:
-    """The graph of `kind` (GRAPH_KINDS) for `config`, its initializers named after the
-    encoder's tensors and without values (traced on the meta device)."""
+    """The graph of `kind` (full, embeddings or lens) for `config`, its initializers named
+    after the encoder's tensors and without values (traced on the meta device)."""
     names: dict[str, tuple[list[str], list[str]]] = {
         "full": (
             [config.input_name, HEAD_MASK_NAME],
@@ -171,9 +168,9 @@ def export_onnx(
     weights: WeightsFile,
     kind: str = "full",
 ) -> Path:
-    """Export the graph of `kind` (GRAPH_KINDS) of the encoder of `config` with `tensors`
-    (its state_dict, any float dtype) to `path`, its weights into `weights` (written once
-    across graphs), and check the file."""
+    """Export the graph of `kind` (full, embeddings or lens) of the encoder of `config`
+    with `tensors` (its state_dict, any float dtype) to `path`, its weights into `weights`
+    (written once across graphs), and check the file."""
     graph = trace(config, kind)
     rotary = {
         f"{name}.{buffer}": value
