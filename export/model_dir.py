@@ -44,6 +44,7 @@ from attnserve.model.artifacts import (
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PRECISIONS,
+    READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     WEIGHTS_FILENAMES,
 )
@@ -122,14 +123,18 @@ def write_model_dir(
                 traced.insert(0, (ONNX_FILENAME, "full"))
             if "fp32" in precisions and config.unembedding != "none":
                 traced.append((LENS_ONNX_FILENAME, "lens"))
+            # the readouts (fp32 only) are the full graph's trace before it loses them
+            readouts = scratch / READOUTS_ONNX_FILENAME if "fp32" in precisions else None
             for filename, kind in traced:
                 log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
-                export_onnx(config, tensors, scratch / filename, weights, kind)
+                export_onnx(config, tensors, scratch / filename, weights, kind, readouts)
         del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
         # graph -> (tolerance, smallest embedding cosine) of its parity gate
         fp32_graphs = [name for name, _ in traced]
+        if (scratch / READOUTS_ONNX_FILENAME).is_file():
+            fp32_graphs.append(READOUTS_ONNX_FILENAME)
         if config.fuses_attention:
             fp32_graphs.append(FUSED_ONNX_FILENAME)
             log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")

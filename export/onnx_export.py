@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 import onnxscript.optimizer
 import torch
@@ -45,7 +46,8 @@ def exporter_versions() -> dict[str, str]:
 
 
 class _FullGraph(Encoder):
-    """model.onnx: forward's outputs and the residual stream, under a head mask."""
+    """model_readouts.onnx: forward's outputs and the residual stream, under a head mask;
+    model.onnx once they are taken out (_without_readouts)."""
 
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, head_mask: torch.Tensor
@@ -167,10 +169,13 @@ def export_onnx(
     path: str | Path,
     weights: WeightsFile,
     kind: str = "full",
+    readouts_path: str | Path | None = None,
 ) -> Path:
     """Export the graph of `kind` (full, embeddings or lens) of the encoder of `config`
     with `tensors` (its state_dict, any float dtype) to `path`, its weights into `weights`
-    (written once across graphs), and check the file."""
+    (written once across graphs), and check the file. The full graph is traced with the
+    readouts (a head mask in, the residual stream out): written as such to
+    `readouts_path` if given, and without them to `path`."""
     graph = trace(config, kind)
     rotary = {
         f"{name}.{buffer}": value
@@ -190,6 +195,15 @@ def export_onnx(
         _with_predictions(graph)
     if kind == "embeddings":  # the only graph with the fused Attention op to fold into
         graph = fold_head_transposes(graph, config.n_heads, config.kv_heads)
+    if kind == "full" and readouts_path is not None:
+        _save(graph, config, readouts_path)
+    if kind == "full":
+        _without_readouts(graph, config)
+    return _save(graph, config, path)
+
+
+def _save(graph: ir.Model, config: ModelConfig, path: str | Path) -> Path:
+    """The graph with the config and the exporter's versions in its metadata, checked."""
     graph.metadata_props.update(
         {
             CONFIG_METADATA_KEY: config.to_json(),
@@ -199,3 +213,25 @@ def export_onnx(
     outputs = [v.name for v in graph.graph.outputs]
     graph.doc_string = f"attnserve causal self-attention encoder {config.name}: {outputs}"
     return save_checked(ir.to_proto(graph), path)
+
+
+def _without_readouts(model: ir.Model, config: ModelConfig) -> None:
+    """The readouts graph made model.onnx: every head kept (the mask made of ones inside,
+    in the batch's shape, which the traced graph reads its batch size from too) and no
+    residual stream (what only fed it goes with it)."""
+    graph = model.graph
+    stream = next(v for v in graph.outputs if v.name == RESIDUAL_STREAM_NAME)
+    graph.outputs.remove(stream)
+    mask = next(v for v in graph.inputs if v.name == HEAD_MASK_NAME)
+    input_ids = next(v for v in graph.inputs if v.name == config.input_name)
+    heads = ir.tensor(np.array([config.n_layers, config.n_heads], dtype=np.int64))
+    batch = ir.node("Shape", [input_ids], attributes={"end": 1})
+    dims = ir.node("Constant", [], attributes={"value": heads})
+    shape = ir.node("Concat", [batch.outputs[0], dims.outputs[0]], attributes={"axis": 0})
+    one = ir.tensor(np.ones(1, dtype=np.float32))
+    ones = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": one})
+    ones.outputs[0].name = f"{HEAD_MASK_NAME}_ones"
+    graph.insert_before(graph.node(0), [batch, dims, shape, ones])
+    mask.replace_all_uses_with(ones.outputs[0])
+    graph.inputs.remove(mask)
+    onnxscript.optimizer.optimize(model)

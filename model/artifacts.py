@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
-# ... and, beside them, the residual stream under a head mask (the readouts):
+# The same graph with the readouts: a head mask in, the residual stream out beside them
+# (a graph of its own: ONNX Runtime computes every output, asked for or not).
+READOUTS_ONNX_FILENAME = "model_readouts.onnx"
 HEAD_MASK_NAME = "head_mask"  # input, float32 [batch, layers, heads]: 1 keeps a head
 RESIDUAL_STREAM_NAME = "residual_stream"  # output, float32 [batch, layers + 1, seq, d_model]
 # The logit lens: any layer's residual rows through the final norm (with the last layer's

@@ -26,6 +26,7 @@ from attnserve.model.artifacts import (
     LOGITS_NAME,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
+    READOUTS_ONNX_FILENAME,
     RESIDUAL_STREAM_NAME,
     ModelDirectory,
 )
@@ -136,12 +137,6 @@ class OrtRuntime:
         self.weights_info = WeightsInfo(
             weight_bytes, sessions * weight_bytes, **model_dir.fidelity(self.attention_graph.name)
         )
-        # The sessions of the traced full graph, which takes a head mask (every head kept)
-        self._masked = {
-            id(s)
-            for s in (self.session, self.embeddings_session)
-            if HEAD_MASK_NAME in {i.name for i in s.get_inputs()}
-        }
 
     def _open_beside(
         self, path: Path, options: RuntimeOptions, with_attentions: bool
@@ -190,7 +185,7 @@ class OrtRuntime:
         embeddings (B, T, D), attentions (B, L, H, T, T) and the residual stream
         (B, L+1, T, D), x_0 .. x_L, every head's output times its entry in the mask."""
         c = self.config
-        session = self._readouts_session(self.model_path.name, RESIDUAL_STREAM_NAME)
+        session = self._readouts_session(READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME)
         names = [c.embeddings_name, c.attentions_name, RESIDUAL_STREAM_NAME]
         feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
         try:
@@ -248,18 +243,11 @@ class OrtRuntime:
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
     ) -> list[np.ndarray]:
         try:
-            return session.run(outputs, self._feeds(session, input_ids))
+            return session.run(outputs, {self.config.input_name: input_ids})
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(
                 f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
             ) from exc
-
-    def _feeds(self, session: ort.InferenceSession, input_ids: np.ndarray) -> dict:
-        feeds = {self.config.input_name: input_ids}
-        if id(session) in self._masked:  # the traced full graph: every head kept
-            c = self.config
-            feeds[HEAD_MASK_NAME] = np.ones((len(input_ids), c.n_layers, c.n_heads), np.float32)
-        return feeds
 
     def release_memory(self) -> None:
         """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
@@ -270,7 +258,7 @@ class OrtRuntime:
         shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", arenas)
         ids = np.full((1, 1), self.config.bos_id, dtype=np.int64)
         for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
-            session.run(None, self._feeds(session, ids), shrink)
+            session.run(None, {self.config.input_name: ids}, shrink)
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
         with self._readouts_lock:
             self._readouts.clear()
@@ -423,8 +411,5 @@ def _check_io(
                     f"{path}: output {name!r} has shape {shape}, its config needs "
                     f"{size} on axis {axis}"
                 )
-    if set(inputs) - {config.input_name, HEAD_MASK_NAME}:
-        raise ModelLoadError(
-            f"{path} must have the inputs {config.input_name!r} (and {HEAD_MASK_NAME!r} "
-            f"in the full graph), has {sorted(inputs)}"
-        )
+    if len(inputs) != 1:
+        raise ModelLoadError(f"{path} must have exactly one input, has {sorted(inputs)}")

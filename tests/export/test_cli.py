@@ -14,6 +14,7 @@ from attnserve.model.artifacts import (
     FUSED_ONNX_FILENAME,
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
+    READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
     WEIGHTS_FILENAMES,
@@ -27,7 +28,8 @@ from tests.conftest import SMALL_CONFIG, run_cli
 def test_default_export_writes_a_checked_model_directory(default_export):
     out, result = default_export
     config = ModelConfig()
-    for filename in (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME):
+    graphs = (ONNX_FILENAME, READOUTS_ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME)
+    for filename in graphs:
         assert f"checking {filename}: PyTorch vs ONNX Runtime CPU" in result.stdout
         proto = onnx.load(str(out / filename))
         onnx.checker.check_model(proto, full_check=True)
@@ -37,14 +39,14 @@ def test_default_export_writes_a_checked_model_directory(default_export):
         # Batch and sequence axes are symbolic, not baked to the traced example's shape.
         input_ids, *head_mask = proto.graph.input
         assert [d.dim_param for d in input_ids.type.tensor_type.shape.dim] == ["batch", "seq"]
-        if filename == ONNX_FILENAME:  # the readouts' inputs and outputs
+        outputs = [o.name for o in proto.graph.output]
+        if filename == READOUTS_ONNX_FILENAME:  # the readouts' inputs and outputs
             (mask,) = head_mask
             dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
             assert (mask.name, dims) == ("head_mask", ["batch", config.n_layers, config.n_heads])
-            outputs = [o.name for o in proto.graph.output]
             assert outputs == ["embeddings", "attentions", "residual_stream"]
-        else:
-            assert head_mask == []
+        else:  # the served graphs: nothing computed that a plain request does not read
+            assert head_mask == [] and "residual_stream" not in outputs
     assert f"seq_len={ModelConfig().max_seq_len}" in result.stdout  # parity reached max length
 
     fused = onnx.load(str(out / EMBEDDINGS_ONNX_FILENAME))
@@ -67,7 +69,8 @@ def test_default_export_writes_a_checked_model_directory(default_export):
 
     report = json.loads((out / REPORT_FILENAME).read_text())
     fp32_graphs = {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME}
-    fp32_graphs.add(LENS_ONNX_FILENAME)  # the default model's unembedding is its token table
+    # the readouts, and the lens: the default model's unembedding is its token table
+    fp32_graphs |= {READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME}
     # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
     assert report["precisions"] == ["fp32"]
     assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}

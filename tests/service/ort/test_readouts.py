@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.model.artifacts import LENS_ONNX_FILENAME, ONNX_FILENAME
+from attnserve.model.artifacts import LENS_ONNX_FILENAME, ONNX_FILENAME, READOUTS_ONNX_FILENAME
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
@@ -89,10 +89,13 @@ def test_readout_sessions_hold_no_copy_of_the_weights(small_runtime):
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
-    (model_dir / LENS_ONNX_FILENAME).unlink()
+    for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME):
+        (model_dir / readouts).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
         runtime.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
+    with pytest.raises(UnsupportedError, match=r"no residual_stream .*re-export"):
+        runtime.readouts(np.zeros((1, 3), np.int64), masks(3)[:1])
     fp16 = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
     with pytest.raises(UnsupportedError, match="no residual_stream to read in fp16"):
         fp16.readouts(np.zeros((1, 3), np.int64), masks(3)[:1])
