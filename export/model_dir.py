@@ -157,11 +157,15 @@ def write_model_dir(
         export_seconds = time.perf_counter() - start
 
         cases: list[ParityCase] = []
+        longest = max(seq_len for _, seq_len in shapes)
         for filename, (limit, min_cosine) in gates.items():
             start = time.perf_counter()
             floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
             log(f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {limit:g}{floor}...")
-            graph_cases = compare(references, scratch / filename, config, limit, min_cosine)
+            checked = references
+            if filename == READOUTS_ONNX_FILENAME:  # model.onnx's own trace: not the longest
+                checked = [r for r in references if r.shape[1] < longest] or references
+            graph_cases = compare(checked, scratch / filename, config, limit, min_cosine)
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.max_abs_diff.items())
