@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import ClientOptions, EncoderClient
+from attnserve.client.codec import TokenPredictions
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
 
 
@@ -48,6 +49,29 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     _attention_options(encode)
     encode.add_argument("--top-k", type=int, default=0, help="k largest weights per row")
     encode.add_argument("--entropy", action="store_true", help="each head's mean row entropy")
+    readouts = encode.add_argument_group("beyond attention")
+    readouts.add_argument("--predict", action="store_true", help="the next-token predictions")
+    readouts.add_argument("--lens", action="store_true", help="the logit lens of every layer")
+    readouts.add_argument(
+        "--hidden-norms", action="store_true", help="the norm of every layer's hidden state"
+    )
+    readouts.add_argument(
+        "--positions",
+        type=int,
+        nargs="*",
+        default=[-1],
+        help="positions of those (default: -1, the last token; none given: all)",
+    )
+    readouts.add_argument("--top-tokens", type=int, default=5, help="most probable tokens")
+    readouts.add_argument("--target-ids", type=_ids, default=[], help="ids whose probability")
+    readouts.add_argument(
+        "--ablate",
+        metavar="LAYER:HEAD",
+        type=_head,
+        action="append",
+        default=[],
+        help="remove a head from everything returned (repeatable)",
+    )
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
@@ -79,6 +103,18 @@ def _attention_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout", action="store_true", help="attention rollout over the layers")
 
 
+def _ids(value: str) -> list[int]:
+    return [int(i) for i in value.split(",") if i.strip()]
+
+
+def _head(value: str) -> tuple[int, int]:
+    try:
+        layer, head = (int(part) for part in value.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not LAYER:HEAD") from None
+    return layer, head
+
+
 def _with_client(args: argparse.Namespace, run) -> int:
     options = ClientOptions(
         timeout_s=args.timeout, tls_root_cert=args.tls_root_cert, token=args.token
@@ -103,7 +139,12 @@ def _info(client: EncoderClient, args: argparse.Namespace) -> int:
 
 
 def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
-    inputs = args.text or [[int(i) for i in ids.split(",")] for ids in args.ids]
+    inputs = args.text or [_ids(ids) for ids in args.ids]
+    predictions = {
+        "positions": args.positions,
+        "top_k": args.top_tokens,
+        "target_ids": args.target_ids,
+    }
     out = client.encode(
         inputs,
         pooling=args.pooling,
@@ -119,6 +160,11 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         head_entropy=args.entropy,
         truncate=args.truncate,
         return_tokens=args.tokens,
+        predictions=args.predict and predictions,
+        logit_lens=args.lens and predictions,
+        hidden_states=args.hidden_norms
+        and {"positions": args.positions, "norms": True, "omit_states": True},
+        head_mask={head: 0.0 for head in args.ablate} or None,
         model=args.model,
     )
     if args.json:
@@ -144,6 +190,9 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
                             "head_entropy": _list(e.head_entropy),
                             "truncated": e.truncated,
                             "tokens": e.tokens,
+                            "hidden_state_norms": _list(e.hidden_state_norms),
+                            "predictions": _predictions_json(e.predictions),
+                            "logit_lens": _predictions_json(e.logit_lens),
                         }
                         for e in out
                     ],
@@ -176,7 +225,45 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
             print(f"    top-{e.indices.shape[-1]} key positions, last row {e.indices[..., -1, :]}")
         if e.head_entropy is not None:
             print(f"    head entropy (nats, layers x heads)\n{np.round(e.head_entropy, 3)}")
+        if e.hidden_state_norms is not None:
+            for position, norms in zip(
+                e.hidden_state_positions, e.hidden_state_norms.T, strict=True
+            ):
+                print(f"    hidden-state norms at {position}, by layer: {np.round(norms, 2)}")
+        if e.predictions is not None:
+            _print_predictions("next token", e.predictions)
+        if e.logit_lens is not None:
+            _print_predictions("logit lens", e.logit_lens)
     return 0
+
+
+def _print_predictions(title: str, p: TokenPredictions) -> None:
+    for j, position in enumerate(p.positions):
+        print(f"    {title} after position {position}:")
+        for i, layer in enumerate(p.layers):
+            top = ", ".join(
+                f"{token!r} {probability:.3f}"
+                for token, probability in zip(
+                    p.top_tokens[i, j], p.top_probabilities[i, j], strict=True
+                )
+            )
+            targets = ""
+            if p.target_probabilities is not None:
+                targets = f"; targets {np.round(p.target_probabilities[i, j], 4).tolist()}"
+            print(f"      layer {layer:>3}: {top}{targets}")
+
+
+def _predictions_json(p: TokenPredictions | None) -> dict | None:
+    if p is None:
+        return None
+    return {
+        "layers": p.layers,
+        "positions": p.positions,
+        "top_ids": p.top_ids.tolist(),
+        "top_tokens": p.top_tokens.tolist(),
+        "top_probabilities": p.top_probabilities.tolist(),
+        "target_probabilities": _list(p.target_probabilities),
+    }
 
 
 def _list(array: np.ndarray | None) -> list | None:

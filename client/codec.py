@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -46,6 +46,25 @@ class Encoding:
     rows: list[int] = field(default_factory=list)  # attention's rows: absolute positions
     indices: np.ndarray | None = None  # int32, attention's shape: top_k key positions
     head_entropy: np.ndarray | None = None  # float32 (layers, heads), nats
+    hidden_states: np.ndarray | None = None  # float32 (layers, positions, d_model)
+    hidden_state_norms: np.ndarray | None = None  # float32 (layers, positions)
+    hidden_state_layers: list[int] = field(default_factory=list)
+    hidden_state_positions: list[int] = field(default_factory=list)
+    predictions: TokenPredictions | None = None  # layers is [n_layers]
+    logit_lens: TokenPredictions | None = None
+
+
+@dataclass
+class TokenPredictions:
+    """Next-token distributions, each array (layers, positions, ...)."""
+
+    layers: list[int]
+    positions: list[int]
+    top_ids: np.ndarray  # int32 (.., k), most probable first
+    top_probabilities: np.ndarray  # float32 (.., k)
+    top_tokens: np.ndarray  # str (.., k): top_ids as display strings
+    target_probabilities: np.ndarray | None  # float32 (.., len(target_ids))
+    logits: np.ndarray | None  # float32 (.., vocab_size)
 
 
 @dataclass
@@ -99,6 +118,10 @@ def build_request(
     token_embeddings: bool = True,
     truncate: bool = False,
     return_tokens: bool = False,
+    hidden_states: bool | Mapping = False,
+    predictions: bool | Mapping = False,
+    logit_lens: bool | Mapping = False,
+    head_mask: np.ndarray | Mapping[tuple[int, int], float] | None = None,
     request_id: str = "",
     model: str = "",
 ) -> pb.EncodeRequest:
@@ -108,7 +131,10 @@ def build_request(
     `heads` (empty: all), `rows` (query positions, negative from the end), a
     `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, and
     `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
-    `model` names a served model (empty: the server's default).
+    `hidden_states`, `predictions`, `logit_lens`: True, or the fields of the .proto's
+    HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
+    [-1], "top_k": 3}`). `head_mask`: (n_layers, n_heads) scales, or {(layer, head): scale};
+    0 removes a head. `model` names a served model (empty: the server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
     items = [inputs] if single else list(cast(Sequence[Input], inputs))
@@ -138,7 +164,35 @@ def build_request(
         a.top_k = top_k
         a.head_entropy = head_entropy
         a.omit_weights = omit_weights
+    for name, value in (
+        ("hidden_states", hidden_states),
+        ("predictions", predictions),
+        ("logit_lens", logit_lens),
+    ):
+        if value is not False:
+            getattr(options, name).SetInParent()  # True: every default
+            if isinstance(value, Mapping):
+                getattr(options, name).MergeFrom(type(getattr(options, name))(**value))
+    if head_mask is not None:
+        options.head_mask.extend(_head_scales(head_mask))
     return request
+
+
+def _head_scales(head_mask: np.ndarray | Mapping[tuple[int, int], float]) -> list[pb.HeadScale]:
+    """The heads a mask changes: every entry of a mapping, the entries of an array that are
+    not 1."""
+    items: Iterable[tuple[tuple[int, int], float]]
+    if isinstance(head_mask, Mapping):
+        items = head_mask.items()
+    else:
+        mask = np.asarray(head_mask, dtype=np.float32)
+        if mask.ndim != 2:
+            raise ValueError(f"head_mask must be (n_layers, n_heads), got shape {mask.shape}")
+        changed = np.argwhere(mask != 1)
+        items = (((int(layer), int(head)), mask[layer, head]) for layer, head in changed)
+    return [
+        pb.HeadScale(layer=layer, head=head, scale=float(scale)) for (layer, head), scale in items
+    ]
 
 
 def _is_id(value: object) -> bool:
@@ -167,6 +221,12 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
                 rows=list(result.attention_rows),
                 indices=_optional(result, "attention_indices"),
                 head_entropy=_optional(result, "head_entropy"),
+                hidden_states=_optional(result, "hidden_states"),
+                hidden_state_norms=_optional(result, "hidden_state_norms"),
+                hidden_state_layers=list(result.hidden_state_layers),
+                hidden_state_positions=list(result.hidden_state_positions),
+                predictions=_predictions(result, "predictions"),
+                logit_lens=_predictions(result, "logit_lens"),
             )
         )
     t = response.timings
@@ -181,5 +241,21 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
     )
 
 
-def _optional(result: pb.EncodeResult, name: str) -> np.ndarray | None:
+def _optional(result: pb.EncodeResult | pb.TokenPredictions, name: str) -> np.ndarray | None:
     return from_tensor(getattr(result, name)) if result.HasField(name) else None
+
+
+def _predictions(result: pb.EncodeResult, name: str) -> TokenPredictions | None:
+    if not result.HasField(name):
+        return None
+    message = getattr(result, name)
+    top_ids = from_tensor(message.top_ids)
+    return TokenPredictions(
+        layers=list(message.layers),
+        positions=list(message.positions),
+        top_ids=top_ids,
+        top_probabilities=from_tensor(message.top_probabilities),
+        top_tokens=np.array(list(message.top_tokens), dtype=object).reshape(top_ids.shape),
+        target_probabilities=_optional(message, "target_probabilities"),
+        logits=_optional(message, "logits"),
+    )

@@ -42,11 +42,66 @@ class AttentionOutput:
 
 
 @dataclass(frozen=True)
+class HiddenStatesSelection:
+    """Residual-stream vectors of one input: states in [0, L] (L: after the final norm)."""
+
+    layers: tuple[int, ...]
+    positions: tuple[int, ...]  # absolute
+    states: bool = True
+    norms: bool = False
+
+
+@dataclass(frozen=True)
+class PredictionsSelection:
+    """Next-token distributions of one input: the logit lens of `layers` (L alone: the
+    model's own predictions) at `positions`."""
+
+    layers: tuple[int, ...]  # residual-stream states, in [0, L]
+    positions: tuple[int, ...]  # absolute
+    top_k: int
+    targets: tuple[int, ...] = ()
+    logits: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class ReadoutSelection:
+    """One input's request of what only the readouts graph has: a head mask, the residual
+    stream, predictions. Everything it asks is computed under the head mask."""
+
+    head_mask: np.ndarray | None = None  # float32 (L, H); None: every head kept
+    attention: AttentionSelection | None = None
+    hidden_states: HiddenStatesSelection | None = None
+    predictions: PredictionsSelection | None = None
+    lens: PredictionsSelection | None = None
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """What one PredictionsSelection makes, each (layers, positions, ...)."""
+
+    top_ids: np.ndarray  # int32 (.., k), most probable first
+    top_probabilities: np.ndarray  # float32 (.., k)
+    target_probabilities: np.ndarray | None  # float32 (.., n); None without targets
+    logits: np.ndarray | None  # float32 (.., V); None unless asked
+
+
+@dataclass(frozen=True)
+class ReadoutOutput:
+    """What one input's ReadoutSelection makes besides embeddings."""
+
+    attention: AttentionOutput | None = None
+    hidden_states: np.ndarray | None = None  # float32 (layers, positions, D)
+    hidden_state_norms: np.ndarray | None = None  # float32 (layers, positions)
+    predictions: Predictions | None = None
+    lens: Predictions | None = None
+
+
+@dataclass(frozen=True)
 class LensOutput:
     """The logit lens of some residual rows (N of them): what the model would predict if
     each row were its last layer's."""
 
-    logits: np.ndarray  # float32 (N, V)
+    logits: np.ndarray | None  # float32 (N, V), when asked for
     top_ids: np.ndarray  # int64 (N, k), most probable first
     top_probabilities: np.ndarray  # float32 (N, k)
     target_probabilities: np.ndarray  # float32 (N, n): of the target ids asked for
@@ -83,11 +138,22 @@ class Backend(Protocol):
     def precision(self) -> str:
         """ "fp32" or "fp16" (what is computed inside; inputs and outputs stay float32)."""
 
+    @property
+    def readouts(self) -> frozenset[str]:
+        """What `read` can compute: "stream" (hidden states, head masks) and "lens"
+        (predictions, the logit lens); empty where the model has no readouts graphs."""
+
     def attend(
         self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]
     ) -> tuple[np.ndarray, list[AttentionOutput]]:
         """int64 (B, T), right-padded -> embeddings float32 (B, T, D) and, per row, the
         attention its selection asks for (the full T x T weights stay inside)."""
+
+    def read(
+        self, input_ids: np.ndarray, lengths: list[int], selections: list[ReadoutSelection]
+    ) -> tuple[np.ndarray, list[ReadoutOutput]]:
+        """As attend, on the readouts graph: embeddings float32 (B, T, D) under each row's
+        head mask and, per row, what its selection asks for."""
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""

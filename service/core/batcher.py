@@ -3,7 +3,7 @@
 `await batcher.encode(sequences, ...)` queues all of a request's sequences (or
 none: admission is all or nothing) and returns their results in order. One loop
 forms batches: the oldest sequence plus those closest to it in length, of the
-same kind (with or without attention), under the token budget; it right-pads
+same kind (embeddings only, with attention, or with readouts), under the token budget; it right-pads
 them, runs the backend on a worker thread (off the event loop) and hands each
 sequence its slice. Right padding is exact for a causal model, so a sequence
 gets the same numbers alone or inside any batch.
@@ -36,7 +36,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from attnserve.service.core.backend import AttentionOutput, AttentionSelection, Backend
+from attnserve.service.core.backend import (
+    AttentionOutput,
+    AttentionSelection,
+    Backend,
+    ReadoutOutput,
+    ReadoutSelection,
+)
 from attnserve.service.core.errors import (
     AttnserveError,
     DeadlineExceededError,
@@ -47,6 +53,9 @@ from attnserve.service.core.errors import (
 from attnserve.service.core.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
+
+
+Selection = AttentionSelection | ReadoutSelection  # what a sequence asks besides embeddings
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class SequenceResult:
     attention: AttentionOutput | None  # only when asked for
     queue_ns: int  # time waiting for the batch
     inference_ns: int  # the batch's backend call
+    readouts: ReadoutOutput | None = None  # only when asked for
 
 
 class Clock(Protocol):
@@ -97,7 +107,7 @@ class MonotonicClock:
 @dataclass(eq=False)
 class _Item:
     ids: np.ndarray  # (T,) int64
-    selection: AttentionSelection | None  # None: embeddings only
+    selection: Selection | None  # None: embeddings only
     deadline: float | None  # clock time after which the work is useless
     enqueued: float  # clock time
     future: asyncio.Future[SequenceResult]
@@ -108,8 +118,9 @@ class _Item:
         return len(self.ids)
 
     @property
-    def with_attention(self) -> bool:
-        return self.selection is not None
+    def kind(self) -> type | None:
+        """Which backend call runs it: sequences of one kind batch together."""
+        return type(self.selection) if self.selection is not None else None
 
 
 @dataclass(eq=False)
@@ -197,19 +208,20 @@ class Batcher:
     async def encode(
         self,
         sequences: list[np.ndarray],
-        attention: list[AttentionSelection] | None = None,
+        selections: Sequence[Selection] | None = None,
         timeout: float | None = None,
     ) -> list[SequenceResult]:
         """Run every sequence (validated int64 ids) and return their results in order.
 
-        `attention`: one selection per sequence, or None for embeddings only.
+        `selections`: one per sequence (attention, or readouts), or None for embeddings
+        only.
 
         All are queued or none (QueueFullError). If one fails, or the caller is
         cancelled, the request's other sequences leave the queue unrun.
         `timeout`: seconds from now after which queued work is dropped unrun
         (DeadlineExceededError).
         """
-        items = self._admit(sequences, attention, timeout)
+        items = self._admit(sequences, selections, timeout)
         try:
             return list(await asyncio.gather(*(item.future for item in items)))
         except BaseException:
@@ -221,7 +233,7 @@ class Batcher:
     def _admit(
         self,
         sequences: list[np.ndarray],
-        attention: list[AttentionSelection] | None,
+        selections: Sequence[Selection] | None,
         timeout: float | None,
     ) -> list[_Item]:
         if self._closing:
@@ -235,12 +247,10 @@ class Batcher:
         deadline = None if timeout is None else now + timeout
         loop = asyncio.get_running_loop()
         request = object()
-        selections: list[AttentionSelection | None] = (
-            list(attention) if attention else [None] * len(sequences)
-        )
+        chosen: Sequence[Selection | None] = selections or [None] * len(sequences)
         items = [
             _Item(ids, selection, deadline, now, loop.create_future(), request)
-            for ids, selection in zip(sequences, selections, strict=True)
+            for ids, selection in zip(sequences, chosen, strict=True)
         ]
         self._pending += items
         self._arrived.set()
@@ -308,7 +318,7 @@ class Batcher:
         oldest = self._pending[0]
         if oldest.length > self.options.max_batched_seq_len:
             return 0.0  # it runs alone: company would not join it
-        kin = [i for i in self._pending if i.with_attention == oldest.with_attention]
+        kin = [i for i in self._pending if i.kind == oldest.kind]
         full_by_count = 0 < self.options.max_batch_size <= len(kin)
         full_by_tokens = max(i.length for i in kin) * len(kin) >= self.options.max_batch_tokens
         if full_by_count or full_by_tokens:
@@ -325,8 +335,7 @@ class Batcher:
                 (
                     i
                     for i in self._pending[1:]
-                    if i.with_attention == oldest.with_attention
-                    and i.length <= self.options.max_batched_seq_len
+                    if i.kind == oldest.kind and i.length <= self.options.max_batched_seq_len
                 ),
                 key=lambda i: abs(i.length - oldest.length),
             )
@@ -360,15 +369,14 @@ class Batcher:
         ids = np.full((len(batch), longest), config.pad_id, dtype=np.int64)
         for row, item in enumerate(batch):
             ids[row, : item.length] = item.ids  # right padding: exact for a causal model
-        with_attention = batch[0].with_attention
+        kind = batch[0].kind
         start = self.clock.now()
-        run: Callable[[], Any]
-        if with_attention:
+        run: Callable[[], Any] = partial(backend.embed, ids)
+        if kind is not None:  # one kind per batch: every selection is of that type
             lengths = [item.length for item in batch]
-            selections = [i.selection for i in batch if i.selection is not None]
-            run = partial(backend.attend, ids, lengths, selections)
-        else:
-            run = partial(backend.embed, ids)
+            selections: list[Any] = [item.selection for item in batch]
+            call = backend.read if kind is ReadoutSelection else backend.attend
+            run = partial(call, ids, lengths, selections)
         try:
             outputs, inference_s = await asyncio.get_running_loop().run_in_executor(
                 executor, _timed, run
@@ -389,7 +397,7 @@ class Batcher:
                 if item.request in failed:
                     item.future.cancel()
             return
-        embeddings, attentions = outputs if with_attention else (outputs, [None] * len(batch))
+        embeddings, extras = outputs if kind is not None else (outputs, [None] * len(batch))
 
         m = self.metrics
         m.inference_time.observe(inference_s)
@@ -403,12 +411,15 @@ class Batcher:
             m.queue_time.observe(queue_s)
             if item.future.done():
                 continue
+            extra = extras[row]
+            readouts = extra if isinstance(extra, ReadoutOutput) else None
             item.future.set_result(
                 SequenceResult(
                     embeddings=embeddings[row, :n],
-                    attention=attentions[row],
+                    attention=readouts.attention if readouts else extra,
                     queue_ns=int(queue_s * 1e9),
                     inference_ns=int(inference_s * 1e9),
+                    readouts=readouts,
                 )
             )
 

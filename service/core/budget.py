@@ -17,15 +17,19 @@ import collections
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.errors import DeadlineExceededError
 from attnserve.service.core.plan import EncodePlan, response_bytes
+from attnserve.service.core.readouts import readout_work_bytes
 
 
 def request_bytes(plan: EncodePlan, config: ModelConfig) -> int:
-    """What a request holds at its peak: its answer twice (numpy, then protobuf) and, per
-    sequence with attention, its float32 T x T weights twice (each layer's, then stacked)."""
+    """What a request holds at its peak: its answer twice (numpy, then protobuf); per
+    sequence with attention or readouts (whose graph computes attention too), its float32
+    T x T weights twice (each layer's, then stacked); and what its readouts work in."""
     total = 2 * response_bytes(plan, config)
-    if plan.attention:
+    if plan.attention or plan.readouts:
         per_weight = config.n_layers * config.n_heads * 4
         total += sum(2 * per_weight * len(ids) ** 2 for ids in plan.sequences)
+    for selection, ids in zip(plan.readouts or (), plan.sequences, strict=False):
+        total += readout_work_bytes(selection, config, len(ids))
     return total
 
 

@@ -119,7 +119,7 @@ class DataPlane:
         self._idle.clear()
         try:
             config = self.backend.config
-            plan = plan_request(request, config, self.tokenizer)
+            plan = plan_request(request, config, self.tokenizer, self.backend.readouts)
             check_response_size(plan, config, self.max_message_bytes)
             reserved = request_bytes(plan, config)
             self._cancel_release()  # not idle after all
@@ -129,7 +129,7 @@ class DataPlane:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:  # gRPC cancels a call at its deadline; this does it for every transport
                     async with asyncio.timeout(left):
-                        results = await self.batcher.encode(plan.sequences, plan.attention, left)
+                        results = await self.batcher.encode(plan.sequences, plan.selections, left)
                 except TimeoutError:
                     raise DeadlineExceededError(
                         f"the deadline ({timeout:g} s) passed before the answer was ready"

@@ -14,8 +14,10 @@ import numpy as np
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import Tokenizer
-from attnserve.service.core.backend import AttentionSelection
+from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
+from attnserve.service.core.fields import enum_field, indices, positions
+from attnserve.service.core.readouts import plan_readouts, readout_response_bytes
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import packed_length
 
@@ -32,19 +34,31 @@ class EncodePlan:
     token_embeddings: bool
     attention: list[AttentionSelection] | None  # one per sequence, or None: no attention
     return_tokens: bool
+    # one per sequence, or None: no head mask, hidden states or predictions
+    readouts: list[ReadoutSelection] | None = None
+
+    @property
+    def selections(self) -> list[AttentionSelection] | list[ReadoutSelection] | None:
+        """What the batcher runs of each sequence besides embeddings (readouts hold the
+        attention selection too: they run on a graph of their own)."""
+        return self.readouts or self.attention
 
 
 def plan_request(
-    request: pb.EncodeRequest, config: ModelConfig, tokenizer: Tokenizer
+    request: pb.EncodeRequest,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    readable: frozenset[str] = frozenset(),
 ) -> EncodePlan:
-    """Validate and tokenize; InvalidInputError names the field and the limit."""
+    """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
+    the readouts the backend computes (Backend.readouts)."""
     if not request.inputs:
         raise InvalidInputError("inputs: at least one input is required")
     options = request.options
-    truncation = _enum_field(
+    truncation = enum_field(
         "options.truncation", options.truncation, pb.Truncation, default=pb.TRUNCATION_NONE
     )
-    pooling = _enum_field("options.pooling", options.pooling, pb.Pooling, default=pb.POOLING_NONE)
+    pooling = enum_field("options.pooling", options.pooling, pb.Pooling, default=pb.POOLING_NONE)
     sequences, truncated = [], []
     for index, item in enumerate(request.inputs):
         field = f"inputs[{index}]"
@@ -85,13 +99,8 @@ def plan_request(
         not options.skip_token_embeddings,
         attention,
         options.return_tokens,
+        plan_readouts(options, config, sequences, attention, readable),
     )
-
-
-def _enum_field(name: str, value: int, enum, default: int) -> int:
-    if value not in enum.DESCRIPTOR.values_by_number:
-        raise InvalidInputError(f"{name}: {value} is not one of {list(enum.keys())}")
-    return value or default
 
 
 _REDUCTIONS: dict[int, str] = {
@@ -106,17 +115,17 @@ def _plan_attention(
 ) -> list[AttentionSelection]:
     """One selection per sequence (query_positions resolve against each one's length)."""
     field = "options.attention"
-    layers = _indices(f"{field}.layers", request.layers, config.n_layers)
-    heads = _indices(f"{field}.heads", request.heads, config.n_heads)
+    layers = indices(f"{field}.layers", request.layers, config.n_layers)
+    heads = indices(f"{field}.heads", request.heads, config.n_heads)
     if request.dtype not in (pb.DTYPE_UNSPECIFIED, pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16):
         raise InvalidInputError(
             f"{field}.dtype: {request.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
         )
-    layout = _enum_field(
+    layout = enum_field(
         f"{field}.layout", request.layout, pb.AttentionLayout, pb.ATTENTION_LAYOUT_FULL
     )
     packed = layout == pb.ATTENTION_LAYOUT_CAUSAL_PACKED
-    reduction = _enum_field(f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, 0)
+    reduction = enum_field(f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, 0)
     if request.rollout and reduction == pb.HEAD_REDUCTION_NONE:
         raise InvalidInputError(
             f"{field}.rollout needs the heads combined: set {field}.head_reduction to "
@@ -156,39 +165,16 @@ def _plan_attention(
         packed=packed,
     )
     return [
-        selection(rows=_rows(request.query_positions, len(ids), index))
+        selection(rows=_query_rows(request.query_positions, len(ids), index))
         for index, ids in enumerate(sequences)
     ]
 
 
-def _rows(positions, length: int, index: int) -> tuple[int, ...] | None:
+def _query_rows(values, length: int, index: int) -> tuple[int, ...] | None:
     """Absolute query positions of inputs[index] (None: every row)."""
-    if not positions:
+    if not values:
         return None
-    rows = []
-    for q in positions:
-        if not -length <= q < length:
-            raise InvalidInputError(
-                f"options.attention.query_positions: {q} is outside [-{length}, {length}) "
-                f"for inputs[{index}], which has {length} tokens"
-            )
-        rows.append(q % length)
-    if len(set(rows)) != len(rows):
-        raise InvalidInputError(
-            f"options.attention.query_positions: {list(positions)} name the same row "
-            f"twice in inputs[{index}] ({length} tokens)"
-        )
-    return tuple(rows)
-
-
-def _indices(name: str, values, limit: int) -> list[int]:
-    chosen = list(values) or list(range(limit))
-    for v in chosen:
-        if not 0 <= v < limit:
-            raise InvalidInputError(f"{name}: {v} is outside [0, {limit})")
-    if len(set(chosen)) != len(chosen):
-        raise InvalidInputError(f"{name}: {chosen} repeats an index")
-    return chosen
+    return positions("options.attention.query_positions", values, length, index)
 
 
 def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
@@ -203,6 +189,8 @@ def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
             total += config.embedding_dim * 4
         if plan.attention:
             total += attention_bytes(plan.attention[index], t)
+        if plan.readouts:
+            total += readout_response_bytes(plan.readouts[index], config)
     return total
 
 
@@ -210,12 +198,18 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
     """Refuse, before any work, an answer that would not fit in one gRPC message."""
     total = response_bytes(plan, config)
     if total > limit:
-        advice = (
-            "request fewer options.attention.layers/heads/query_positions, a head_reduction, "
-            "top_k, DTYPE_FLOAT16, ATTENTION_LAYOUT_CAUSAL_PACKED, or fewer inputs per request"
-            if plan.attention
-            else "send fewer inputs per request or set options.skip_token_embeddings"
-        )
+        advice = "send fewer inputs per request or set options.skip_token_embeddings"
+        if plan.attention:
+            advice = (
+                "request fewer options.attention.layers/heads/query_positions, a "
+                "head_reduction, top_k, DTYPE_FLOAT16, ATTENTION_LAYOUT_CAUSAL_PACKED, or "
+                "fewer inputs per request"
+            )
+        if plan.readouts:
+            advice += (
+                "; fewer layers or positions of options.hidden_states, options.predictions "
+                "and options.logit_lens, a smaller top_k, or no logits"
+            )
         raise ResponseTooLargeError(
             f"the response would be about {total:,} bytes, more than the "
             f"{limit:,}-byte message limit; {advice}"

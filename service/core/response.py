@@ -5,6 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.backend import (
+    Predictions,
+    PredictionsSelection,
+    ReadoutOutput,
+    ReadoutSelection,
+)
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -26,6 +32,8 @@ def build_response(
         _fill_result(out, index, result, plan)
         if plan.return_tokens:
             out.tokens[:] = tokenizer.token_strings(out.token_ids)
+        if plan.readouts and result.readouts:
+            _fill_readouts(out, plan.readouts[index], result.readouts, tokenizer)
     response.timings.queue_ns = max(r.queue_ns for r in results)
     response.timings.inference_ns = max(r.inference_ns for r in results)
     return response
@@ -59,3 +67,42 @@ def _fill_result(
         out.attention_layers[:] = selection.layers
         out.attention_heads[:] = selection.heads
         out.attention_rows[:] = a.rows.tolist()
+
+
+def _fill_readouts(
+    out: pb.EncodeResult,
+    selection: ReadoutSelection,
+    readouts: ReadoutOutput,
+    tokenizer: Tokenizer,
+) -> None:
+    hidden = selection.hidden_states
+    if hidden is not None:
+        if readouts.hidden_states is not None:
+            fill_tensor(out.hidden_states, readouts.hidden_states)
+        if readouts.hidden_state_norms is not None:
+            fill_tensor(out.hidden_state_norms, readouts.hidden_state_norms)
+        out.hidden_state_layers[:] = hidden.layers
+        out.hidden_state_positions[:] = hidden.positions
+    for field, asked, got in (
+        ("predictions", selection.predictions, readouts.predictions),
+        ("logit_lens", selection.lens, readouts.lens),
+    ):
+        if asked is not None and got is not None:
+            _fill_predictions(getattr(out, field), asked, got, tokenizer)
+
+
+def _fill_predictions(
+    out: pb.TokenPredictions,
+    asked: PredictionsSelection,
+    got: Predictions,
+    tokenizer: Tokenizer,
+) -> None:
+    out.layers[:] = asked.layers
+    out.positions[:] = asked.positions
+    fill_tensor(out.top_ids, got.top_ids, pb.DTYPE_INT32)
+    fill_tensor(out.top_probabilities, got.top_probabilities)
+    out.top_tokens[:] = tokenizer.token_strings(got.top_ids.ravel().tolist())
+    if got.target_probabilities is not None:
+        fill_tensor(out.target_probabilities, got.target_probabilities)
+    if got.logits is not None:
+        fill_tensor(out.logits, got.logits)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Request
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.http.errors import ErrorRoute
@@ -18,14 +19,6 @@ from attnserve.v1.wire import from_tensor
 router = APIRouter(
     prefix="/v1", tags=["attnserve"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
 )
-# EncodeResult's tensors: their name in protobuf's JSON mapping -> the field.
-TENSOR_FIELDS = {
-    "embeddings": "embeddings",
-    "pooled": "pooled",
-    "attention": "attention",
-    "attentionIndices": "attention_indices",
-    "headEntropy": "head_entropy",
-}
 DTYPE_NAMES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16", pb.DTYPE_INT32: "int32"}
 EXAMPLE = {
     "inputs": [{"text": "The cat sat."}],
@@ -75,10 +68,19 @@ def _encode_response(response: pb.EncodeResponse, as_lists: bool) -> dict:
     body = json_format.MessageToDict(response)
     if as_lists:
         for result, message in zip(body.get("results", []), response.results, strict=True):
-            for json_name, field in TENSOR_FIELDS.items():
-                if json_name in result:
-                    result[json_name] = _tensor_as_list(getattr(message, field))
+            _tensors_as_lists(result, message)
     return body
+
+
+def _tensors_as_lists(body: dict, message: Message) -> None:
+    """Replace, in `body` (the JSON mapping of `message`), every Tensor by nested lists."""
+    for field, value in message.ListFields():
+        if field.message_type is None or field.is_repeated:
+            continue
+        if field.message_type is pb.Tensor.DESCRIPTOR:
+            body[field.json_name] = _tensor_as_list(value)
+        else:
+            _tensors_as_lists(body[field.json_name], value)
 
 
 def _tensor_as_list(tensor: pb.Tensor) -> dict:

@@ -250,7 +250,7 @@ class V2Model:
         try:
             for i, tensor in enumerate(request.inputs):
                 self._read_input(i, tensor)
-            plan = to_encode_request(request)
+            plan = to_encode_request(request, self.dataplane.backend.config)
             translated = time.perf_counter_ns()
             async with self.dataplane.results(plan.encode, timeout) as (encode_plan, results):
                 answering = time.perf_counter_ns()
@@ -321,11 +321,18 @@ class V2Model:
         return OutputTensor(name, datatype, shape, None, where)
 
     def _inputs(self) -> dict[str, tuple[str, list[int]]]:
+        """The inputs metadata and config list: not head_mask, which perf_analyzer would
+        fill with random scales (it sends every listed input; docs/api.md names it)."""
         shapes = {"input_ids": [-1, -1], "input_lengths": [-1], "text": [-1]}
-        return {name: (datatype, shapes[name]) for name, (datatype, _) in INPUTS.items()}
+        return {
+            name: (datatype, shapes[name])
+            for name, (datatype, _) in INPUTS.items()
+            if name in shapes
+        }
 
     def _outputs(self) -> dict[str, tuple[str, list[int]]]:
-        d = self.dataplane.backend.config.embedding_dim
+        c = self.dataplane.backend.config
+        d, v = c.embedding_dim, c.vocab_size
         shapes = {
             "embeddings": [-1, -1, d],
             "pooled": [-1, d],
@@ -334,5 +341,14 @@ class V2Model:
             "attention": [-1, -1, -1, -1, -1],
             "attention_indices": [-1, -1, -1, -1, -1],
             "head_entropy": [-1, -1, -1],
+            "hidden_states": [-1, -1, -1, c.d_model],
+            "hidden_state_norms": [-1, -1, -1],
+            "logits": [-1, -1, v],
+            "next_token_ids": [-1, -1, -1],
+            "next_token_probabilities": [-1, -1, -1],
+            "target_probabilities": [-1, -1, -1],
+            "lens_token_ids": [-1, -1, -1, -1],
+            "lens_probabilities": [-1, -1, -1, -1],
+            "lens_target_probabilities": [-1, -1, -1, -1],
         }
         return {name: (OUTPUT_DATATYPES[name], shapes[name]) for name in OUTPUT_DATATYPES}

@@ -5,20 +5,33 @@ same data plane, plan, memory budget and batcher as Encode (V2, v1 and HTTP requ
 batch together and get the same numbers); the EncodeResponse becomes named tensors.
 Transport-free: the gRPC servicer (service/inference/model.py) and tests call these functions.
 
-Inputs (one of):
+Inputs (one of input_ids or text):
   input_ids      INT64 [batch, seq]   right-padded rows; input_lengths gives each row's
   input_lengths  INT64 [batch]        length (without it every row is seq tokens long)
   text           BYTES [batch]        UTF-8, tokenized by the model's tokenizer
-Outputs (by name; none asked for means all of them, attention_indices only with top_k):
+  head_mask      FP32 [layers, heads] each head's output times its entry (0 removes it),
+                                      in everything the request returns
+Outputs (by name; none asked for means all of the first seven, attention_indices only
+with top_k; the readouts, from hidden_states on, only when named):
   embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
   pooled            FP32 [batch, d_model]        parameter pooling: last (default) | mean
-  token_ids         INT64 [batch, seq]           what the model saw (pad_id past a length)
+  token_ids         INT64 [batch, seq]           what the model saw (0 past a length)
   lengths           INT64 [batch]
   attention         FP32|FP16 [batch, layers, heads, rows, keys]  (or [..., packed])
   attention_indices INT32 [batch, layers, heads, rows, k]         (top_k)
   head_entropy      FP32 [batch, layers, heads]
-Attention options are request parameters named as in attnserve.v1's AttentionRequest
-(PARAMETERS). Ragged results are zero-padded to the longest row.
+  hidden_states             FP32 [batch, states, positions, d_model]  (states: L + 1)
+  hidden_state_norms        FP32 [batch, states, positions]
+  logits                    FP32 [batch, positions, vocab]
+  next_token_ids            INT32 [batch, positions, k]       most probable first
+  next_token_probabilities  FP32 [batch, positions, k]
+  target_probabilities      FP32 [batch, positions, targets]  (parameter target_ids)
+  lens_token_ids            INT32 [batch, states, positions, k]
+  lens_probabilities        FP32 [batch, states, positions, k]
+  lens_target_probabilities FP32 [batch, states, positions, targets]
+Options are request parameters named as in attnserve.v1's AttentionRequest,
+HiddenStatesRequest and TokenPredictionsRequest (PARAMETERS). Ragged results are
+zero-padded to the longest row (-1 for token ids predicted and attention_indices).
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from attnserve.model.config import ModelConfig
 from attnserve.oip.wire import BYTES, Parameter
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
@@ -42,7 +56,9 @@ INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
     "input_lengths": ("INT64", 1),
     "text": (BYTES, 1),
+    "head_mask": ("FP32", 2),
 }
+_INPUT_SHAPES = {1: "[batch]", 2: "[batch, seq]"}
 OUTPUT_DATATYPES = {
     "embeddings": "FP32",
     "pooled": "FP32",
@@ -51,8 +67,37 @@ OUTPUT_DATATYPES = {
     "attention": "FP32",  # FP16 with attention_dtype=FP16
     "attention_indices": "INT32",
     "head_entropy": "FP32",
+    "hidden_states": "FP32",
+    "hidden_state_norms": "FP32",
+    "logits": "FP32",
+    "next_token_ids": "INT32",
+    "next_token_probabilities": "FP32",
+    "target_probabilities": "FP32",
+    "lens_token_ids": "INT32",
+    "lens_probabilities": "FP32",
+    "lens_target_probabilities": "FP32",
 }
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
+HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
+PREDICTION_OUTPUTS = (
+    "logits",
+    "next_token_ids",
+    "next_token_probabilities",
+    "target_probabilities",
+)
+LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
+READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS
+_INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids")  # padded with -1
+# An output's field of the data plane's Predictions (its layers axis dropped where "next").
+_PREDICTION_FIELDS = {
+    "logits": ("predictions", "logits"),
+    "next_token_ids": ("predictions", "top_ids"),
+    "next_token_probabilities": ("predictions", "top_probabilities"),
+    "target_probabilities": ("predictions", "target_probabilities"),
+    "lens_token_ids": ("lens", "top_ids"),
+    "lens_probabilities": ("lens", "top_probabilities"),
+    "lens_target_probabilities": ("lens", "target_probabilities"),
+}
 # Parameters that clients of the protocol send on their own (Triton reserves the prefix
 # "triton_"; perf_analyzer sends triton_enable_empty_final_response); they change nothing.
 IGNORED_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start"})
@@ -77,6 +122,13 @@ PARAMETERS = {
     "head_reduction": ParameterSpec(str, "none | mean | max"),
     "rollout": ParameterSpec(bool, "attention rollout over the selected layers"),
     "top_k": ParameterSpec(int, "keep the k largest weights per row"),
+    "hidden_layers": ParameterSpec(list, "hidden states 0..L, comma-separated (default all)"),
+    "hidden_positions": ParameterSpec(list, "their positions; -1 is the last (default all)"),
+    "prediction_positions": ParameterSpec(list, "positions predicted from (default all)"),
+    "lens_layers": ParameterSpec(list, "logit-lens states 0..L, comma-separated (default all)"),
+    "lens_positions": ParameterSpec(list, "logit-lens positions; -1 is the last (default all)"),
+    "top_tokens": ParameterSpec(int, "how many most probable tokens (default 5)"),
+    "target_ids": ParameterSpec(list, "token ids whose probabilities to return"),
 }
 _POOLING = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 _REDUCTION = {
@@ -111,9 +163,10 @@ def check_input(index: int, tensor: InputTensor) -> None:
         )
     shape = tensor.shape
     if len(shape) != rank or any(d < 1 for d in shape):
+        dims = "[layers, heads]" if tensor.name == "head_mask" else _INPUT_SHAPES[rank]
         raise InvalidInputError(
             f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
-            f"({'[batch, seq]' if rank == 2 else '[batch]'}), got {list(shape)}"
+            f"({dims}), got {list(shape)}"
         )
     if datatype == BYTES and tensor.data is not None and len(tensor.data) != shape[0]:
         raise InvalidInputError(
@@ -121,10 +174,11 @@ def check_input(index: int, tensor: InputTensor) -> None:
         )
 
 
-def to_encode_request(request: InferRequest) -> InferPlan:
+def to_encode_request(request: InferRequest, config: ModelConfig) -> InferPlan:
     """Translate a request whose inputs hold their data (the ids themselves are checked by
     the data plane's plan, as Encode's are); InvalidInputError names the field."""
     inputs = _read_inputs(request)
+    head_mask = inputs.pop("head_mask", None)
     params = _read_parameters(request.parameters)
     outputs = _requested_outputs(request, params)
 
@@ -167,7 +221,62 @@ def to_encode_request(request: InferRequest) -> InferPlan:
             "parameters: attention options need an attention output "
             f"(outputs: one of {', '.join(ATTENTION_OUTPUTS)})"
         )
+    _fill_readouts(options, params, outputs)
+    if head_mask is not None:
+        _fill_head_mask(options, head_mask, config)
     return InferPlan(encode, outputs)
+
+
+def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) -> None:
+    """The readout requests the outputs name, with their parameters (refused without)."""
+    asked = set(outputs)
+    groups = (
+        (HIDDEN_OUTPUTS, ("hidden_layers", "hidden_positions")),
+        (PREDICTION_OUTPUTS, ("prediction_positions",)),
+        (LENS_OUTPUTS, ("lens_layers", "lens_positions")),
+    )
+    for names, parameters in groups:
+        for parameter in parameters:
+            if parameter in params and not asked & set(names):
+                raise InvalidInputError(
+                    f"parameters: {parameter} needs one of the outputs {', '.join(names)}"
+                )
+    if asked & set(HIDDEN_OUTPUTS):
+        hidden = options.hidden_states
+        hidden.layers[:] = params.get("hidden_layers", [])
+        hidden.positions[:] = params.get("hidden_positions", [])
+        hidden.norms = "hidden_state_norms" in asked
+        hidden.omit_states = "hidden_states" not in asked
+    targets = params.get("target_ids", [])
+    for target_output in ("target_probabilities", "lens_target_probabilities"):
+        if target_output in asked and not targets:
+            raise InvalidInputError(f"outputs: {target_output} needs the target_ids parameter")
+    top_k = params.get("top_tokens", 0)
+    if asked & set(PREDICTION_OUTPUTS):
+        predictions = options.predictions
+        predictions.positions[:] = params.get("prediction_positions", [])
+        predictions.top_k, predictions.target_ids[:] = top_k, targets
+        predictions.logits = "logits" in asked
+    if asked & set(LENS_OUTPUTS):
+        lens = options.logit_lens
+        lens.layers[:] = params.get("lens_layers", [])
+        lens.positions[:] = params.get("lens_positions", [])
+        lens.top_k, lens.target_ids[:] = top_k, targets
+    if ("top_tokens" in params or targets) and not asked & set(PREDICTION_OUTPUTS + LENS_OUTPUTS):
+        raise InvalidInputError(
+            "parameters: top_tokens and target_ids need a prediction or lens output"
+        )
+
+
+def _fill_head_mask(options: pb.EncodeOptions, mask: np.ndarray, config: ModelConfig) -> None:
+    shape = (config.n_layers, config.n_heads)
+    if mask.shape != shape:
+        raise InvalidInputError(
+            f"inputs: head_mask has shape {list(mask.shape)}, this model's is "
+            f"[{shape[0]}, {shape[1]}] (layers, heads)"
+        )
+    for layer, head in np.argwhere(mask != 1):
+        options.head_mask.add(layer=layer, head=head, scale=mask[layer, head])
 
 
 def _read_inputs(request: InferRequest) -> dict:
@@ -245,7 +354,11 @@ def _requested_outputs(request: InferRequest, params: dict[str, object]) -> list
     specified all outputs produced by the model will be returned" (attention_indices is
     produced only with top_k)."""
     if not request.outputs:
-        return [n for n in OUTPUT_DATATYPES if n != "attention_indices" or "top_k" in params]
+        return [
+            n
+            for n in OUTPUT_DATATYPES
+            if n not in READOUT_OUTPUTS and (n != "attention_indices" or "top_k" in params)
+        ]
     names = [o.name for o in request.outputs]
     for i, name in enumerate(names):
         if name not in OUTPUT_DATATYPES:
@@ -287,8 +400,14 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         return [np.asarray(ids, dtype=np.int64) for ids in plan.sequences]
     if name == "lengths":
         return [np.array(len(ids), dtype=np.int64) for ids in plan.sequences]
-    field = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
-    return [getattr(r.attention, field[name]) for r in results]
+    if name in HIDDEN_OUTPUTS:
+        return [getattr(r.readouts, name) for r in results]
+    if name in _PREDICTION_FIELDS:
+        kind, field = _PREDICTION_FIELDS[name]
+        values = [getattr(getattr(r.readouts, kind), field) for r in results]
+        return [v[0] for v in values] if kind == "predictions" else values  # one layer: L
+    fields = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
+    return [getattr(r.attention, fields[name]) for r in results]
 
 
 def stacked_shape(rows: list[np.ndarray]) -> tuple[int, ...]:
@@ -301,6 +420,6 @@ def stack_into(out: np.ndarray, rows: list[np.ndarray], name: str) -> None:
     A row as large as `out`'s rows is written once, without padding first."""
     for i, row in enumerate(rows):
         if row.shape != out.shape[1:]:
-            out[i].fill(-1 if name == "attention_indices" else 0)
+            out[i].fill(-1 if name in _INDEX_OUTPUTS else 0)
         region: tuple[int | slice, ...] = (i, *(slice(0, n) for n in row.shape))
         out[region] = row

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,33 +17,23 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from attnserve.model.artifacts import (
-    CONFIG_METADATA_KEY,
-    HEAD_MASK_NAME,
-    LENS_INPUTS,
-    LENS_ONNX_FILENAME,
-    LOGITS_NAME,
-    PREDICTION_INPUTS,
-    PREDICTION_OUTPUTS,
-    READOUTS_ONNX_FILENAME,
-    RESIDUAL_STREAM_NAME,
-    ModelDirectory,
-)
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.service.core.backend import (
     AttentionOutput,
     AttentionSelection,
-    LensOutput,
+    ReadoutOutput,
+    ReadoutSelection,
     WeightsInfo,
 )
 from attnserve.service.core.errors import (
     InferenceError,
     ModelLoadError,
     ProviderUnavailableError,
-    UnsupportedError,
 )
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.ort.options import RuntimeOptions
+from attnserve.service.ort.readouts import ReadoutGraphs
 from attnserve.service.ort.reducer import AttentionReducer
 
 log = logging.getLogger(__name__)
@@ -120,12 +109,14 @@ class OrtRuntime:
             self.config.n_heads,
         )
 
-        # The readouts (residual stream, head mask, logit lens) come from sessions opened
-        # when first asked for, without prepacking: they read the weights where the file
-        # is mapped, so they add no copy of them (research/weights-in-memory).
-        self._options = options
-        self._readouts: dict[str, ort.InferenceSession] = {}
-        self._readouts_lock = threading.Lock()
+        # The readouts (residual stream, head mask, logit lens), opened when first asked for.
+        self.readout_graphs = ReadoutGraphs(
+            model_dir,
+            self.config,
+            self.precision,
+            lambda path, so: _open(Path(path), so, _providers(self.provider)),
+            lambda: session_options(options),
+        )
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
@@ -178,66 +169,38 @@ class OrtRuntime:
         """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
         return self._run(self.embeddings_session, [self.config.embeddings_name], input_ids)[0]
 
-    def readouts(
-        self, input_ids: np.ndarray, head_mask: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) ->
-        embeddings (B, T, D), attentions (B, L, H, T, T) and the residual stream
-        (B, L+1, T, D), x_0 .. x_L, every head's output times its entry in the mask."""
+    @property
+    def readouts(self) -> frozenset[str]:
+        return self.readout_graphs.available
+
+    def read(
+        self,
+        input_ids: np.ndarray,
+        lengths: list[int],
+        selections: list[ReadoutSelection],
+    ) -> tuple[np.ndarray, list[ReadoutOutput]]:
+        """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) under each row's
+        head mask and, per row, what its selection asks of its first `lengths[row]`
+        positions (attention through the same reducer as `attend`)."""
         c = self.config
-        session = self._readouts_session(READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME)
-        names = [c.embeddings_name, c.attentions_name, RESIDUAL_STREAM_NAME]
-        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
+        mask = np.ones((len(lengths), c.n_layers, c.n_heads), dtype=np.float32)
+        for row, selection in enumerate(selections):
+            if selection.head_mask is not None:
+                mask[row] = selection.head_mask
+        embeddings, attentions, stream = self.readout_graphs.stream(input_ids, mask)
+        outputs = []
         try:
-            embeddings, attentions, stream = session.run(names, feeds)
+            for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
+                out = self.readout_graphs.read_row(embeddings[row, :n], stream[row], selection)
+                if selection.attention is not None:
+                    attention = self.reducer(attentions[row], n, selection.attention)
+                    out = replace(out, attention=attention)
+                outputs.append(out)
+        except InferenceError:
+            raise
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
-        return embeddings, attentions, stream
-
-    def lens(
-        self,
-        residual: np.ndarray,
-        last: np.ndarray,
-        k: int = 1,
-        targets: np.ndarray | None = None,
-    ) -> LensOutput:
-        """Residual rows (N, D) of any layers and the last layer's at the same positions
-        (N, D) -> the logit lens: logits (N, V) (with residual = last, the model's own), the
-        k most probable ids and their probabilities, and those of `targets` (N, n) ids."""
-        session = self._readouts_session(LENS_ONNX_FILENAME, LOGITS_NAME)
-        if targets is None:
-            targets = np.zeros((len(residual), 0), dtype=np.int64)
-        inputs = (residual, last, np.array([k], dtype=np.int64), targets)
-        feeds = dict(zip((*LENS_INPUTS, *PREDICTION_INPUTS), inputs, strict=True))
-        try:
-            values = session.run([LOGITS_NAME, *PREDICTION_OUTPUTS], feeds)
-        except Exception as exc:  # ORT raises its own untyped errors
-            raise InferenceError(f"ONNX Runtime failed on the logit lens: {exc}") from exc
-        return LensOutput(*values)
-
-    def _readouts_session(self, filename: str, output: str) -> ort.InferenceSession:
-        """The session of one readouts graph, opened on first use; UnsupportedError where
-        the directory has none (written before readouts, or a model without a head)."""
-        with self._readouts_lock:
-            if filename in self._readouts:
-                return self._readouts[filename]
-            path = self.model_dir.path / filename
-            if self.precision != "fp32" or not path.is_file():
-                raise UnsupportedError(
-                    f"{self.config.name} has no {output} to read in {self.precision} "
-                    f"({filename}): readouts come from the float32 graphs of a directory "
-                    "exported by this version (re-export it with `attnserve export`)"
-                )
-            so = session_options(self._options)
-            so.add_session_config_entry("session.disable_prepacking", "1")
-            session = _open(path, so, _providers(self.provider))
-            if output not in {o.name for o in session.get_outputs()}:
-                raise UnsupportedError(
-                    f"{path} has no {output!r} output: it was exported before readouts "
-                    "(re-export it with `attnserve export`)"
-                )
-            self._readouts[filename] = session
-            return session
+        return embeddings, outputs
 
     def _run(
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
@@ -260,8 +223,7 @@ class OrtRuntime:
         for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
             session.run(None, {self.config.input_name: ids}, shrink)
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
-        with self._readouts_lock:
-            self._readouts.clear()
+        self.readout_graphs.close()
         give_back_memory()
 
     def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:

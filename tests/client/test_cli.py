@@ -148,3 +148,36 @@ def test_heatmap_of_a_rollout_a_head_mean_and_the_entropy_grid(cli_server, tmp_p
         assert result.returncode == 0, result.stderr
         assert says in result.stdout
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_encode_predictions_lens_and_ablation(cli_server):
+    args = ("encode", "--target", cli_server.address, "--text", "hi there", "--predict")
+    extra = ("--lens", "--hidden-norms", "--target-ids", "104,105", "--top-tokens", "3")
+    ablated = ("--ablate", "0:1", "--ablate", "1:3")
+    summary = run_cli(*args, *extra, *ablated)
+    assert summary.returncode == 0, summary.stderr
+    assert "next token after position 8:" in summary.stdout  # <bos> + 8 bytes: the last
+    assert "logit lens after position 8:" in summary.stdout
+    assert summary.stdout.count("layer   2:") == 2 and "layer   0:" in summary.stdout
+    assert "hidden-state norms at 8, by layer:" in summary.stdout
+    result = json.loads(run_cli(*args, *extra, *ablated, "--json").stdout)["results"][0]
+    with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
+        want = c.encode(
+            "hi there",
+            predictions={"positions": [-1], "top_k": 3, "target_ids": [104, 105]},
+            logit_lens={"positions": [-1], "top_k": 3, "target_ids": [104, 105]},
+            head_mask={(0, 1): 0.0, (1, 3): 0.0},
+        )[0]
+        plain = c.encode("hi there", predictions={"positions": [-1], "top_k": 3})[0]
+    assert result["predictions"]["top_ids"] == want.predictions.top_ids.tolist()
+    np.testing.assert_allclose(
+        result["logit_lens"]["target_probabilities"], want.logit_lens.target_probabilities
+    )
+    assert result["logit_lens"]["layers"] == [0, 1, 2]
+    assert len(result["hidden_state_norms"]) == 3  # layers x one position
+    # the ablation reached the server: the prediction is not the unablated one
+    assert not np.allclose(
+        result["predictions"]["top_probabilities"], plain.predictions.top_probabilities
+    )
+    bad = run_cli(*args, "--ablate", "0-1")
+    assert bad.returncode == 2 and "'0-1' is not LAYER:HEAD" in bad.stderr

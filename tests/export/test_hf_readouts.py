@@ -200,9 +200,9 @@ def test_exported_readouts_match_transformers(families, family):
     ids, lengths = padded_batch(config.vocab_size, seed=6)
     want_logits, want_hidden = transformers_readouts(reference, ids)
     ones = np.ones((len(ids), config.n_layers, config.n_heads), dtype=np.float32)
-    embeddings, _, stream = runtime.readouts(ids, ones)
+    embeddings, _, stream = runtime.readout_graphs.stream(ids, ones)
     hidden = np.concatenate([stream[:, :-1], embeddings[:, None]], axis=1)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
     last = stream[:, -1].reshape(-1, config.d_model)  # every position's x_L
-    logits = runtime.lens(last, last).logits.reshape(*ids.shape, -1)
+    logits = runtime.readout_graphs.lens(last, last, logits=True).logits.reshape(*ids.shape, -1)
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)

@@ -8,7 +8,12 @@ import threading
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.core.backend import (
+    AttentionOutput,
+    AttentionSelection,
+    ReadoutOutput,
+    ReadoutSelection,
+)
 from attnserve.service.core.errors import InferenceError
 
 FAKE_CONFIG = ModelConfig(n_layers=2, n_heads=2, d_model=4, d_ff=8, max_seq_len=64)
@@ -26,6 +31,7 @@ class FakeBackend:
     version = "fake-1"
     provider = "cpu"
     precision = "fp32"
+    readouts = frozenset({"stream"})
 
     def __init__(self, config: ModelConfig = FAKE_CONFIG, fail_on: int | None = None) -> None:
         self.config = config
@@ -51,6 +57,15 @@ class FakeBackend:
             for row, n in enumerate(lengths)
         ]
         return self._embeddings(input_ids), outputs
+
+    def read(
+        self, input_ids: np.ndarray, lengths: list[int], selections: list[ReadoutSelection]
+    ) -> tuple[np.ndarray, list[ReadoutOutput]]:
+        """The embeddings, each row scaled by its head mask's mean (a mask changes them)."""
+        self._enter("read", input_ids)
+        scale = [1.0 if s.head_mask is None else float(s.head_mask.mean()) for s in selections]
+        embeddings = self._embeddings(input_ids) * np.array(scale, np.float32)[:, None, None]
+        return embeddings, [ReadoutOutput() for _ in lengths]
 
     def warmup(self) -> None:
         pass

@@ -69,7 +69,7 @@ INVALID = {
     ),
     "the same row twice": (
         with_attention(query_positions=[-1, 3]),
-        "options.attention.query_positions: [-1, 3] name the same row twice in inputs[0]",
+        "options.attention.query_positions: [-1, 3] name the same position twice in inputs[0]",
     ),
     "packed top_k": (
         with_attention(layout=pb.ATTENTION_LAYOUT_CAUSAL_PACKED, top_k=2),
@@ -96,6 +96,52 @@ INVALID = {
     "bad pooling": (
         raw_request(inputs=[pb.Input(text="x")], options=pb.EncodeOptions(pooling=5)),
         "options.pooling: 5 is not one of",
+    ),
+    "unknown hidden state": (
+        build_request("abc", hidden_states={"layers": [3]}),
+        "options.hidden_states.layers: 3 is outside [0, 3)",
+    ),
+    "hidden state position": (
+        build_request("abc", hidden_states={"positions": [-5]}),
+        "options.hidden_states.positions: -5 is outside [-4, 4) for inputs[0], which has 4",
+    ),
+    "nothing of the hidden states": (
+        build_request("abc", hidden_states={"omit_states": True}),
+        "options.hidden_states.omit_states leaves nothing to return: set "
+        "options.hidden_states.norms too",
+    ),
+    "predictions of a layer": (
+        build_request("abc", predictions={"layers": [0]}),
+        "options.predictions.layers: predictions read the last layer; ask options.logit_lens",
+    ),
+    "lens top_k": (
+        build_request("abc", logit_lens={"top_k": 260}),
+        "options.logit_lens.top_k: 260 is outside [1, 259]",
+    ),
+    "lens target": (
+        build_request("abc", logit_lens={"target_ids": [259]}),
+        "options.logit_lens.target_ids: 259 is outside the vocabulary [0, 259)",
+    ),
+    "masked layer": (
+        build_request("abc", head_mask={(2, 0): 0.0}),
+        "options.head_mask[0].layer: 2 is outside [0, 2)",
+    ),
+    "masked head": (
+        build_request("abc", head_mask={(0, 4): 0.0}),
+        "options.head_mask[0].head: 4 is outside [0, 4)",
+    ),
+    "head masked twice": (
+        raw_request(
+            inputs=[pb.Input(text="x")],
+            options=pb.EncodeOptions(
+                head_mask=[pb.HeadScale(layer=1, head=2), pb.HeadScale(layer=1, head=2)]
+            ),
+        ),
+        "options.head_mask[1]: layer 1 head 2 is listed twice",
+    ),
+    "masked by nan": (
+        build_request("abc", head_mask={(0, 0): float("nan")}),
+        "options.head_mask[0].scale: nan is not a finite number",
     ),
 }
 
@@ -147,6 +193,7 @@ class FailsOn13:
         self.runtime = runtime
         self.config, self.version = runtime.config, runtime.version
         self.provider, self.precision = runtime.provider, runtime.precision
+        self.readouts = runtime.readouts
         self.run, self.warmup = runtime.run, runtime.warmup
 
     def embed(self, input_ids):

@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"attnserve/v1/encoder_service.proto\x12\x0c\x61ttnserve.v1\"I\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.attnserve.v1.Dtype\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"O\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.attnserve.v1.TokenIdsH\x00\x42\t\n\x07\x63ontent\"\x9e\x02\n\x10\x41ttentionRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\r\n\x05heads\x18\x02 \x03(\x05\x12\"\n\x05\x64type\x18\x03 \x01(\x0e\x32\x13.attnserve.v1.Dtype\x12-\n\x06layout\x18\x04 \x01(\x0e\x32\x1d.attnserve.v1.AttentionLayout\x12\x17\n\x0fquery_positions\x18\x05 \x03(\x05\x12\x33\n\x0ehead_reduction\x18\x06 \x01(\x0e\x32\x1b.attnserve.v1.HeadReduction\x12\x0f\n\x07rollout\x18\x07 \x01(\x08\x12\r\n\x05top_k\x18\x08 \x01(\x05\x12\x14\n\x0chead_entropy\x18\t \x01(\x08\x12\x14\n\x0comit_weights\x18\n \x01(\x08\"\xce\x01\n\rEncodeOptions\x12&\n\x07pooling\x18\x01 \x01(\x0e\x32\x15.attnserve.v1.Pooling\x12\x1d\n\x15skip_token_embeddings\x18\x02 \x01(\x08\x12\x31\n\tattention\x18\x03 \x01(\x0b\x32\x1e.attnserve.v1.AttentionRequest\x12,\n\ntruncation\x18\x04 \x01(\x0e\x32\x18.attnserve.v1.Truncation\x12\x15\n\rreturn_tokens\x18\x05 \x01(\x08\"\x85\x01\n\rEncodeRequest\x12#\n\x06inputs\x18\x01 \x03(\x0b\x32\x13.attnserve.v1.Input\x12,\n\x07options\x18\x02 \x01(\x0b\x32\x1b.attnserve.v1.EncodeOptions\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"\xe5\x02\n\x0c\x45ncodeResult\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12(\n\nembeddings\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12$\n\x06pooled\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\'\n\tattention\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x18\n\x10\x61ttention_layers\x18\x05 \x03(\x05\x12\x17\n\x0f\x61ttention_heads\x18\x06 \x03(\x05\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x0e\n\x06tokens\x18\x08 \x03(\t\x12\x16\n\x0e\x61ttention_rows\x18\t \x03(\x05\x12/\n\x11\x61ttention_indices\x18\n \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\x0chead_entropy\x18\x0b \x01(\x0b\x32\x14.attnserve.v1.Tensor\"C\n\x07Timings\x12\x10\n\x08queue_ns\x18\x01 \x01(\x03\x12\x14\n\x0cinference_ns\x18\x02 \x01(\x03\x12\x10\n\x08total_ns\x18\x03 \x01(\x03\"\x90\x01\n\x0e\x45ncodeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.attnserve.v1.EncodeResult\x12&\n\x07timings\x18\x02 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"C\n\x13\x45ncodeStreamRequest\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.attnserve.v1.EncodeRequest\",\n\x0b\x45ncodeError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x93\x01\n\x14\x45ncodeStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.attnserve.v1.EncodeResponseH\x00\x12*\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.attnserve.v1.EncodeErrorH\x00\x42\t\n\x07outcome\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xcd\x03\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0f\n\x07n_heads\x18\x04 \x01(\x05\x12\x0f\n\x07\x64_model\x18\x05 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\x12\x10\n\x08provider\x18\t \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\n \x01(\t\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x03\x12\x18\n\x10max_batch_tokens\x18\x0c \x01(\x05\x12\x0e\n\x06\x62os_id\x18\r \x01(\x03\x12\x0e\n\x06pad_id\x18\x0e \x01(\x03\x12\x11\n\tprecision\x18\x0f \x01(\t\x12\x12\n\nn_kv_heads\x18\x10 \x01(\x05\x12\x10\n\x08kv_heads\x18\x11 \x03(\x05\x12\x14\n\x0cweight_bytes\x18\x12 \x01(\x03\x12\x1d\n\x15resident_weight_bytes\x18\x13 \x01(\x03\x12\x1e\n\x16\x61ttention_max_abs_diff\x18\x14 \x01(\x01\x12\x1c\n\x14\x65mbedding_cosine_min\x18\x15 \x01(\x01*U\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x0f\n\x0b\x44TYPE_INT32\x10\x03*X\n\x07Pooling\x12\x17\n\x13POOLING_UNSPECIFIED\x10\x00\x12\x10\n\x0cPOOLING_NONE\x10\x01\x12\x10\n\x0cPOOLING_MEAN\x10\x02\x12\x10\n\x0cPOOLING_LAST\x10\x03*r\n\x0f\x41ttentionLayout\x12 \n\x1c\x41TTENTION_LAYOUT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41TTENTION_LAYOUT_FULL\x10\x01\x12\"\n\x1e\x41TTENTION_LAYOUT_CAUSAL_PACKED\x10\x02*y\n\rHeadReduction\x12\x1e\n\x1aHEAD_REDUCTION_UNSPECIFIED\x10\x00\x12\x17\n\x13HEAD_REDUCTION_NONE\x10\x01\x12\x17\n\x13HEAD_REDUCTION_MEAN\x10\x02\x12\x16\n\x12HEAD_REDUCTION_MAX\x10\x03*S\n\nTruncation\x12\x1a\n\x16TRUNCATION_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRUNCATION_NONE\x10\x01\x12\x14\n\x10TRUNCATION_RIGHT\x10\x02\x32\x87\x02\n\x0e\x45ncoderService\x12\x43\n\x06\x45ncode\x12\x1b.attnserve.v1.EncodeRequest\x1a\x1c.attnserve.v1.EncodeResponse\x12Y\n\x0c\x45ncodeStream\x12!.attnserve.v1.EncodeStreamRequest\x1a\".attnserve.v1.EncodeStreamResponse(\x01\x30\x01\x12U\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\".attnserve.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"attnserve/v1/encoder_service.proto\x12\x0c\x61ttnserve.v1\"I\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.attnserve.v1.Dtype\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"O\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.attnserve.v1.TokenIdsH\x00\x42\t\n\x07\x63ontent\"\x9e\x02\n\x10\x41ttentionRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\r\n\x05heads\x18\x02 \x03(\x05\x12\"\n\x05\x64type\x18\x03 \x01(\x0e\x32\x13.attnserve.v1.Dtype\x12-\n\x06layout\x18\x04 \x01(\x0e\x32\x1d.attnserve.v1.AttentionLayout\x12\x17\n\x0fquery_positions\x18\x05 \x03(\x05\x12\x33\n\x0ehead_reduction\x18\x06 \x01(\x0e\x32\x1b.attnserve.v1.HeadReduction\x12\x0f\n\x07rollout\x18\x07 \x01(\x08\x12\r\n\x05top_k\x18\x08 \x01(\x05\x12\x14\n\x0chead_entropy\x18\t \x01(\x08\x12\x14\n\x0comit_weights\x18\n \x01(\x08\"\\\n\x13HiddenStatesRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x11\n\tpositions\x18\x02 \x03(\x05\x12\r\n\x05norms\x18\x03 \x01(\x08\x12\x13\n\x0bomit_states\x18\x04 \x01(\x08\"o\n\x17TokenPredictionsRequest\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x11\n\tpositions\x18\x02 \x03(\x05\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\ntarget_ids\x18\x04 \x03(\x03\x12\x0e\n\x06logits\x18\x05 \x01(\x08\"7\n\tHeadScale\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0c\n\x04head\x18\x02 \x01(\x05\x12\r\n\x05scale\x18\x03 \x01(\x02\"\xab\x03\n\rEncodeOptions\x12&\n\x07pooling\x18\x01 \x01(\x0e\x32\x15.attnserve.v1.Pooling\x12\x1d\n\x15skip_token_embeddings\x18\x02 \x01(\x08\x12\x31\n\tattention\x18\x03 \x01(\x0b\x32\x1e.attnserve.v1.AttentionRequest\x12,\n\ntruncation\x18\x04 \x01(\x0e\x32\x18.attnserve.v1.Truncation\x12\x15\n\rreturn_tokens\x18\x05 \x01(\x08\x12\x38\n\rhidden_states\x18\x06 \x01(\x0b\x32!.attnserve.v1.HiddenStatesRequest\x12:\n\x0bpredictions\x18\x07 \x01(\x0b\x32%.attnserve.v1.TokenPredictionsRequest\x12\x39\n\nlogit_lens\x18\x08 \x01(\x0b\x32%.attnserve.v1.TokenPredictionsRequest\x12*\n\thead_mask\x18\t \x03(\x0b\x32\x17.attnserve.v1.HeadScale\"\x85\x01\n\rEncodeRequest\x12#\n\x06inputs\x18\x01 \x03(\x0b\x32\x13.attnserve.v1.Input\x12,\n\x07options\x18\x02 \x01(\x0b\x32\x1b.attnserve.v1.EncodeOptions\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\"\xea\x04\n\x0c\x45ncodeResult\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12(\n\nembeddings\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12$\n\x06pooled\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\'\n\tattention\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x18\n\x10\x61ttention_layers\x18\x05 \x03(\x05\x12\x17\n\x0f\x61ttention_heads\x18\x06 \x03(\x05\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x0e\n\x06tokens\x18\x08 \x03(\t\x12\x16\n\x0e\x61ttention_rows\x18\t \x03(\x05\x12/\n\x11\x61ttention_indices\x18\n \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12*\n\x0chead_entropy\x18\x0b \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12+\n\rhidden_states\x18\x0c \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x1b\n\x13hidden_state_layers\x18\r \x03(\x05\x12\x1e\n\x16hidden_state_positions\x18\x0e \x03(\x05\x12\x30\n\x12hidden_state_norms\x18\x0f \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x33\n\x0bpredictions\x18\x10 \x01(\x0b\x32\x1e.attnserve.v1.TokenPredictions\x12\x32\n\nlogit_lens\x18\x11 \x01(\x0b\x32\x1e.attnserve.v1.TokenPredictions\"\xfb\x01\n\x10TokenPredictions\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x11\n\tpositions\x18\x02 \x03(\x05\x12%\n\x07top_ids\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12/\n\x11top_probabilities\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x12\n\ntop_tokens\x18\x05 \x03(\t\x12\x32\n\x14target_probabilities\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12$\n\x06logits\x18\x07 \x01(\x0b\x32\x14.attnserve.v1.Tensor\"C\n\x07Timings\x12\x10\n\x08queue_ns\x18\x01 \x01(\x03\x12\x14\n\x0cinference_ns\x18\x02 \x01(\x03\x12\x10\n\x08total_ns\x18\x03 \x01(\x03\"\x90\x01\n\x0e\x45ncodeResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.attnserve.v1.EncodeResult\x12&\n\x07timings\x18\x02 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"C\n\x13\x45ncodeStreamRequest\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.attnserve.v1.EncodeRequest\",\n\x0b\x45ncodeError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x93\x01\n\x14\x45ncodeStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.attnserve.v1.EncodeResponseH\x00\x12*\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.attnserve.v1.EncodeErrorH\x00\x42\t\n\x07outcome\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xcd\x03\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08n_layers\x18\x03 \x01(\x05\x12\x0f\n\x07n_heads\x18\x04 \x01(\x05\x12\x0f\n\x07\x64_model\x18\x05 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x11\n\ttokenizer\x18\x08 \x01(\t\x12\x10\n\x08provider\x18\t \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\n \x01(\t\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x03\x12\x18\n\x10max_batch_tokens\x18\x0c \x01(\x05\x12\x0e\n\x06\x62os_id\x18\r \x01(\x03\x12\x0e\n\x06pad_id\x18\x0e \x01(\x03\x12\x11\n\tprecision\x18\x0f \x01(\t\x12\x12\n\nn_kv_heads\x18\x10 \x01(\x05\x12\x10\n\x08kv_heads\x18\x11 \x03(\x05\x12\x14\n\x0cweight_bytes\x18\x12 \x01(\x03\x12\x1d\n\x15resident_weight_bytes\x18\x13 \x01(\x03\x12\x1e\n\x16\x61ttention_max_abs_diff\x18\x14 \x01(\x01\x12\x1c\n\x14\x65mbedding_cosine_min\x18\x15 \x01(\x01*U\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x0f\n\x0b\x44TYPE_INT32\x10\x03*X\n\x07Pooling\x12\x17\n\x13POOLING_UNSPECIFIED\x10\x00\x12\x10\n\x0cPOOLING_NONE\x10\x01\x12\x10\n\x0cPOOLING_MEAN\x10\x02\x12\x10\n\x0cPOOLING_LAST\x10\x03*r\n\x0f\x41ttentionLayout\x12 \n\x1c\x41TTENTION_LAYOUT_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41TTENTION_LAYOUT_FULL\x10\x01\x12\"\n\x1e\x41TTENTION_LAYOUT_CAUSAL_PACKED\x10\x02*y\n\rHeadReduction\x12\x1e\n\x1aHEAD_REDUCTION_UNSPECIFIED\x10\x00\x12\x17\n\x13HEAD_REDUCTION_NONE\x10\x01\x12\x17\n\x13HEAD_REDUCTION_MEAN\x10\x02\x12\x16\n\x12HEAD_REDUCTION_MAX\x10\x03*S\n\nTruncation\x12\x1a\n\x16TRUNCATION_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRUNCATION_NONE\x10\x01\x12\x14\n\x10TRUNCATION_RIGHT\x10\x02\x32\x87\x02\n\x0e\x45ncoderService\x12\x43\n\x06\x45ncode\x12\x1b.attnserve.v1.EncodeRequest\x1a\x1c.attnserve.v1.EncodeResponse\x12Y\n\x0c\x45ncodeStream\x12!.attnserve.v1.EncodeStreamRequest\x1a\".attnserve.v1.EncodeStreamResponse(\x01\x30\x01\x12U\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\".attnserve.v1.GetModelInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnserve.v1.encoder_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=2210
-  _globals['_DTYPE']._serialized_end=2295
-  _globals['_POOLING']._serialized_start=2297
-  _globals['_POOLING']._serialized_end=2385
-  _globals['_ATTENTIONLAYOUT']._serialized_start=2387
-  _globals['_ATTENTIONLAYOUT']._serialized_end=2501
-  _globals['_HEADREDUCTION']._serialized_start=2503
-  _globals['_HEADREDUCTION']._serialized_end=2624
-  _globals['_TRUNCATION']._serialized_start=2626
-  _globals['_TRUNCATION']._serialized_end=2709
+  _globals['_DTYPE']._serialized_start=3210
+  _globals['_DTYPE']._serialized_end=3295
+  _globals['_POOLING']._serialized_start=3297
+  _globals['_POOLING']._serialized_end=3385
+  _globals['_ATTENTIONLAYOUT']._serialized_start=3387
+  _globals['_ATTENTIONLAYOUT']._serialized_end=3501
+  _globals['_HEADREDUCTION']._serialized_start=3503
+  _globals['_HEADREDUCTION']._serialized_end=3624
+  _globals['_TRUNCATION']._serialized_start=3626
+  _globals['_TRUNCATION']._serialized_end=3709
   _globals['_TENSOR']._serialized_start=52
   _globals['_TENSOR']._serialized_end=125
   _globals['_TOKENIDS']._serialized_start=127
@@ -49,26 +49,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INPUT']._serialized_end=231
   _globals['_ATTENTIONREQUEST']._serialized_start=234
   _globals['_ATTENTIONREQUEST']._serialized_end=520
-  _globals['_ENCODEOPTIONS']._serialized_start=523
-  _globals['_ENCODEOPTIONS']._serialized_end=729
-  _globals['_ENCODEREQUEST']._serialized_start=732
-  _globals['_ENCODEREQUEST']._serialized_end=865
-  _globals['_ENCODERESULT']._serialized_start=868
-  _globals['_ENCODERESULT']._serialized_end=1225
-  _globals['_TIMINGS']._serialized_start=1227
-  _globals['_TIMINGS']._serialized_end=1294
-  _globals['_ENCODERESPONSE']._serialized_start=1297
-  _globals['_ENCODERESPONSE']._serialized_end=1441
-  _globals['_ENCODESTREAMREQUEST']._serialized_start=1443
-  _globals['_ENCODESTREAMREQUEST']._serialized_end=1510
-  _globals['_ENCODEERROR']._serialized_start=1512
-  _globals['_ENCODEERROR']._serialized_end=1556
-  _globals['_ENCODESTREAMRESPONSE']._serialized_start=1559
-  _globals['_ENCODESTREAMRESPONSE']._serialized_end=1706
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1708
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1744
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1747
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2208
-  _globals['_ENCODERSERVICE']._serialized_start=2712
-  _globals['_ENCODERSERVICE']._serialized_end=2975
+  _globals['_HIDDENSTATESREQUEST']._serialized_start=522
+  _globals['_HIDDENSTATESREQUEST']._serialized_end=614
+  _globals['_TOKENPREDICTIONSREQUEST']._serialized_start=616
+  _globals['_TOKENPREDICTIONSREQUEST']._serialized_end=727
+  _globals['_HEADSCALE']._serialized_start=729
+  _globals['_HEADSCALE']._serialized_end=784
+  _globals['_ENCODEOPTIONS']._serialized_start=787
+  _globals['_ENCODEOPTIONS']._serialized_end=1214
+  _globals['_ENCODEREQUEST']._serialized_start=1217
+  _globals['_ENCODEREQUEST']._serialized_end=1350
+  _globals['_ENCODERESULT']._serialized_start=1353
+  _globals['_ENCODERESULT']._serialized_end=1971
+  _globals['_TOKENPREDICTIONS']._serialized_start=1974
+  _globals['_TOKENPREDICTIONS']._serialized_end=2225
+  _globals['_TIMINGS']._serialized_start=2227
+  _globals['_TIMINGS']._serialized_end=2294
+  _globals['_ENCODERESPONSE']._serialized_start=2297
+  _globals['_ENCODERESPONSE']._serialized_end=2441
+  _globals['_ENCODESTREAMREQUEST']._serialized_start=2443
+  _globals['_ENCODESTREAMREQUEST']._serialized_end=2510
+  _globals['_ENCODEERROR']._serialized_start=2512
+  _globals['_ENCODEERROR']._serialized_end=2556
+  _globals['_ENCODESTREAMRESPONSE']._serialized_start=2559
+  _globals['_ENCODESTREAMRESPONSE']._serialized_end=2706
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2708
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2744
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2747
+  _globals['_GETMODELINFORESPONSE']._serialized_end=3208
+  _globals['_ENCODERSERVICE']._serialized_start=3712
+  _globals['_ENCODERSERVICE']._serialized_end=3975
 # @@protoc_insertion_point(module_scope)

@@ -106,19 +106,63 @@ class AttentionRequest(_message.Message):
     omit_weights: bool
     def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ..., query_positions: _Optional[_Iterable[int]] = ..., head_reduction: _Optional[_Union[HeadReduction, str]] = ..., rollout: _Optional[bool] = ..., top_k: _Optional[int] = ..., head_entropy: _Optional[bool] = ..., omit_weights: _Optional[bool] = ...) -> None: ...
 
+class HiddenStatesRequest(_message.Message):
+    __slots__ = ("layers", "positions", "norms", "omit_states")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    NORMS_FIELD_NUMBER: _ClassVar[int]
+    OMIT_STATES_FIELD_NUMBER: _ClassVar[int]
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    norms: bool
+    omit_states: bool
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., norms: _Optional[bool] = ..., omit_states: _Optional[bool] = ...) -> None: ...
+
+class TokenPredictionsRequest(_message.Message):
+    __slots__ = ("layers", "positions", "top_k", "target_ids", "logits")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    top_k: int
+    target_ids: _containers.RepeatedScalarFieldContainer[int]
+    logits: bool
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., target_ids: _Optional[_Iterable[int]] = ..., logits: _Optional[bool] = ...) -> None: ...
+
+class HeadScale(_message.Message):
+    __slots__ = ("layer", "head", "scale")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    head: int
+    scale: float
+    def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
+
 class EncodeOptions(_message.Message):
-    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens")
+    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask")
     POOLING_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATION_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_MASK_FIELD_NUMBER: _ClassVar[int]
     pooling: Pooling
     skip_token_embeddings: bool
     attention: AttentionRequest
     truncation: Truncation
     return_tokens: bool
-    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
+    hidden_states: HiddenStatesRequest
+    predictions: TokenPredictionsRequest
+    logit_lens: TokenPredictionsRequest
+    head_mask: _containers.RepeatedCompositeFieldContainer[HeadScale]
+    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("inputs", "options", "request_id", "model")
@@ -133,7 +177,7 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +189,12 @@ class EncodeResult(_message.Message):
     ATTENTION_ROWS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_INDICES_FIELD_NUMBER: _ClassVar[int]
     HEAD_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_STATE_NORMS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -156,7 +206,31 @@ class EncodeResult(_message.Message):
     attention_rows: _containers.RepeatedScalarFieldContainer[int]
     attention_indices: Tensor
     head_entropy: Tensor
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    hidden_states: Tensor
+    hidden_state_layers: _containers.RepeatedScalarFieldContainer[int]
+    hidden_state_positions: _containers.RepeatedScalarFieldContainer[int]
+    hidden_state_norms: Tensor
+    predictions: TokenPredictions
+    logit_lens: TokenPredictions
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ...) -> None: ...
+
+class TokenPredictions(_message.Message):
+    __slots__ = ("layers", "positions", "top_ids", "top_probabilities", "top_tokens", "target_probabilities", "logits")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    top_ids: Tensor
+    top_probabilities: Tensor
+    top_tokens: _containers.RepeatedScalarFieldContainer[str]
+    target_probabilities: Tensor
+    logits: Tensor
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., top_ids: _Optional[_Union[Tensor, _Mapping]] = ..., top_probabilities: _Optional[_Union[Tensor, _Mapping]] = ..., top_tokens: _Optional[_Iterable[str]] = ..., target_probabilities: _Optional[_Union[Tensor, _Mapping]] = ..., logits: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ns", "inference_ns", "total_ns")

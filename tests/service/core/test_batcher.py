@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from attnserve.service.core.backend import AttentionSelection
+from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.batcher import Batcher, BatcherOptions
 from attnserve.service.core.errors import (
     DeadlineExceededError,
@@ -205,20 +205,34 @@ def test_the_main_backend_never_runs_beside_an_instance():
     assert sorted(ran) == [[("embed", (1, 20))], [("embed", (1, 21))]]
 
 
-def test_attention_and_embeddings_only_work_never_share_a_batch():
+def test_embeddings_attention_and_readouts_each_batch_apart():
+    """Three backend calls; readouts with different head masks still share theirs."""
+    halved = np.full((FAKE_CONFIG.n_layers, FAKE_CONFIG.n_heads), 0.5, np.float32)
+
     async def scenario():
         s = Scenario()
         blocker = await s.hold()
-        work = [s.queue(ids(4)), s.queue(ids(4), attention=True), s.queue(ids(4))]
+        readouts = [[ReadoutSelection()], [ReadoutSelection(head_mask=halved)]]
+        work = [
+            s.queue(ids(4)),
+            s.queue(ids(4), attention=True),
+            asyncio.ensure_future(s.batcher.encode([ids(4)], readouts[0])),
+            s.queue(ids(4)),
+            asyncio.ensure_future(s.batcher.encode([ids(4)], readouts[1])),
+        ]
         await s.settle()
         s.release()
         results = await asyncio.gather(blocker, *work)
         return s.batches(), results
 
     batches, results = run(scenario)
-    assert batches == [("embed", (2, 4)), ("attend", (1, 4))]
+    assert batches == [("embed", (2, 4)), ("attend", (1, 4)), ("read", (2, 4))]
     assert results[2][0].attention.weights.shape == (2, 2, 4, 4)
-    assert results[1][0].attention is None
+    assert results[1][0].attention is None and results[1][0].readouts is None
+    kept, halved_out = results[3][0], results[5][0]
+    assert kept.readouts is not None and kept.attention is None
+    np.testing.assert_array_equal(kept.embeddings, results[1][0].embeddings)
+    np.testing.assert_array_equal(halved_out.embeddings, kept.embeddings * 0.5)
 
 
 def test_max_delay_holds_a_lone_sequence_until_company_or_time():

@@ -21,7 +21,7 @@ import pytest
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.oip.wire import pack_bytes
-from attnserve.service.inference.tensors import OUTPUT_DATATYPES
+from attnserve.service.inference.tensors import OUTPUT_DATATYPES, READOUT_OUTPUTS
 from tests.conftest import SMALL_CONFIG
 
 MODEL = SMALL_CONFIG.name
@@ -113,12 +113,18 @@ def test_an_id_that_is_not_a_string_is_refused(http):
 
 def test_without_outputs_every_output_is_returned(http):
     """ "outputs" : ... Optional, if not specified all outputs produced by the model will be
-    returned using default $request_output settings."""
+    returned using default $request_output settings.
+
+    What the model produces unasked: attention_indices only with top_k, and the readouts
+    (hidden states, logits, predictions, the lens: another graph) only when named."""
+    unasked = [n for n in OUTPUT_DATATYPES if n not in READOUT_OUTPUTS]
     response = infer(http, {"inputs": [ids_input()]})
     names = [o["name"] for o in response.json()["outputs"]]
-    assert names == [n for n in OUTPUT_DATATYPES if n != "attention_indices"]
+    assert names == [n for n in unasked if n != "attention_indices"]
     with_top_k = infer(http, {"inputs": [ids_input()], "parameters": {"top_k": 2}})
-    assert [o["name"] for o in with_top_k.json()["outputs"]] == list(OUTPUT_DATATYPES)
+    assert [o["name"] for o in with_top_k.json()["outputs"]] == unasked
+    named = infer(http, {"inputs": [ids_input()], "outputs": [{"name": "logits"}]})
+    assert [o["name"] for o in named.json()["outputs"]] == ["logits"]
 
 
 @pytest.mark.parametrize(

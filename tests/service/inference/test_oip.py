@@ -20,6 +20,7 @@ from attnserve.service.core.plan import EncodePlan
 from attnserve.service.grpc.inference import infer_request
 from attnserve.service.inference.tensors import (
     OUTPUT_DATATYPES,
+    READOUT_OUTPUTS,
     output_rows,
     stack_into,
     stacked_shape,
@@ -160,6 +161,63 @@ def test_text_and_attention_options_through_tritonclient(triton, v2_server):
     assert array(outputs["token_ids"])[0].tolist() == list(expected.token_ids)
 
 
+def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(triton, v2_server):
+    """The readouts as V2 tensors equal Encode's, rows of different lengths zero-padded."""
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 256, 256, 256]]
+    lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [6, 3]}
+    mask = np.ones((SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads), np.float32)
+    mask[1, 2] = 0.0
+    head_mask = {"name": "head_mask", "datatype": "FP32", "shape": list(mask.shape)}
+    head_mask["data"] = mask.ravel().tolist()
+    answer = triton.infer(
+        [ids_input(rows), lengths, head_mask],
+        outputs=[
+            "hidden_states",
+            "logits",
+            "next_token_ids",
+            "target_probabilities",
+            "lens_probabilities",
+        ],
+        parameters={
+            "hidden_layers": "0,2",
+            "lens_positions": "-1",
+            "top_tokens": 2,
+            "target_ids": "5,9",
+        },
+    )
+    outputs = answer["outputs"]
+    with EncoderClient(v2_server.address) as client:
+        expected = client.encode(
+            [rows[0], rows[1][:3]],
+            head_mask=mask,
+            hidden_states={"layers": [0, 2]},
+            predictions={"top_k": 2, "target_ids": [5, 9], "logits": True},
+            logit_lens={"positions": [-1], "top_k": 2},
+        )
+    hidden = array(outputs["hidden_states"])
+    assert hidden.shape == (2, 2, 6, SMALL_CONFIG.d_model)
+    np.testing.assert_allclose(hidden[1, :, :3], expected[1].hidden_states, atol=1e-6)
+    assert not hidden[1, :, 3:].any()
+    logits = array(outputs["logits"])
+    assert logits.shape == (2, 6, SMALL_CONFIG.vocab_size)
+    np.testing.assert_allclose(logits[0], expected[0].predictions.logits[0], atol=1e-6)
+    ids = array(outputs["next_token_ids"])
+    assert outputs["next_token_ids"]["datatype"] == "INT32" and ids.shape == (2, 6, 2)
+    np.testing.assert_array_equal(ids[1, :3], expected[1].predictions.top_ids[0])
+    assert (ids[1, 3:] == -1).all()  # past its length: -1, not token 0
+    targets = array(outputs["target_probabilities"])
+    np.testing.assert_allclose(
+        targets[0], expected[0].predictions.target_probabilities[0], atol=1e-7
+    )
+    lens = array(outputs["lens_probabilities"])
+    assert lens.shape == (2, SMALL_CONFIG.n_layers + 1, 1, 2)
+    np.testing.assert_allclose(lens[1], expected[1].logit_lens.top_probabilities, atol=1e-7)
+    # the mask was applied: without it the logits differ
+    with EncoderClient(v2_server.address) as client:
+        plain = client.encode(rows[0], predictions={"logits": True})
+    assert np.abs(plain[0].predictions.logits[0] - logits[0]).max() > 1e-4
+
+
 @pytest.mark.parametrize(
     ("inputs", "outputs", "parameters", "field"),
     [
@@ -181,7 +239,19 @@ def test_text_and_attention_options_through_tritonclient(triton, v2_server):
             None,
             "inputs[0].shape",
         ),
-        ([ids_input([[1, 2]])], ["logits"], None, "outputs[0].name"),
+        ([ids_input([[1, 2]])], ["probabilities"], None, "outputs[0].name"),
+        (
+            [
+                ids_input([[1, 2]]),
+                {"name": "head_mask", "datatype": "FP32", "shape": [4, 2], "data": [0] * 8},
+            ],
+            [],
+            None,
+            "head_mask has shape [4, 2], this model's is [2, 4]",
+        ),
+        ([ids_input([[1, 2]])], ["target_probabilities"], None, "needs the target_ids"),
+        ([ids_input([[1, 2]])], ["logits"], {"lens_layers": "0"}, "lens_layers needs one of"),
+        ([ids_input([[1, 2]])], ["lens_token_ids"], {"lens_layers": "3"}, "lens.layers: 3"),
         ([ids_input([[1, 2]])], [], {"temperature": 0.5}, "parameters"),
         ([ids_input([[1, 9999]])], [], None, "vocab"),
         (
@@ -243,18 +313,21 @@ def test_ragged_rows_become_one_input_each():
     request = _request(
         input_ids=("INT64", [[1, 2, 3], [4, 5, 256]]), input_lengths=("INT64", [3, 2])
     )
-    plan = to_encode_request(infer_request(request))
+    plan = to_encode_request(infer_request(request), SMALL_CONFIG)
     assert [list(i.token_ids.ids) for i in plan.encode.inputs] == [[1, 2, 3], [4, 5]]
     assert plan.encode.request_id == "r1"
     # "Optional, if not specified all outputs produced by the model will be returned"
-    assert plan.outputs == [n for n in OUTPUT_DATATYPES if n != "attention_indices"]
+    # (attention_indices only with top_k, the readouts only when named)
+    assert plan.outputs == [
+        n for n in OUTPUT_DATATYPES if n != "attention_indices" and n not in READOUT_OUTPUTS
+    ]
 
 
 def test_text_elements_use_the_protocols_length_prefixed_bytes():
     request = oip.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="text", datatype="BYTES", shape=[2])
     request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x03\x00\x00\x00you")
-    plan = to_encode_request(infer_request(request))
+    plan = to_encode_request(infer_request(request), SMALL_CONFIG)
     assert [i.text for i in plan.encode.inputs] == ["hi", "you"]
 
 
@@ -267,7 +340,7 @@ def test_input_lengths_are_checked_against_the_rows(lengths, message):
         input_ids=("INT64", [[1, 2, 3], [4, 5, 6]]), input_lengths=("INT64", lengths)
     )
     with pytest.raises(InvalidInputError, match=message.replace("[", r"\[")):
-        to_encode_request(infer_request(request))
+        to_encode_request(infer_request(request), SMALL_CONFIG)
 
 
 def test_outputs_are_stacked_with_ragged_rows_zero_padded():

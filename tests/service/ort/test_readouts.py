@@ -24,7 +24,7 @@ def masks(batch: int) -> np.ndarray:
 def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_model):
     ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
     mask = masks(3)
-    embeddings, attentions, stream = small_runtime.readouts(ids, mask)
+    embeddings, attentions, stream = small_runtime.readout_graphs.stream(ids, mask)
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
     with torch.inference_mode():
         want_stream, want_attentions = small_model.residual_stream(
@@ -42,10 +42,12 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
 
 def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runtime, small_model):
     ids = np.random.default_rng(1).integers(0, SMALL_CONFIG.vocab_size, size=(1, 12))
-    _, _, stream = small_runtime.readouts(ids, masks(3)[:1])
+    _, _, stream = small_runtime.readout_graphs.stream(ids, masks(3)[:1])
     rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
     last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
-    logits = small_runtime.lens(rows, last).logits.reshape(SMALL_CONFIG.n_layers + 1, 12, -1)
+    logits = small_runtime.readout_graphs.lens(rows, last, logits=True).logits.reshape(
+        SMALL_CONFIG.n_layers + 1, 12, -1
+    )
     with torch.inference_mode():
         want = small_model.lens(torch.from_numpy(rows), torch.from_numpy(last)).numpy()
         want_logits = small_model.logits(torch.from_numpy(ids)).numpy()
@@ -58,7 +60,7 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
     rows = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
     last = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
     targets = rng.integers(0, SMALL_CONFIG.vocab_size, size=(6, 3))
-    out = small_runtime.lens(rows, last, k=4, targets=targets)
+    out = small_runtime.readout_graphs.lens(rows, last, k=4, targets=targets, logits=True)
     logits = out.logits.astype(np.float64)
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
@@ -72,14 +74,14 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
         out.target_probabilities, np.take_along_axis(probabilities, targets, -1), atol=1e-6
     )
     # without targets: none asked, none computed
-    assert small_runtime.lens(rows, last).target_probabilities.shape == (6, 0)
+    assert small_runtime.readout_graphs.lens(rows, last).target_probabilities.shape == (6, 0)
 
 
 def test_readout_sessions_hold_no_copy_of_the_weights(small_runtime):
     """They read the mapped weights file: opened without prepacking."""
     row = np.ones((1, SMALL_CONFIG.d_model), np.float32)
-    small_runtime.lens(row, row)
-    for session in small_runtime._readouts.values():
+    small_runtime.readout_graphs.lens(row, row)
+    for session in small_runtime.readout_graphs._sessions.values():
         assert (
             session.get_session_options().get_session_config_entry("session.disable_prepacking")
             == "1"
@@ -93,11 +95,12 @@ def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_pat
         (model_dir / readouts).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
-        runtime.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
+        runtime.readout_graphs.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
     with pytest.raises(UnsupportedError, match=r"no residual_stream .*re-export"):
-        runtime.readouts(np.zeros((1, 3), np.int64), masks(3)[:1])
+        runtime.readout_graphs.stream(np.zeros((1, 3), np.int64), masks(3)[:1])
     fp16 = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
+    assert runtime.readouts == fp16.readouts == frozenset()  # what the planner refuses
     with pytest.raises(UnsupportedError, match="no residual_stream to read in fp16"):
-        fp16.readouts(np.zeros((1, 3), np.int64), masks(3)[:1])
+        fp16.readout_graphs.stream(np.zeros((1, 3), np.int64), masks(3)[:1])
     assert (model_dir / ONNX_FILENAME).is_file()  # what it has still serves
     assert runtime.run(np.zeros((1, 3), np.int64))[0].shape == (1, 3, 64)

@@ -1,0 +1,45 @@
+"""Request fields checked one way everywhere: enums, index lists and token positions, each
+refused with the field's name and the limit it breaks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from attnserve.service.core.errors import InvalidInputError
+
+
+def enum_field(name: str, value: int, enum, default: int) -> int:
+    """A .proto enum's value (its UNSPECIFIED 0 becomes `default`)."""
+    if value not in enum.DESCRIPTOR.values_by_number:
+        raise InvalidInputError(f"{name}: {value} is not one of {list(enum.keys())}")
+    return value or default
+
+
+def indices(name: str, values: Iterable[int], limit: int) -> list[int]:
+    """Distinct indices in [0, limit); none given means all of them."""
+    chosen = list(values) or list(range(limit))
+    for v in chosen:
+        if not 0 <= v < limit:
+            raise InvalidInputError(f"{name}: {v} is outside [0, {limit})")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"{name}: {chosen} repeats an index")
+    return chosen
+
+
+def positions(name: str, values: Iterable[int], length: int, index: int) -> tuple[int, ...]:
+    """Distinct absolute positions of inputs[index] (`length` tokens) from positions in
+    [-length, length), negative counting from the end."""
+    values = list(values)
+    rows = []
+    for q in values:
+        if not -length <= q < length:
+            raise InvalidInputError(
+                f"{name}: {q} is outside [-{length}, {length}) for inputs[{index}], "
+                f"which has {length} tokens"
+            )
+        rows.append(q % length)
+    if len(set(rows)) != len(rows):
+        raise InvalidInputError(
+            f"{name}: {values} name the same position twice in inputs[{index}] ({length} tokens)"
+        )
+    return tuple(rows)

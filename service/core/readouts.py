@@ -1,0 +1,197 @@
+"""A request's readouts, planned: the head mask, hidden states, predictions and logit lens
+of each input, validated against the model and what its directory can compute.
+
+Readouts come from the readouts graph (the residual stream, a head-mask input) and the lens
+graph (the final norm and unembedding of any residual row); `Backend.readouts` says which
+of the two a served model has.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnserve.model.config import ModelConfig
+from attnserve.service.core.backend import (
+    AttentionSelection,
+    HiddenStatesSelection,
+    PredictionsSelection,
+    ReadoutSelection,
+)
+from attnserve.service.core.errors import InvalidInputError, UnsupportedError
+from attnserve.service.core.fields import indices, positions
+from attnserve.v1 import encoder_service_pb2 as pb
+
+STREAM = "stream"  # the readouts graph: hidden states and head masks
+LENS = "lens"  # the lens graph: predictions and the logit lens
+DEFAULT_TOP_K = 5
+MAX_TOP_K = 1000
+MAX_TARGETS = 1000
+# The lens runs over this many bytes of float32 logits at a time (the rows of a large grid
+# go through in chunks), so that its memory is bounded whatever the grid.
+LENS_CHUNK_BYTES = 64 * 1024 * 1024
+_TOKEN_STRING_BYTES = 16  # about what a top token's display string weighs on the wire
+
+
+def plan_readouts(
+    options: pb.EncodeOptions,
+    config: ModelConfig,
+    sequences: list[np.ndarray],
+    attention: list[AttentionSelection] | None,
+    readable: frozenset[str],
+) -> list[ReadoutSelection] | None:
+    """One ReadoutSelection per sequence, or None when the request asks for no readout."""
+    asked = [f for f in ("hidden_states", "predictions", "logit_lens") if options.HasField(f)]
+    if options.head_mask:
+        asked.append("head_mask")
+    if not asked:
+        return None
+    for field in asked:
+        graph = LENS if field in ("predictions", "logit_lens") else STREAM
+        if graph not in readable:
+            raise UnsupportedError(
+                f"options.{field}: {config.name} cannot compute it as served: readouts come "
+                "from the float32 graphs of a directory exported with them"
+                + (", of a model with an unembedding" if graph == LENS else "")
+                + " (re-export it with `attnserve export`; serve it with --precision fp32)"
+            )
+    head_mask = _head_mask(options.head_mask, config) if options.head_mask else None
+    selections = []
+    for index, ids in enumerate(sequences):
+        length = len(ids)
+        selections.append(
+            ReadoutSelection(
+                head_mask=head_mask,
+                attention=attention[index] if attention else None,
+                hidden_states=_hidden_states(options.hidden_states, config, length, index)
+                if options.HasField("hidden_states")
+                else None,
+                predictions=_predictions(
+                    "options.predictions", options.predictions, config, length, index
+                )
+                if options.HasField("predictions")
+                else None,
+                lens=_predictions("options.logit_lens", options.logit_lens, config, length, index)
+                if options.HasField("logit_lens")
+                else None,
+            )
+        )
+    return selections
+
+
+def _head_mask(entries, config: ModelConfig) -> np.ndarray:
+    """(L, H) float32: 1 but for the heads listed."""
+    mask = np.ones((config.n_layers, config.n_heads), dtype=np.float32)
+    seen = set()
+    for i, entry in enumerate(entries):
+        field = f"options.head_mask[{i}]"
+        if not 0 <= entry.layer < config.n_layers:
+            raise InvalidInputError(
+                f"{field}.layer: {entry.layer} is outside [0, {config.n_layers})"
+            )
+        if not 0 <= entry.head < config.n_heads:
+            raise InvalidInputError(f"{field}.head: {entry.head} is outside [0, {config.n_heads})")
+        if not math.isfinite(entry.scale):
+            raise InvalidInputError(f"{field}.scale: {entry.scale} is not a finite number")
+        if (entry.layer, entry.head) in seen:
+            raise InvalidInputError(
+                f"{field}: layer {entry.layer} head {entry.head} is listed twice"
+            )
+        seen.add((entry.layer, entry.head))
+        mask[entry.layer, entry.head] = entry.scale
+    return mask
+
+
+def _hidden_states(
+    request: pb.HiddenStatesRequest, config: ModelConfig, length: int, index: int
+) -> HiddenStatesSelection:
+    field = "options.hidden_states"
+    layers = indices(f"{field}.layers", request.layers, config.n_layers + 1)
+    if config.d_embed is not None and config.n_layers in layers:
+        raise InvalidInputError(
+            f"{field}.layers: state {config.n_layers} of {config.name} is its final norm's "
+            f"output before the projection to the embeddings' {config.d_embed} dims, which "
+            f"the served graphs do not return; ask for layers below {config.n_layers}"
+        )
+    if request.omit_states and not request.norms:
+        raise InvalidInputError(
+            f"{field}.omit_states leaves nothing to return: set {field}.norms too"
+        )
+    return HiddenStatesSelection(
+        layers=tuple(layers),
+        positions=_positions(f"{field}.positions", request.positions, length, index),
+        states=not request.omit_states,
+        norms=request.norms,
+    )
+
+
+def _predictions(
+    field: str,
+    request: pb.TokenPredictionsRequest,
+    config: ModelConfig,
+    length: int,
+    index: int,
+) -> PredictionsSelection:
+    if field == "options.predictions":
+        if request.layers:
+            raise InvalidInputError(
+                f"{field}.layers: predictions read the last layer; ask options.logit_lens "
+                "for other layers"
+            )
+        layers = [config.n_layers]
+    else:
+        layers = indices(f"{field}.layers", request.layers, config.n_layers + 1)
+    top_k = request.top_k or DEFAULT_TOP_K
+    limit = min(MAX_TOP_K, config.vocab_size)
+    if not 1 <= top_k <= limit:
+        raise InvalidInputError(f"{field}.top_k: {request.top_k} is outside [1, {limit}]")
+    if len(request.target_ids) > MAX_TARGETS:
+        raise InvalidInputError(
+            f"{field}.target_ids: {len(request.target_ids)} ids, more than {MAX_TARGETS}"
+        )
+    for target in request.target_ids:
+        if not 0 <= target < config.vocab_size:
+            raise InvalidInputError(
+                f"{field}.target_ids: {target} is outside the vocabulary [0, {config.vocab_size})"
+            )
+    return PredictionsSelection(
+        layers=tuple(layers),
+        positions=_positions(f"{field}.positions", request.positions, length, index),
+        top_k=top_k,
+        targets=tuple(request.target_ids),
+        logits=request.logits,
+    )
+
+
+def _positions(name: str, values, length: int, index: int) -> tuple[int, ...]:
+    return positions(name, values, length, index) if values else tuple(range(length))
+
+
+def readout_response_bytes(selection: ReadoutSelection, config: ModelConfig) -> int:
+    """Bytes of what `selection` returns (attention is counted with the attention)."""
+    total = 0
+    hidden = selection.hidden_states
+    if hidden is not None:
+        vectors = len(hidden.layers) * len(hidden.positions)
+        total += vectors * ((config.d_model * 4 if hidden.states else 0) + 4 * hidden.norms)
+    for p in (selection.predictions, selection.lens):
+        if p is not None:
+            per_row = p.top_k * (8 + _TOKEN_STRING_BYTES) + 4 * len(p.targets)
+            per_row += config.vocab_size * 4 if p.logits else 0
+            total += len(p.layers) * len(p.positions) * per_row
+    return total
+
+
+def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length: int) -> int:
+    """What computing `selection` holds besides its answer: the readouts graph's residual
+    stream, and the lens's chunk of logits (and its softmax) while it runs."""
+    total = 2 * (config.n_layers + 1) * length * config.d_model * 4
+    if selection.predictions is not None or selection.lens is not None:
+        total += 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
+    return total
+
+
+def lens_chunk_rows(vocab_size: int) -> int:
+    """How many residual rows the lens runs at a time."""
+    return max(1, LENS_CHUNK_BYTES // (vocab_size * 4))

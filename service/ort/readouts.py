@@ -1,0 +1,199 @@
+"""The readouts graphs of a model directory in ONNX Runtime, and what a request reads off
+them: the residual stream under a head mask (model_readouts.onnx) and the logit lens of any
+residual rows (model_lens.onnx).
+
+Their sessions open when first asked for, without prepacking: they read the weights where
+the file is mapped, so they add no copy of them (research/weights-in-memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from attnserve.model.artifacts import (
+    HEAD_MASK_NAME,
+    LENS_INPUTS,
+    LENS_ONNX_FILENAME,
+    LOGITS_NAME,
+    PREDICTION_INPUTS,
+    PREDICTION_OUTPUTS,
+    READOUTS_ONNX_FILENAME,
+    RESIDUAL_STREAM_NAME,
+    ModelDirectory,
+)
+from attnserve.model.config import ModelConfig
+from attnserve.service.core.backend import (
+    LensOutput,
+    Predictions,
+    PredictionsSelection,
+    ReadoutOutput,
+    ReadoutSelection,
+)
+from attnserve.service.core.errors import InferenceError, UnsupportedError
+from attnserve.service.core.readouts import LENS, STREAM, lens_chunk_rows
+
+# kind -> (the graph's file, the output only it has)
+_GRAPHS = {
+    STREAM: (READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME),
+    LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
+}
+
+
+class ReadoutGraphs:
+    """The readouts and lens sessions of one served model, opened on first use."""
+
+    def __init__(
+        self,
+        model_dir: ModelDirectory,
+        config: ModelConfig,
+        precision: str,
+        open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
+        options: Callable[[], ort.SessionOptions],
+    ) -> None:
+        """`open_session(path, options)` opens a graph on the model's provider; `options()`
+        makes the server's session options."""
+        self.model_dir = model_dir
+        self.config = config
+        self.precision = precision
+        self._open_session = open_session
+        self._options = options
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        self._lock = threading.Lock()
+        self.available = frozenset(
+            kind
+            for kind, (filename, _) in _GRAPHS.items()
+            if precision == "fp32" and (model_dir.path / filename).is_file()
+        )
+
+    def stream(
+        self, input_ids: np.ndarray, head_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) ->
+        embeddings (B, T, D), attentions (B, L, H, T, T) and the residual stream
+        (B, L+1, T, D), x_0 .. x_L, every head's output times its entry in the mask."""
+        c = self.config
+        session = self._session(STREAM)
+        names = [c.embeddings_name, c.attentions_name, RESIDUAL_STREAM_NAME]
+        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
+        try:
+            embeddings, attentions, stream = session.run(names, feeds)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
+        return embeddings, attentions, stream
+
+    def lens(
+        self,
+        residual: np.ndarray,
+        last: np.ndarray,
+        k: int = 1,
+        targets: np.ndarray | None = None,
+        logits: bool = False,
+    ) -> LensOutput:
+        """Residual rows (N, D) of any layers and the last layer's at the same positions
+        (N, D) -> the logit lens: the k most probable ids and their probabilities, those
+        of `targets` (N, n) ids, and with `logits` the logits (N, V) (with residual = last,
+        the model's own). Large N runs in chunks of bounded memory."""
+        session = self._session(LENS)
+        if targets is None:
+            targets = np.zeros((len(residual), 0), dtype=np.int64)
+        names = [LOGITS_NAME, *PREDICTION_OUTPUTS] if logits else list(PREDICTION_OUTPUTS)
+        k_input = np.array([k], dtype=np.int64)
+        step = lens_chunk_rows(self.config.vocab_size)
+        parts = []
+        for start in range(0, max(len(residual), 1), step):
+            chunk = slice(start, start + step)
+            inputs = (residual[chunk], last[chunk], k_input, targets[chunk])
+            feeds = dict(zip((*LENS_INPUTS, *PREDICTION_INPUTS), inputs, strict=True))
+            try:
+                parts.append(session.run(names, feeds))
+            except Exception as exc:  # ORT raises its own untyped errors
+                raise InferenceError(f"ONNX Runtime failed on the logit lens: {exc}") from exc
+        values = [
+            column[0] if len(column) == 1 else np.concatenate(column)
+            for column in zip(*parts, strict=True)
+        ]
+        return LensOutput(*values) if logits else LensOutput(None, *values)
+
+    def read_row(
+        self,
+        embeddings: np.ndarray,
+        stream: np.ndarray,
+        selection: ReadoutSelection,
+    ) -> ReadoutOutput:
+        """One sequence's readouts (attention aside) from its embeddings (T, D) and residual
+        stream (L+1, T, D)."""
+        states = norms = None
+        hidden = selection.hidden_states
+        if hidden is not None:
+            # State L is the final norm's output, which the embeddings are (the planner
+            # refuses it where a projection follows).
+            vectors = np.stack(
+                [
+                    (embeddings if layer == self.config.n_layers else stream[layer])[
+                        list(hidden.positions)
+                    ]
+                    for layer in hidden.layers
+                ]
+            )  # (layers, positions, D)
+            norms = np.linalg.norm(vectors, axis=-1) if hidden.norms else None
+            states = vectors if hidden.states else None
+        return ReadoutOutput(
+            hidden_states=states,
+            hidden_state_norms=norms,
+            predictions=self._predictions(stream, selection.predictions),
+            lens=self._predictions(stream, selection.lens),
+        )
+
+    def _predictions(
+        self, stream: np.ndarray, selection: PredictionsSelection | None
+    ) -> Predictions | None:
+        if selection is None:
+            return None
+        layers, positions = list(selection.layers), list(selection.positions)
+        grid = (len(layers), len(positions))
+        residual = stream[layers][:, positions].reshape(-1, stream.shape[-1])  # (N, D)
+        last = np.repeat(stream[-1, positions][None], len(layers), 0).reshape(residual.shape)
+        targets = np.tile(np.asarray(selection.targets, dtype=np.int64), (len(residual), 1))
+        out = self.lens(residual, last, selection.top_k, targets, selection.logits)
+        return Predictions(
+            top_ids=out.top_ids.astype(np.int32).reshape(*grid, -1),
+            top_probabilities=out.top_probabilities.reshape(*grid, -1),
+            target_probabilities=out.target_probabilities.reshape(*grid, -1)
+            if selection.targets
+            else None,
+            logits=None if out.logits is None else out.logits.reshape(*grid, -1),
+        )
+
+    def _session(self, kind: str) -> ort.InferenceSession:
+        """The session of one readouts graph, opened on first use; UnsupportedError where
+        the directory has none (written before readouts, or a model without a head)."""
+        filename, output = _GRAPHS[kind]
+        with self._lock:
+            if kind in self._sessions:
+                return self._sessions[kind]
+            path = self.model_dir.path / filename
+            if kind not in self.available:
+                raise UnsupportedError(
+                    f"{self.config.name} has no {output} to read in {self.precision} "
+                    f"({filename}): readouts come from the float32 graphs of a directory "
+                    "exported by this version (re-export it with `attnserve export`)"
+                )
+            so = self._options()
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            session = self._open_session(str(path), so)
+            if output not in {o.name for o in session.get_outputs()}:
+                raise UnsupportedError(
+                    f"{path} has no {output!r} output: it was exported before readouts "
+                    "(re-export it with `attnserve export`)"
+                )
+            self._sessions[kind] = session
+            return session
+
+    def close(self) -> None:
+        """Drop the sessions (their arenas go with them); reopened when next asked for."""
+        with self._lock:
+            self._sessions.clear()

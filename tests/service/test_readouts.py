@@ -1,0 +1,195 @@
+"""Hidden states, predictions, the logit lens and head masks through the real server (gRPC
+and JSON), against the PyTorch model the served graphs were exported from."""
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from attnserve.client import ClientOptions, EncoderClient, build_request
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import ByteTokenizer
+from attnserve.service.core.errors import UnsupportedError
+from attnserve.service.core.plan import plan_request
+from tests.conftest import SMALL_CONFIG
+
+L, H = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads
+TEXTS = ["The cat sat on the mat.", "Heads"]
+
+
+def reference(small_model, ids: list[int], head_mask=None) -> dict[str, np.ndarray]:
+    """What PyTorch computes of one sequence: hidden states, logits, the lens grid."""
+    x = torch.tensor([ids])
+    mask = None if head_mask is None else torch.from_numpy(head_mask)
+    with torch.inference_mode():
+        stream, attentions = small_model.residual_stream(x, head_mask=mask)
+        residual = torch.stack(stream, 1)[0]  # (L+1, T, D)
+        lens = small_model.lens(residual, residual[-1].expand_as(residual))
+        return {
+            "hidden": small_model.hidden_states(x, head_mask=mask)[0].numpy(),
+            "logits": small_model.logits(x, head_mask=mask)[0].numpy(),
+            "lens": lens.numpy(),  # (L+1, T, V)
+            "embeddings": small_model(x, head_mask=mask)[0][0].numpy(),
+            "attentions": attentions[0].numpy(),
+        }
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def check_predictions(got, logits: np.ndarray, k: int, targets=()) -> None:
+    """The returned top k are the k most probable (their probabilities, sorted) and the
+    targets' probabilities are theirs; `logits` (layers, positions, V)."""
+    p = softmax(logits)
+    want_top = -np.sort(-p, axis=-1)[..., :k]
+    np.testing.assert_allclose(got.top_probabilities, want_top, atol=1e-5)
+    np.testing.assert_allclose(
+        np.take_along_axis(p, got.top_ids.astype(np.int64), -1), want_top, atol=1e-5
+    )
+    assert got.top_tokens.shape == got.top_ids.shape
+    if targets:
+        np.testing.assert_allclose(got.target_probabilities, p[..., list(targets)], atol=1e-5)
+
+
+def test_hidden_states_are_transformers_output_hidden_states(client, small_model):
+    out = client.encode(TEXTS, hidden_states={"norms": True})
+    for encoding in out:
+        want = reference(small_model, encoding.token_ids.tolist())["hidden"]
+        assert encoding.hidden_state_layers == list(range(L + 1))
+        assert encoding.hidden_state_positions == list(range(len(encoding.token_ids)))
+        np.testing.assert_allclose(encoding.hidden_states, want, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(
+            encoding.hidden_state_norms, np.linalg.norm(want, axis=-1), rtol=1e-5
+        )
+        # the last state is the final norm's output: the embeddings
+        np.testing.assert_allclose(encoding.hidden_states[-1], encoding.embeddings, atol=1e-6)
+
+
+def test_hidden_states_select_layers_and_positions_or_only_norms(client, small_model):
+    encoding = client.encode(
+        TEXTS[0], hidden_states={"layers": [2, 0], "positions": [-1, 3], "norms": True}
+    )[0]
+    want = reference(small_model, encoding.token_ids.tolist())["hidden"]
+    T = len(encoding.token_ids)
+    assert encoding.hidden_state_positions == [T - 1, 3]
+    np.testing.assert_allclose(encoding.hidden_states, want[[2, 0]][:, [T - 1, 3]], atol=1e-4)
+    only = client.encode(TEXTS[0], hidden_states={"norms": True, "omit_states": True})[0]
+    assert only.hidden_states is None
+    np.testing.assert_allclose(only.hidden_state_norms, np.linalg.norm(want, axis=-1), rtol=1e-5)
+
+
+def test_predictions_are_the_models_next_token_distribution(client, small_model):
+    targets = (5, 101)
+    out = client.encode(TEXTS, predictions={"top_k": 3, "target_ids": targets, "logits": True})
+    for encoding in out:
+        logits = reference(small_model, encoding.token_ids.tolist())["logits"][None]
+        got = encoding.predictions
+        assert got.layers == [L] and got.positions == list(range(len(encoding.token_ids)))
+        np.testing.assert_allclose(got.logits, logits, rtol=0, atol=1e-4)
+        check_predictions(got, logits, 3, targets)
+    assert out[0].logit_lens is None and out[0].hidden_states is None
+
+
+def test_the_logit_lens_is_each_layers_residual_read_as_the_last(client, small_model):
+    encoding = client.encode(
+        TEXTS[0], logit_lens={"positions": [-1, 0], "target_ids": [7]}, return_tokens=True
+    )[0]
+    T = len(encoding.token_ids)
+    lens = reference(small_model, encoding.token_ids.tolist())["lens"]
+    got = encoding.logit_lens
+    assert got.layers == list(range(L + 1)) and got.positions == [T - 1, 0]
+    assert got.top_ids.shape == (L + 1, 2, 5)  # top_k 0 means 5
+    check_predictions(got, lens[:, [T - 1, 0]], 5, (7,))
+    assert got.logits is None
+    tokens = ByteTokenizer(SMALL_CONFIG).token_strings(got.top_ids.ravel().tolist())
+    assert got.top_tokens.ravel().tolist() == tokens
+
+
+def test_a_head_mask_changes_everything_the_request_returns(client, small_model):
+    mask = np.ones((L, H), np.float32)
+    mask[0, 1] = 0.0  # removed
+    mask[1, 3] = 0.5  # halved
+    out = client.encode(
+        TEXTS,
+        head_mask=mask,
+        attention=True,
+        predictions={"positions": [-1], "logits": True},
+        hidden_states={"layers": [1]},
+    )
+    plain = client.encode(TEXTS, attention=True)
+    for encoding, unmasked in zip(out, plain, strict=True):
+        want = reference(small_model, encoding.token_ids.tolist(), mask)
+        np.testing.assert_allclose(encoding.embeddings, want["embeddings"], atol=1e-4)
+        np.testing.assert_allclose(encoding.attention, want["attentions"], atol=1e-5)
+        np.testing.assert_allclose(encoding.hidden_states, want["hidden"][[1]], atol=1e-4)
+        np.testing.assert_allclose(encoding.predictions.logits[0], want["logits"][[-1]], atol=1e-4)
+        assert np.abs(encoding.embeddings - unmasked.embeddings).max() > 1e-3
+        # layer 0's attention comes before any removed head's output reaches a score
+        np.testing.assert_allclose(encoding.attention[0], unmasked.attention[0], atol=1e-6)
+
+
+def test_a_mask_of_ones_changes_nothing(client):
+    masked = client.encode(TEXTS, head_mask=np.ones((L, H), np.float32), attention=True)
+    kept = client.encode(TEXTS, head_mask={(0, 0): 1.0}, attention=True)
+    plain = client.encode(TEXTS, attention=True)
+    for a, b, c in zip(masked, kept, plain, strict=True):
+        np.testing.assert_allclose(b.embeddings, c.embeddings, atol=1e-5)
+        np.testing.assert_allclose(b.attention, c.attention, atol=1e-6)
+        np.testing.assert_array_equal(a.embeddings, c.embeddings)  # no entry: the plain path
+
+
+def test_readouts_in_json_as_lists(server, client):
+    body = {
+        "inputs": [{"text": TEXTS[1]}],
+        "options": {
+            "logitLens": {"positions": [-1], "topK": 2},
+            "hiddenStates": {"layers": [0], "positions": [0]},
+            "headMask": [{"layer": 1, "head": 0}],
+        },
+        "tensor_format": "list",
+    }
+    got = httpx.post(f"{server.http_url}/v1/encode", json=body, timeout=60).json()["results"][0]
+    want = client.encode(
+        TEXTS[1],
+        logit_lens={"positions": [-1], "top_k": 2},
+        hidden_states={"layers": [0], "positions": [0]},
+        head_mask={(1, 0): 0.0},
+    )[0]
+    lens = got["logitLens"]
+    assert lens["topIds"]["shape"] == [L + 1, 1, 2] and lens["topIds"]["dtype"] == "int32"
+    assert lens["topIds"]["values"] == want.logit_lens.top_ids.tolist()
+    assert lens["topTokens"] == want.logit_lens.top_tokens.ravel().tolist()
+    np.testing.assert_allclose(
+        lens["topProbabilities"]["values"], want.logit_lens.top_probabilities, atol=1e-7
+    )
+    np.testing.assert_allclose(got["hiddenStates"]["values"], want.hidden_states, atol=1e-7)
+
+
+def test_an_answer_too_large_for_a_message_names_the_readouts(small_model_dir, small_runtime):
+    from tests.conftest import ServerThread
+
+    # Every position's logits at 300 tokens: 300 x 259 x 4 B = 311 kB.
+    small = ServerThread(small_model_dir, small_runtime, max_message_bytes=200_000)
+    try:
+        with EncoderClient(small.address, ClientOptions(max_message_bytes=200_000)) as c:
+            with pytest.raises(Exception) as excinfo:
+                c.encode([[1] * 300], predictions={"logits": True}, token_embeddings=False)
+            assert "more than the 200,000-byte message limit" in excinfo.value.details()
+            assert "no logits" in excinfo.value.details()
+            out = c.encode([[1] * 300], predictions={"positions": [-1], "logits": True})
+            assert out[0].predictions.logits.shape == (1, 1, SMALL_CONFIG.vocab_size)
+    finally:
+        small.stop()
+
+
+def test_a_model_without_readout_graphs_refuses_them_by_name():
+    request = build_request("abc", logit_lens=True)
+    config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
+    with pytest.raises(UnsupportedError, match=r"options.logit_lens: .*\(re-export it"):
+        plan_request(request, config, ByteTokenizer(config), frozenset({"stream"}))
+    request = build_request("abc", head_mask={(0, 0): 0.0})
+    with pytest.raises(UnsupportedError, match=r"options.head_mask: "):
+        plan_request(request, config, ByteTokenizer(config), frozenset())
+    assert plan_request(request, config, ByteTokenizer(config), frozenset({"stream"})).readouts
