@@ -124,6 +124,80 @@ def test_a_shared_url_renders_and_every_view_shows_the_servers_numbers(
     assert page.elsewhere == []  # offline: nothing but the server was asked
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits.astype(np.float64) - logits.max())
+    return e / e.sum()
+
+
+def test_the_logit_lens_grid_and_heads_switched_off_show_the_servers_numbers(
+    page, server, client, tmp_path
+):
+    expected = client.encode(TEXT, logit_lens={"top_k": 5}, return_tokens=True)[0]
+    lens, t = expected.logit_lens, len(expected.token_ids)
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}")
+    page.locator('#ablation[data-ready="true"]').wait_for()
+    assert page.locator("#lens td").count() == (SMALL_CONFIG.n_layers + 1) * t
+    for layer, position in [(0, 0), (1, 5), (2, t - 1)]:
+        cell = page.locator(f'#lens td[data-layer="{layer}"][data-position="{position}"]')
+        assert int(cell.get_attribute("data-id")) == lens.top_ids[layer, position, 0]
+        assert cell.text_content() == lens.top_tokens[layer, position, 0]
+        probability = float(cell.get_attribute("data-probability"))
+        assert probability == pytest.approx(lens.top_probabilities[layer, position, 0], abs=1e-6)
+    # hovering a cell says its top five
+    page.locator(f'#lens td[data-layer="1"][data-position="{t - 1}"]').hover()
+    info = page.locator("#lens-info[data-top]")
+    info.wait_for()
+    assert info.get_attribute("data-top") == str(lens.top_ids[1, t - 1].tolist()).replace(" ", "")
+    assert f"state 1, after {t - 1}" in info.text_content()
+
+    # two heads off: the distribution after the last token, before and after, as the API says
+    page.locator('#switches td[data-layer="1"][data-head="3"]').click()
+    page.locator('#switches td[data-layer="1"][data-head="3"].off').wait_for()
+    page.locator('#ablation[data-ready="true"][data-off="[[1,3]]"]').wait_for()
+    page.locator('#switches td[data-layer="0"][data-head="1"]').click()
+    page.locator('#ablation[data-ready="true"][data-off="[[0,1],[1,3]]"]').wait_for()
+    off = {(0, 1): 0.0, (1, 3): 0.0}
+    after = client.encode(TEXT, head_mask=off, predictions={"positions": [-1], "logits": True})
+    before = client.encode(TEXT, predictions={"positions": [-1], "logits": True})
+    p_after = softmax(after[0].predictions.logits[0, 0])
+    p_before = softmax(before[0].predictions.logits[0, 0])
+    rows = page.locator("#ablation tr[data-id]")
+    assert rows.count() >= 10
+    for i in range(rows.count()):
+        token = int(rows.nth(i).get_attribute("data-id"))
+        assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(p_before[token])
+        assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(p_after[token])
+    assert int(rows.nth(0).get_attribute("data-id")) == int(np.argmax(p_before))
+    assert np.abs(p_after / p_before - 1).max() > 0.01  # the heads mattered (random weights)
+    page.screenshot(path=str(tmp_path / "explorer-lens.png"), full_page=True)
+    assert page.elsewhere == []
+
+
+def test_a_model_without_the_lens_says_so_and_still_shows_attention(
+    browser, small_model_dir, tmp_path
+):
+    from attnserve.model.artifacts import LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(small_model_dir, model_dir)
+    for name in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME):
+        (model_dir / name).unlink()
+    old = ServerThread(model_dir)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{old.http_url}/?text={quote(TEXT)}")
+        page.locator("#heatmap[data-rows]").wait_for()
+        note = page.locator("#lens-note:not([hidden])")
+        note.wait_for()
+        assert "No logit lens for" in note.text_content()
+        assert "re-export it with `attnserve export`" in note.text_content()
+        assert page.locator("#lens-section").is_hidden()
+    finally:
+        context.close()
+        old.stop()
+
+
 def test_typing_a_text_and_pressing_show(page, server):
     page.goto(server.http_url + "/")
     page.fill("#text", "Hello, world")

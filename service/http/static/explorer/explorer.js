@@ -8,7 +8,8 @@
 
 const $ = (id) => document.getElementById(id);
 // panes.a and panes.b: { packed, tokens, model, text } once encoded; b only when comparing.
-const state = { panes: { a: null, b: null }, kvHeads: null };
+// predictions: pane a's next-token distribution and logit lens, with every head on.
+const state = { panes: { a: null, b: null }, kvHeads: null, predictions: null };
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
 
@@ -429,6 +430,129 @@ async function encode(model, text) {
   return { encoding, result, ms: Number(answer.timings.totalNs) / 1e6 };
 }
 
+// ---- beyond attention: the logit lens, and heads switched off ----
+// A request of its own: a model without the lens graph still shows its attention.
+
+function decodeNumbers(tensor) {  // float32 or int32, base64 little-endian
+  const bytes = Uint8Array.from(atob(tensor.data || ""), (c) => c.charCodeAt(0));
+  return tensor.dtype === "DTYPE_INT32" ? new Int32Array(bytes.buffer) : new Float32Array(bytes.buffer);
+}
+
+// The next-token distribution after the last token (logits, softmaxed here) and, unless
+// heads are off, the logit lens of every layer and position.
+async function predict(model, text, off = []) {
+  const options = {
+    skipTokenEmbeddings: true,
+    returnTokens: true,
+    truncation: "TRUNCATION_RIGHT",
+    predictions: { positions: [-1], topK: 10, logits: true },
+  };
+  if (off.length) options.headMask = off.map(([layer, head]) => ({ layer, head, scale: 0 }));
+  else options.logitLens = { topK: 5 };
+  const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
+  const logits = decodeNumbers(result.predictions.logits);
+  let peak = -Infinity;
+  for (const v of logits) peak = Math.max(peak, v);
+  const probabilities = Float64Array.from(logits, (v) => Math.exp(v - peak));
+  const total = probabilities.reduce((a, b) => a + b, 0);
+  for (let i = 0; i < probabilities.length; i++) probabilities[i] /= total;
+  const top = Array.from(decodeNumbers(result.predictions.topIds));
+  const names = new Map(top.map((id, k) => [id, result.predictions.topTokens[k]]));
+  return { result, probabilities, top, names };
+}
+
+function drawLens(result) {
+  const lens = result.logitLens;
+  const k = Number(lens.topIds.shape[2]);
+  const ids = decodeNumbers(lens.topIds), probabilities = decodeNumbers(lens.topProbabilities);
+  const table = $("lens");
+  table.innerHTML = "";
+  const header = table.insertRow();
+  header.appendChild(document.createElement("th")).textContent = "state";
+  for (const p of lens.positions) header.appendChild(document.createElement("th")).textContent = result.tokens[p];
+  lens.layers.forEach((layer, s) => {
+    const tr = table.insertRow();
+    tr.appendChild(document.createElement("th")).textContent = layer;
+    lens.positions.forEach((position, p) => {
+      const first = (s * lens.positions.length + p) * k;
+      const td = tr.insertCell();
+      td.textContent = lens.topTokens[first];
+      td.style.background = colour(probabilities[first]);
+      Object.assign(td.dataset, { layer, position, id: ids[first], probability: probabilities[first] });
+      const top = [...Array(k).keys()].map((j) =>
+        `${JSON.stringify(lens.topTokens[first + j])} ${probabilities[first + j].toFixed(3)}`);
+      td.onmouseenter = () => {
+        $("lens-info").textContent =
+          `state ${layer}, after ${position} ${JSON.stringify(result.tokens[position])}: ${top.join(", ")}`;
+        $("lens-info").dataset.top = JSON.stringify(Array.from(ids.slice(first, first + k)));
+      };
+    });
+  });
+}
+
+function drawSwitches(layers, heads) {
+  const table = $("switches");
+  table.innerHTML = "";
+  for (let l = 0; l < layers; l++) {
+    const tr = table.insertRow();
+    tr.appendChild(document.createElement("th")).textContent = l;
+    for (let h = 0; h < heads; h++) {
+      const td = tr.insertCell();
+      td.textContent = h;
+      td.title = `layer ${l}, head ${h}: click to switch it off or on`;
+      Object.assign(td.dataset, { layer: l, head: h });
+      td.onclick = () => { td.classList.toggle("off"); ablate(); };
+    }
+  }
+}
+
+// The next-token distribution with the switched-off heads removed, beside the model's own.
+async function ablate() {
+  const off = [...$("switches").querySelectorAll("td.off")].map((td) => [Number(td.dataset.layer), Number(td.dataset.head)]);
+  const before = state.predictions;
+  $("ablation").dataset.ready = "false";
+  try {
+    const after = off.length ? await predict(state.panes.a.model, state.panes.a.text, off) : before;
+    const names = new Map([...before.names, ...after.names]);
+    const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => before.probabilities[j] - before.probabilities[i]);
+    const table = $("ablation");
+    table.innerHTML = "<tr><th>next token</th><th>before</th><th>after</th><th>change</th></tr>";
+    for (const id of ids) {
+      const tr = table.insertRow();
+      const [b, a] = [before.probabilities[id], after.probabilities[id]];
+      for (const text of [JSON.stringify(names.get(id)), b.toFixed(4), a.toFixed(4), (a - b >= 0 ? "+" : "") + (a - b).toFixed(4)])
+        tr.insertCell().textContent = text;
+      Object.assign(tr.dataset, { id, before: b, after: a });
+    }
+    table.dataset.off = JSON.stringify(off);
+    table.dataset.ready = "true";
+  } catch (error) {
+    $("lens-note").hidden = false;
+    $("lens-note").textContent = `heads off: ${error.message}`;
+  }
+}
+
+async function showLens(model, text) {
+  $("ablation").dataset.ready = "false";
+  try {
+    state.predictions = await predict(model, text);
+  } catch (error) {  // e.g. a model exported before the readouts: said, attention still shown
+    $("lens-section").hidden = true;
+    $("lens-note").hidden = false;
+    $("lens-note").textContent = `No logit lens for ${model}: ${error.message}`;
+    return;
+  }
+  $("lens-note").hidden = true;
+  $("lens-section").hidden = false;
+  drawLens(state.predictions.result);
+  const layers = state.predictions.result.logitLens.layers.length - 1;
+  if ($("switches").rows.length !== layers || $("switches").dataset.model !== model) {
+    drawSwitches(layers, state.panes.a.packed.shape[1]);
+    $("switches").dataset.model = model;
+  }
+  await ablate();
+}
+
 function headLabel(h) {
   return state.kvHeads ? `${h} (kv ${state.kvHeads[h]})` : String(h);
 }
@@ -457,6 +581,7 @@ async function show(event) {
     update();
     const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
     $("status").textContent = `${result.tokens.length} tokens${cut}, server ${first.ms.toFixed(1)} ms`;
+    await showLens(first.encoding.model, first.encoding.text);
   } catch (error) {
     if (error instanceof Unauthorized) {
       const had = sessionStorage.getItem(TOKEN_KEY);
