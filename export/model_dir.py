@@ -33,6 +33,7 @@ from attnserve.export.fused import with_attention_weights
 from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from attnserve.export.parity import ParityCase, compare, default_shapes, reference_outputs
+from attnserve.export.trace_ahead import tracer
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
     EMBEDDINGS_FP16_ONNX_FILENAME,
@@ -85,6 +86,7 @@ def write_model_dir(
     fp16_tolerance: float = FP16_TOLERANCE,
     precisions: tuple[str, ...] = ("fp32",),
     release_weights: bool = False,
+    trace_ahead: bool | None = None,
 ) -> ExportReport:
     """Export the graphs of `precisions` (fp32, fp16 for CUDA, int8 for models that do not
     fit in float32), check each one's parity with PyTorch, then move the files into `out`.
@@ -93,6 +95,8 @@ def write_model_dir(
     extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
     release_weights: free the model's weights once they are written (the model is unusable
     afterwards): ONNX Runtime then checks the graphs without a second copy beside them.
+    trace_ahead: trace the graphs after the first in a child process meanwhile (None: for
+    deep models on two cores or more; export/trace_ahead.py).
 
     Everything is written to a scratch directory beside `out` first, so a model that fails
     its parity check (ParityError) or a full disk (ExportWriteError) never reaches `out`.
@@ -125,9 +129,11 @@ def write_model_dir(
                 traced.append((LENS_ONNX_FILENAME, "lens"))
             # the readouts (fp32 only) are the full graph's trace before it loses them
             readouts = scratch / READOUTS_ONNX_FILENAME if "fp32" in precisions else None
-            for filename, kind in traced:
-                log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
-                export_onnx(config, tensors, scratch / filename, weights, kind, readouts)
+            with tracer(config, [kind for _, kind in traced], trace_ahead) as traced_graph:
+                for filename, kind in traced:
+                    log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
+                    graph = traced_graph(kind)
+                    export_onnx(config, tensors, scratch / filename, weights, kind, readouts, graph)
         del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)

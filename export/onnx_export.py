@@ -102,8 +102,11 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             example += (torch.ones(2, config.n_layers, config.n_heads, device="meta"),)
             dynamic_shapes["head_mask"] = {0: batch}
     inputs, outputs = names[kind]
-    # The dynamo exporter logs missing optional torchvision ops at WARNING; irrelevant here.
+    # The dynamo exporter logs missing optional torchvision ops at WARNING, and the graph
+    # passes each rewrite at INFO (hundreds of lines for a 1B model): irrelevant here.
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    for passes in ("onnxscript", "onnx_ir"):
+        logging.getLogger(passes).setLevel(logging.WARNING)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
         # Two inputs share an axis (batch, rows): the exporter says it names it once.
@@ -170,13 +173,15 @@ def export_onnx(
     weights: WeightsFile,
     kind: str = "full",
     readouts_path: str | Path | None = None,
+    graph: ir.Model | None = None,
 ) -> Path:
     """Export the graph of `kind` (full, embeddings or lens) of the encoder of `config`
     with `tensors` (its state_dict, any float dtype) to `path`, its weights into `weights`
     (written once across graphs), and check the file. The full graph is traced with the
     readouts (a head mask in, the residual stream out): written as such to
-    `readouts_path` if given, and without them to `path`."""
-    graph = trace(config, kind)
+    `readouts_path` if given, and without them to `path`. `graph`: the trace, if made
+    already (export/trace_ahead.py)."""
+    graph = graph or trace(config, kind)
     rotary = {
         f"{name}.{buffer}": value
         for name, module in rotary_modules(config).items()
