@@ -1,6 +1,6 @@
-"""`python -m benchmarks {peers,oip,perf-analyzer,families,sizes,repository,ray,containers,report}`,
-from the repository's root with attnserve installed (`make install`): `make benchmarks` runs
-`report`."""
+"""`python -m benchmarks BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
+repository, ray, containers, report), from the repository's root with attnserve installed
+(`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
 
@@ -56,6 +56,15 @@ def parser() -> argparse.ArgumentParser:
     )
     sizes.add_argument("--shapes", nargs="*", help="a subset of the shapes (default: all)")
     sizes.add_argument("--quick", action="store_true", help="a few-MB model instead (smoke)")
+    readouts = commands.add_parser(
+        "readouts",
+        help="SmolLM2-135M's shape: the logit lens, predictions, hidden states and a head mask "
+        "beside the embeddings alone; a plain request before and after",
+    )
+    readouts.add_argument(
+        "--ref", default="7f71806", help="the commit to compare a plain request with"
+    )
+    readouts.add_argument("--repeats", type=int, default=20, help="calls per block")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -111,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.sizes import run_sizes
 
         run_sizes(args.out, progress, args.shapes, args.quick)
+        return 0
+    if args.command == "readouts":
+        from benchmarks.readouts import run_readouts
+
+        run_readouts(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "containers":
         from benchmarks.containers import run_containers

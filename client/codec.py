@@ -9,19 +9,12 @@ from typing import TypeVar, cast
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import from_tensor, unpack_causal
+from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, POOLINGS, from_tensor, unpack_causal
 
 Input = str | Sequence[int] | np.ndarray  # text, or token ids
 Choice = TypeVar("Choice")  # an enum value of the .proto
 
-POOLINGS = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
 DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16}
-LAYOUTS = {"full": pb.ATTENTION_LAYOUT_FULL, "causal-packed": pb.ATTENTION_LAYOUT_CAUSAL_PACKED}
-HEAD_REDUCTIONS = {
-    "none": pb.HEAD_REDUCTION_NONE,
-    "mean": pb.HEAD_REDUCTION_MEAN,
-    "max": pb.HEAD_REDUCTION_MAX,
-}
 
 
 @dataclass
@@ -156,7 +149,8 @@ def build_request(
         a.layers.extend(layers)
         a.heads.extend(heads)
         a.dtype = _choice("attention_dtype", attention_dtype, DTYPES)
-        a.layout = _choice("attention_layout", attention_layout, LAYOUTS)
+        # "causal-packed" as the CLI spells it, or "causal_packed" as V2's parameter does
+        a.layout = _choice("attention_layout", attention_layout.replace("-", "_"), LAYOUTS)
         a.query_positions.extend(rows)
         if head_reduction != "none":  # left unspecified: rollout then averages the heads
             a.head_reduction = _choice("head_reduction", head_reduction, HEAD_REDUCTIONS)

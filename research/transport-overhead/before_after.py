@@ -22,24 +22,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import os
 import subprocess
 import sys
-import tarfile
 import tempfile
-import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from echo import EchoServer, request_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks
 from attnserve.bench.results import progress, save
 from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request
 from attnserve.service.process import spawn_server
+from benchmarks.sources import environment, sources_of
 
 ISSUE_12_BASE = "0e43d7121399723bc22eb529e11c59f4d4a1c319"
 SEQ_LENS = (8, 16, 32, 64, 128)
@@ -47,41 +45,11 @@ VERSIONS = ("before", "after")
 PLOT = "before_after.png"
 
 
-@contextlib.contextmanager
-def sources_of(ref: str) -> Iterator[Path]:
-    """`ref`'s files in a scratch folder that imports as `attnserve` for Python run in it
-    with it on PYTHONPATH: each package folder is linked where the package's name puts
-    it, as pyproject.toml mapped them for an install (later commits carry those links)."""
-    root = Path(__file__).resolve().parents[2]  # the repository
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(root), "archive", "--format=tar", ref],
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        why = getattr(exc, "stderr", b"").decode().strip() or str(exc)
-        raise RuntimeError(f"--ref {ref}: not in this git checkout: {why}") from exc
-    with tempfile.TemporaryDirectory(prefix="attnserve-before-") as tmp:
-        src = Path(tmp)
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(src, filter="data")
-        pyproject = tomllib.loads((src / "pyproject.toml").read_text())
-        for package, folder in pyproject["tool"]["setuptools"].get("package-dir", {}).items():
-            (src / package.replace(".", "/")).symlink_to(src / folder, target_is_directory=True)
-        yield src
-
-
-def _env(src: Path | None) -> dict[str, str] | None:
-    """The environment that runs `src`'s code (None: this checkout's, as installed)."""
-    return None if src is None else {**os.environ, "PYTHONPATH": str(src)}
-
-
 def export_default_model(src: Path | None, out: Path, log: Callable[[str], None]) -> Path:
     """The default model, exported into `out` by `src`'s code (None: this checkout's)."""
     log(f"  {out.name}: exporting the default model with its own code")
     command = [sys.executable, "-m", "attnserve", "export", "--out", str(out)]
-    done = subprocess.run(command, cwd=src, env=_env(src), capture_output=True, text=True)
+    done = subprocess.run(command, cwd=src, env=environment(src), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
     return out
@@ -96,7 +64,9 @@ def measure(ref: str, max_seq_len: int, quick: bool, log: Callable[[str], None])
         servers = {}
         for name, code in sources.items():
             model_dir = export_default_model(code, scratch / name, log)
-            servers[name] = spawn_server(model_dir, "--provider", "cpu", cwd=code, env=_env(code))
+            servers[name] = spawn_server(
+                model_dir, "--provider", "cpu", cwd=code, env=environment(code)
+            )
             stack.callback(servers[name].process.wait, 30)
             stack.callback(servers[name].process.terminate)
         echo = EchoServer()

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 from attnserve.service.core.errors import InvalidInputError
 
+INT64 = range(-(2**63), 2**63)  # `value in INT64`: constant time for an int
+
 
 def enum_field(name: str, value: int, enum, default: int) -> int:
     """A .proto enum's value (its UNSPECIFIED 0 becomes `default`)."""

@@ -19,7 +19,7 @@ from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeErr
 from attnserve.service.core.fields import enum_field, indices, positions
 from attnserve.service.core.readouts import plan_readouts, readout_response_bytes
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import packed_length
+from attnserve.v1.wire import HEAD_REDUCTIONS, packed_length
 
 # Room for everything in a response besides tensor bytes (ids, shapes, framing).
 _OVERHEAD_BYTES_PER_TOKEN = 16
@@ -103,11 +103,7 @@ def plan_request(
     )
 
 
-_REDUCTIONS: dict[int, str] = {
-    pb.HEAD_REDUCTION_NONE: "none",
-    pb.HEAD_REDUCTION_MEAN: "mean",
-    pb.HEAD_REDUCTION_MAX: "max",
-}
+_REDUCTIONS: dict[int, str] = {number: name for name, number in HEAD_REDUCTIONS.items()}
 
 
 def _plan_attention(

@@ -150,10 +150,6 @@ class ModelRepository:
         listed = sorted(states.values(), key=lambda s: s.name)
         return [s for s in listed if s.state == READY or not ready_only]
 
-    def models(self) -> list[DataPlane]:
-        """The served models' data planes, by name."""
-        return [self.served[name] for name in sorted(self.served)]
-
     @property
     def ready(self) -> bool:
         return bool(self.served) and all(d.refusal is None for d in self.served.values())

@@ -43,12 +43,15 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     def __init__(self, v2: V2Server) -> None:
         self.v2 = v2
 
+    @handle_errors
     async def ServerLive(self, request, context) -> oip.ServerLiveResponse:
         return oip.ServerLiveResponse(live=True)
 
+    @handle_errors
     async def ServerReady(self, request, context) -> oip.ServerReadyResponse:
         return oip.ServerReadyResponse(ready=self.v2.ready)
 
+    @handle_errors
     async def ModelReady(self, request, context) -> oip.ModelReadyResponse:
         try:
             model = self.v2.model(request.name, request.version)

@@ -1,8 +1,8 @@
 """The gRPC transport's one error wrapper: a servicer method's error becomes its status code.
 
 The code comes from the one table (service/core/status.py); the message is the error's own,
-which names the field and the limit. Anything unexpected is INTERNAL (the data plane has
-logged it).
+which names the field and the limit. Anything unexpected is INTERNAL (the repository's
+`observed`, around every counted call, has logged it with its traceback).
 """
 
 from __future__ import annotations

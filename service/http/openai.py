@@ -10,16 +10,16 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.fields import INT64
 from attnserve.service.core.response import pooled
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
 from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import POOLINGS
 
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
 )
-POOLINGS = {"last": pb.POOLING_LAST, "mean": pb.POOLING_MEAN}
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class EmbeddingsRequest(BaseModel):
@@ -85,7 +85,7 @@ def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.E
         if isinstance(item, str):
             request.inputs.add(text=item)
             continue
-        token = next((t for t in item if not INT64_MIN <= t <= INT64_MAX), None)
+        token = next((t for t in item if t not in INT64), None)
         if token is not None:
             raise InvalidInputError(
                 f"input[{i}]: token id {token} is out of range (token ids are int64)"

@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 
 from attnserve.oip.wire import (
     BYTES,
-    INT64_MAX,
     Parameter,
     WireError,
     element_count,
@@ -28,6 +27,7 @@ from attnserve.oip.wire import (
     unpack_bytes,
 )
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.fields import INT64
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
 from attnserve.service.inference.messages import (
@@ -215,7 +215,7 @@ def _parameters(value: object, field: str) -> dict[str, Parameter]:
     parameters = _object(value, field)
     for key, item in parameters.items():
         if not isinstance(item, bool | int | float | str) or (
-            isinstance(item, int) and not -(2**63) <= item <= INT64_MAX
+            isinstance(item, int) and item not in INT64
         ):
             raise InvalidInputError(
                 f"{field}.{key}: a bool, an int64, a number or a string, got {item!r}"

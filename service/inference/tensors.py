@@ -50,6 +50,7 @@ from attnserve.service.core.plan import EncodePlan
 from attnserve.service.core.response import pooled
 from attnserve.service.inference.messages import InferRequest, InputTensor
 from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, POOLINGS
 
 Choice = TypeVar("Choice")  # an enum value of the .proto
 INPUTS = {  # name: (datatype, rank)
@@ -130,13 +131,6 @@ PARAMETERS = {
     "top_tokens": ParameterSpec(int, "how many most probable tokens (default 5)"),
     "target_ids": ParameterSpec(list, "token ids whose probabilities to return"),
 }
-_POOLING = {"none": pb.POOLING_NONE, "mean": pb.POOLING_MEAN, "last": pb.POOLING_LAST}
-_REDUCTION = {
-    "none": pb.HEAD_REDUCTION_NONE,
-    "mean": pb.HEAD_REDUCTION_MEAN,
-    "max": pb.HEAD_REDUCTION_MAX,
-}
-_LAYOUT = {"full": pb.ATTENTION_LAYOUT_FULL, "causal_packed": pb.ATTENTION_LAYOUT_CAUSAL_PACKED}
 _DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
 
 
@@ -208,7 +202,7 @@ def to_encode_request(request: InferRequest, config: ModelConfig) -> InferPlan:
         options.truncation = pb.TRUNCATION_RIGHT
     if "pooled" in outputs:
         pooling = params.get("pooling", "last")
-        options.pooling = _choice("pooling", pooling, _POOLING)
+        options.pooling = _choice("pooling", pooling, POOLINGS)
         if options.pooling == pb.POOLING_NONE:
             raise InvalidInputError("parameters: pooling=none, but the pooled output was asked")
     if any(name in outputs for name in ATTENTION_OUTPUTS):
@@ -376,9 +370,11 @@ def _fill_attention(attention: pb.AttentionRequest, params: dict, outputs: list[
     attention.heads[:] = params.get("attention_heads", [])
     attention.query_positions[:] = params.get("attention_rows", [])
     attention.dtype = _choice("attention_dtype", params.get("attention_dtype", "FP32"), _DTYPE)
-    attention.layout = _choice("attention_layout", params.get("attention_layout", "full"), _LAYOUT)
+    attention.layout = _choice("attention_layout", params.get("attention_layout", "full"), LAYOUTS)
     if "head_reduction" in params:
-        attention.head_reduction = _choice("head_reduction", params["head_reduction"], _REDUCTION)
+        attention.head_reduction = _choice(
+            "head_reduction", params["head_reduction"], HEAD_REDUCTIONS
+        )
     attention.rollout = bool(params.get("rollout", False))
     attention.top_k = int(params.get("top_k", 0))
     attention.head_entropy = "head_entropy" in outputs

@@ -2,7 +2,7 @@
 
 The server (attnserve.service) and attnserve's client (attnserve.client.inference) read and
 write V2 tensors with these functions, as tritonclient's `utils` module does for Triton:
-the datatype table (and its inverse), the BYTES layout, sizes computed without overflow,
+the datatype table, the BYTES layout, sizes computed without overflow,
 and parameters as Python values. A `WireError` names the field and what was wrong.
 """
 
@@ -35,7 +35,6 @@ DATATYPES: dict[str, np.dtype] = {
         "FP64": "<f8",
     }.items()
 }
-DATATYPE_OF: dict[np.dtype, str] = {dtype: name for name, dtype in DATATYPES.items()}
 BYTES = "BYTES"
 INT64_MAX = 2**63 - 1  # shapes and int64 parameters; the protocol's gRPC shape is int64
 
@@ -55,11 +54,6 @@ def numpy_dtype(datatype: str, field: str) -> np.dtype:
             f"({', '.join(DATATYPES)})"
         )
     return dtype
-
-
-def datatype_of(array: np.ndarray) -> str:
-    """The protocol's datatype of an array (little-endian dtypes only)."""
-    return DATATYPE_OF[array.dtype]
 
 
 def element_count(shape: Sequence[int], field: str) -> int:

@@ -7,11 +7,30 @@ client decodes with them, so the format is defined once.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
 
+
+def choices(enum, prefix: str) -> dict[str, int]:
+    """A .proto enum's values by their names in lower case without `prefix` (and without
+    UNSPECIFIED): the words the clients, the CLI and V2's parameters use for them."""
+    return {
+        name.removeprefix(prefix).lower(): number
+        for name, number in enum.items()
+        if not name.endswith("_UNSPECIFIED")
+    }
+
+
+POOLINGS = cast(dict[str, pb.Pooling], choices(pb.Pooling, "POOLING_"))
+HEAD_REDUCTIONS = cast(  # none, mean, max
+    dict[str, pb.HeadReduction], choices(pb.HeadReduction, "HEAD_REDUCTION_")
+)
+LAYOUTS = cast(  # full, causal_packed
+    dict[str, pb.AttentionLayout], choices(pb.AttentionLayout, "ATTENTION_LAYOUT_")
+)
 NUMPY_DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
     pb.DTYPE_FLOAT16: np.dtype("<f2"),
