@@ -136,6 +136,30 @@ def _write_ready_file(path: Path, ports: dict[str, int | None]) -> None:
     scratch.replace(path)
 
 
+@dataclass(frozen=True)
+class Services:
+    """What a server serves, whatever its front ends (this module's, or Ray Serve's): the
+    models, and the transport-free protocol and servicers each API mounts."""
+
+    repository: ModelRepository
+    v2: V2Server
+    encoder: EncoderServicer
+    inference: InferenceServicer
+
+
+async def compose(
+    settings: Settings,
+    backend: Backend | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
+    repository_api: bool = True,
+) -> Services:
+    """The models of `settings` built (with --model, `backend` if given; not yet warm) and
+    the services over them. `repository_api` False: no loads or unloads (Ray Serve)."""
+    repository = await load_models(settings, backend)
+    v2 = V2Server(repository, shared_memory or SharedMemoryRegistry(), repository_api)
+    return Services(repository, v2, EncoderServicer(repository), InferenceServicer(v2))
+
+
 async def start_server(
     settings: Settings, backend: Backend | None = None, warm_up: bool = True
 ) -> RunningServer:
@@ -143,7 +167,8 @@ async def start_server(
     up and report SERVING."""
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
-    repository = await load_models(settings, backend)
+    services = await compose(settings, backend)
+    repository, v2 = services.repository, services.v2
     metrics = repository.metrics
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -151,10 +176,9 @@ async def start_server(
     ]
     interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
     server = grpc.aio.server(options=limits, interceptors=interceptors)
-    pb_grpc.add_EncoderServiceServicer_to_server(EncoderServicer(repository), server)
+    pb_grpc.add_EncoderServiceServicer_to_server(services.encoder, server)
     # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same models.
-    v2 = V2Server(repository, SharedMemoryRegistry())
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(v2), server)
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(services.inference, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection(
@@ -293,7 +317,8 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     graphs (embeddings only, and with attention) per instance. Extra copies are worth it only
     while they are cheap: beyond EXTRA_COPIES_SHARE of the memory, the model keeps one
     session, whose graph with attention also answers embeddings (for large models it costs
-    them nothing: docs/BENCHMARKS.md "Sizes"). A model whose one copy does not fit is refused."""
+    them nothing: docs/BENCHMARKS.md "Sizes"); so does every int8 model unless instances are
+    asked for. A model whose one copy does not fit is refused."""
     weights = model_dir.weight_bytes(settings.precision)
     available = settings.memory_limit or available_memory()
     if weights + SERVE_BASE_BYTES > available:
@@ -303,6 +328,11 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
             f"{available / GiB:.1f} GiB is available"
         )
     options, cores = settings.runtime_options, len(os.sched_getaffinity(0))
+    if settings.precision == "int8" and not settings.instances:
+        # int8 is for models that do not fit in float32: one copy, whatever is free now
+        # (near the share's line a second one came and went with the page cache).
+        log.info("%s: int8, one session (%d MB of weights)", model_dir, weights >> 20)
+        return replace(options, single_session=True), 1
     extra_allowed = (available - weights - SERVE_BASE_BYTES) * EXTRA_COPIES_SHARE
     copies = 2 * (1 + (settings.instances or cores))
     if settings.instances or weights * (copies - 1) <= extra_allowed:

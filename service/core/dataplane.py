@@ -79,11 +79,19 @@ class DataPlane:
         """Whether a request's version names this one ("": any; the weights' hash too)."""
         return version in ("", self.version, self.backend.version)
 
-    def start_serving(self) -> None:
+    async def start(self) -> None:
+        """Start the batcher, warm every backend up, then let requests in."""
+        self.batcher.start()
+        await self.batcher.warm_up()
         self.refusal = None
 
     def start_draining(self) -> None:
         self.refusal = SHUTTING_DOWN
+
+    async def stop(self) -> None:
+        """Finish what was admitted, then stop the batcher and its workers."""
+        self._cancel_release()
+        await self.batcher.stop()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight (draining); False if `timeout` ran out first."""

@@ -185,7 +185,7 @@ class ModelRepository:
     async def warm_up(self) -> None:
         """Start and warm every built model, then let requests in."""
         for dataplane in list(self.served.values()):
-            await _bring_up(dataplane)
+            await dataplane.start()
 
     async def load(self, name: str) -> None:
         """Load a model, or reload it: the newest version on disk, built and warmed beside
@@ -197,10 +197,10 @@ class ModelRepository:
             new: DataPlane | None = None
             try:
                 new = await self._build(name, serve=False)
-                await _bring_up(new)
+                await new.start()
             except BaseException as exc:
                 if new is not None:  # built, but it did not come up: free it
-                    await new.batcher.stop()
+                    await new.stop()
                     if old is None or old.version != new.version:
                         self.metrics.forget(new.name, new.version)
                 if old is not None:
@@ -243,7 +243,7 @@ class ModelRepository:
 
     async def stop(self) -> None:
         for dataplane in list(self.served.values()):
-            await dataplane.batcher.stop()
+            await dataplane.stop()
 
     # ---------------------------------------------------------------- inside
 
@@ -292,16 +292,10 @@ class ModelRepository:
                 old.name,
                 old.version,
             )
-        await old.batcher.stop()
+        await old.stop()
         if forget:
             self.metrics.forget(old.name, old.version)
         log.info("%s version %s freed", old.name, old.version)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
-
-
-async def _bring_up(dataplane: DataPlane) -> None:
-    dataplane.batcher.start()
-    await dataplane.batcher.warm_up()
-    dataplane.start_serving()

@@ -23,12 +23,9 @@ from ray.serve import Application
 
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.service.core.errors import NotReadyError
-from attnserve.service.grpc.encoder import EncoderServicer
-from attnserve.service.grpc.inference import InferenceServicer
 from attnserve.service.http.app import create_app
-from attnserve.service.inference.model import V2Server
 from attnserve.service.inference.shared_memory import SharedMemoryRegistry
-from attnserve.service.server import load_models
+from attnserve.service.server import compose
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
 
@@ -78,11 +75,12 @@ class Encoder:
             if settings.get(key):
                 settings[key] = Path(settings[key])
         self.settings = Settings(**(fields | settings))
-        self.repository = await load_models(self.settings)
+        # No shared memory (a region lives on one host) and no loads (they would reach one
+        # replica of many).
+        services = await compose(self.settings, None, SharedMemoryRegistry(root=None), False)
+        self.repository, self.v2 = services.repository, services.v2
+        self.encoder, self.inference = services.encoder, services.inference
         await self.repository.warm_up()
-        self.v2 = V2Server(self.repository, SharedMemoryRegistry(root=None), repository_api=False)
-        self.encoder = EncoderServicer(self.repository)
-        self.inference = InferenceServicer(self.v2)
 
     def __serve_build_asgi_app__(self):
         return create_app(self.repository, self.settings, self.v2)

@@ -92,6 +92,23 @@ def test_int8_serves_against_pytorch_within_its_recorded_fidelity(int8_dir):
         OrtRuntime(out, RuntimeOptions(provider="cuda", precision="int8"))
 
 
+def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir):
+    """int8 is for fitting: one copy of its weights, however much memory there is, unless
+    instances are asked for."""
+    from attnserve.service.server import session_layout
+    from attnserve.service.settings import Settings
+
+    _, out = int8_dir
+    plenty = Settings(model=out, provider="cpu", precision="int8", memory_limit=1 << 40)
+    options, instances = session_layout(ModelDirectory(out), plenty)
+    assert options.single_session and instances == 1
+    runtime = OrtRuntime(out, options)
+    assert runtime.embeddings_session is runtime.session
+    assert runtime.weights_info.resident_bytes == runtime.weights_info.disk_bytes
+    asked = Settings(model=out, provider="cpu", precision="int8", instances=2)
+    assert session_layout(ModelDirectory(out), asked)[1] == 2
+
+
 def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
     from attnserve.export import model_dir
 
