@@ -2,8 +2,12 @@
 them: the residual stream under a head mask (model_readouts.onnx) and the logit lens of any
 residual rows (model_lens.onnx).
 
-Their sessions open when first asked for, without prepacking: they read the weights where
-the file is mapped, so they add no copy of them (research/weights-in-memory).
+Their sessions open when first asked for. Where the model's memory layout allows copies of
+the weights (service/server.py `session_layout`: not one session) they prepack them, as the
+served graphs do: unpacked, every matrix product repacks its weights at every run (the lens
+repacks the whole unembedding), which made a logit lens of 8 tokens cost 2.5x their
+embeddings. In one session they read the weights where the file is mapped instead, adding
+no copy (research/weights-in-memory).
 """
 
 from __future__ import annotations
@@ -53,14 +57,16 @@ class ReadoutGraphs:
         precision: str,
         open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
         options: Callable[[], ort.SessionOptions],
+        prepack: bool = False,
     ) -> None:
         """`open_session(path, options)` opens a graph on the model's provider; `options()`
-        makes the server's session options."""
+        makes the server's session options; `prepack`: let the sessions copy the weights."""
         self.model_dir = model_dir
         self.config = config
         self.precision = precision
         self._open_session = open_session
         self._options = options
+        self.prepack = prepack
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
         self.available = frozenset(
@@ -70,20 +76,23 @@ class ReadoutGraphs:
         )
 
     def stream(
-        self, input_ids: np.ndarray, head_mask: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self, input_ids: np.ndarray, head_mask: np.ndarray, attentions: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) ->
-        embeddings (B, T, D), attentions (B, L, H, T, T) and the residual stream
-        (B, L+1, T, D), x_0 .. x_L, every head's output times its entry in the mask."""
+        embeddings (B, T, D), attentions (B, L, H, T, T) (None unless `attentions`: not
+        copied out of ONNX Runtime) and the residual stream (B, L+1, T, D), x_0 .. x_L,
+        every head's output times its entry in the mask."""
         c = self.config
         session = self._session(STREAM)
-        names = [c.embeddings_name, c.attentions_name, RESIDUAL_STREAM_NAME]
+        names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
+        if attentions:
+            names.append(c.attentions_name)
         feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
         try:
-            embeddings, attentions, stream = session.run(names, feeds)
+            embeddings, stream, *weights = session.run(names, feeds)
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
-        return embeddings, attentions, stream
+        return embeddings, weights[0] if weights else None, stream
 
     def lens(
         self,
@@ -183,7 +192,8 @@ class ReadoutGraphs:
                     "exported by this version (re-export it with `attnserve export`)"
                 )
             so = self._options()
-            so.add_session_config_entry("session.disable_prepacking", "1")
+            if not self.prepack:
+                so.add_session_config_entry("session.disable_prepacking", "1")
             session = self._open_session(str(path), so)
             if output not in {o.name for o in session.get_outputs()}:
                 raise UnsupportedError(

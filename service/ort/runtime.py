@@ -116,6 +116,7 @@ class OrtRuntime:
             self.precision,
             lambda path, so: _open(Path(path), so, _providers(self.provider)),
             lambda: session_options(options),
+            prepack=not options.single_session,  # copies are cheap: as the served graphs
         )
 
         self.embeddings_session = self.session
@@ -187,12 +188,13 @@ class OrtRuntime:
         for row, selection in enumerate(selections):
             if selection.head_mask is not None:
                 mask[row] = selection.head_mask
-        embeddings, attentions, stream = self.readout_graphs.stream(input_ids, mask)
+        wanted = any(selection.attention is not None for selection in selections)
+        embeddings, attentions, stream = self.readout_graphs.stream(input_ids, mask, wanted)
         outputs = []
         try:
             for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
                 out = self.readout_graphs.read_row(embeddings[row, :n], stream[row], selection)
-                if selection.attention is not None:
+                if selection.attention is not None and attentions is not None:
                     attention = self.reducer(attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)
                 outputs.append(out)

@@ -77,15 +77,30 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
     assert small_runtime.readout_graphs.lens(rows, last).target_probabilities.shape == (6, 0)
 
 
-def test_readout_sessions_hold_no_copy_of_the_weights(small_runtime):
-    """They read the mapped weights file: opened without prepacking."""
+def prepacking(runtime: OrtRuntime) -> list[bool]:
+    """Whether each opened readouts session prepacks (copies) the weights."""
+    found = []
+    for session in runtime.readout_graphs._sessions.values():
+        try:
+            entry = session.get_session_options().get_session_config_entry(
+                "session.disable_prepacking"
+            )
+        except RuntimeError:  # never set: ONNX Runtime's default, prepacking
+            entry = "0"
+        found.append(entry != "1")
+    return found
+
+
+def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_model_dir):
+    """As the served graphs: prepacked beside two sessions; in one session (a model whose
+    second copy would not fit) they read the mapped weights file instead."""
     row = np.ones((1, SMALL_CONFIG.d_model), np.float32)
-    small_runtime.readout_graphs.lens(row, row)
-    for session in small_runtime.readout_graphs._sessions.values():
-        assert (
-            session.get_session_options().get_session_config_entry("session.disable_prepacking")
-            == "1"
-        )
+    ids = np.ones((1, 3), np.int64)
+    for single_session in (False, True):
+        runtime = OrtRuntime(small_model_dir, RuntimeOptions(single_session=single_session))
+        runtime.readout_graphs.lens(row, row)
+        runtime.readout_graphs.stream(ids, masks(3)[:1], attentions=False)
+        assert prepacking(runtime) == [not single_session] * 2
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
