@@ -119,9 +119,8 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        with self.v2.repository.observed("ModelInfer") as find:
-            translated = infer_request(request)
-            answer = await self.v2.infer(find, translated, context.time_remaining())
+        with self.v2.observed("ModelInfer") as infer:
+            answer = await infer(infer_request(request), context.time_remaining())
             return infer_response(answer)
 
 

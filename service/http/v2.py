@@ -164,10 +164,10 @@ for _base in ("/models/{name}", "/models/{name}/versions/{version}"):
     @router.post(_base + "/infer", dependencies=protected)
     async def infer(request: Request, name: str, version: str = "") -> Response:
         v2 = _v2(request)
-        with v2.repository.observed("POST /v2/infer") as find:
+        with v2.observed("POST /v2/infer") as infer:
             body, binary = _split_body(await request.body(), request.headers)
             infer_request, binary_outputs = _infer_request(body, binary, name, version)
-            answer = await v2.infer(find, infer_request, deadline(request))
+            answer = await infer(infer_request, deadline(request))
             return _infer_response(answer, binary_outputs)
 
 

@@ -13,8 +13,9 @@ Errors are the service's typed ones.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -122,13 +123,18 @@ class V2Server:
         )
         return {"model_stats": [model.statistics() for model in served]}
 
-    async def infer(
-        self, find: Callable[..., DataPlane], request: InferRequest, timeout: float | None
-    ) -> InferResponse:
-        """Run one request on the model it names; `find` is the repository's, from the
-        transport's `observed`."""
-        dataplane = find(request.model_name, request.model_version)
-        return await self._model(dataplane).infer(request, timeout)
+    @contextlib.contextmanager
+    def observed(self, method: str) -> Iterator[Callable[..., Awaitable[InferResponse]]]:
+        """Count and time one ModelInfer of `method` (the repository's `observed`, as every
+        transport's calls are), translation errors included; yields `infer(request,
+        timeout)`, which runs the request on the model it names."""
+        with self.repository.observed(method) as find:
+
+            async def infer(request: InferRequest, timeout: float | None) -> InferResponse:
+                dataplane = find(request.model_name, request.model_version)
+                return await self._model(dataplane).infer(request, timeout)
+
+            yield infer
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model, loaded or not."""
