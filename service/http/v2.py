@@ -1,40 +1,21 @@
-"""The Open Inference Protocol (KServe V2) over HTTP: the /v2 routes.
-
-A JSON body (or JSON and binary tensors, the binary data extension: the
-`Inference-Header-Content-Length` header says how many bytes of the body are JSON) becomes
-the model's Python request (service/inference/messages.py): numpy arrays straight from the
-JSON numbers or the binary bytes, no protobuf in between. Every field is checked against
-the type the protocol gives it; nothing is coerced. Errors answer `{"error": "..."}` with
-the status of the one table (service/http/errors.py).
+"""The Open Inference Protocol (KServe V2) over HTTP: the /v2 routes, over V2Server
+(service/inference/model.py); bodies are read and written by v2_codec.py. Errors answer
+`{"error": "..."}` with the status of the one table (service/http/errors.py).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping
-
-import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from attnserve.oip.wire import (
-    BYTES,
-    Parameter,
-    WireError,
-    element_count,
-    from_bytes,
-    numpy_dtype,
-    unpack_bytes,
-)
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.fields import INT64
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
-from attnserve.service.inference.messages import (
-    InferRequest,
-    InferResponse,
-    InputTensor,
-    RequestedOutput,
+from attnserve.service.http.v2_codec import (
+    infer_request,
+    infer_response,
+    json_parameters,
+    split_body,
 )
 from attnserve.service.inference.model import V2Server
 
@@ -42,14 +23,7 @@ router = APIRouter(
     prefix="/v2", tags=["open inference protocol (KServe V2)"], route_class=ErrorRoute
 )
 protected = [Depends(authorized)]
-HEADER_LENGTH = "inference-header-content-length"
 SHM = "/systemsharedmemory"
-# Parameters of the HTTP transport itself (the binary data extension), not of the model.
-BINARY_DATA, BINARY_DATA_SIZE, BINARY_DATA_OUTPUT = (
-    "binary_data",
-    "binary_data_size",
-    "binary_data_output",
-)
 
 
 def _v2(request: Request) -> V2Server:
@@ -85,7 +59,7 @@ async def shm_region_status(name: str, request: Request) -> list[dict]:
 
 @router.post(SHM + "/region/{name}/register", dependencies=protected)
 async def shm_register(name: str, request: Request) -> dict:
-    body, _ = _split_body(await request.body(), {})
+    body, _ = split_body(await request.body(), {})
     for key, kind in {"key": str, "offset": int, "byte_size": int}.items():
         value = body.get(key, 0 if key == "offset" else None)
         if isinstance(value, bool) or not isinstance(value, kind):
@@ -116,7 +90,7 @@ def _regions(v2: V2Server, name: str = "") -> list[dict]:
 @router.post("/repository/index", dependencies=protected)
 async def repository_index(request: Request) -> list[dict]:
     """Every model of the repository, loaded or not; {"ready": true}: only the ready ones."""
-    body, _ = _split_body(await request.body() or b"{}", {})
+    body, _ = split_body(await request.body() or b"{}", {})
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInputError(f"ready: must be a bool, got {ready!r}")
@@ -127,16 +101,16 @@ async def repository_index(request: Request) -> list[dict]:
 async def repository_load(name: str, request: Request) -> dict:
     """Load `name`, or reload it (its newest version), without downtime; answers once the
     new version serves."""
-    body, _ = _split_body(await request.body() or b"{}", {})
-    await _v2(request).load(name, _parameters(body.get("parameters"), "parameters"))
+    body, _ = split_body(await request.body() or b"{}", {})
+    await _v2(request).load(name, json_parameters(body.get("parameters"), "parameters"))
     return {}
 
 
 @router.post("/repository/models/{name}/unload", dependencies=protected)
 async def repository_unload(name: str, request: Request) -> dict:
     """Stop serving `name`; answers once its admitted requests are answered."""
-    body, _ = _split_body(await request.body() or b"{}", {})
-    await _v2(request).unload(name, _parameters(body.get("parameters"), "parameters"))
+    body, _ = split_body(await request.body() or b"{}", {})
+    await _v2(request).unload(name, json_parameters(body.get("parameters"), "parameters"))
     return {}
 
 
@@ -165,222 +139,7 @@ for _base in ("/models/{name}", "/models/{name}/versions/{version}"):
     async def infer(request: Request, name: str, version: str = "") -> Response:
         v2 = _v2(request)
         with v2.observed("POST /v2/infer") as infer:
-            body, binary = _split_body(await request.body(), request.headers)
-            infer_request, binary_outputs = _infer_request(body, binary, name, version)
-            answer = await infer(infer_request, deadline(request))
-            return _infer_response(answer, binary_outputs)
-
-
-def _split_body(raw: bytes, headers: Mapping[str, str]) -> tuple[dict, bytes]:
-    """The JSON part of the body, and the binary tensors after it (the extension)."""
-    declared = headers.get(HEADER_LENGTH)
-    if declared is None:
-        header, binary = raw, b""
-    else:
-        try:
-            length = int(declared)
-        except ValueError:
-            raise InvalidInputError(f"{HEADER_LENGTH}: not an integer: {declared!r}") from None
-        if not 0 <= length <= len(raw):
-            raise InvalidInputError(
-                f"{HEADER_LENGTH}: {length} is outside the body's {len(raw)} bytes"
-            )
-        header, binary = raw[:length], raw[length:]
-    try:
-        body = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"body: not JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise InvalidInputError("body: must be a JSON object")
-    return body, binary
-
-
-def _object(value: object, field: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidInputError(f"{field}: must be a JSON object, got {value!r}")
-    return value
-
-
-def _string(value: object, field: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{field}: must be a string, got {value!r}")
-    return value
-
-
-def _parameters(value: object, field: str) -> dict[str, Parameter]:
-    """$parameters: "a JSON object ... key/value pairs" whose values are booleans, numbers
-    or strings."""
-    parameters = _object(value, field)
-    for key, item in parameters.items():
-        if not isinstance(item, bool | int | float | str) or (
-            isinstance(item, int) and item not in INT64
-        ):
-            raise InvalidInputError(
-                f"{field}.{key}: a bool, an int64, a number or a string, got {item!r}"
-            )
-    return parameters
-
-
-def _flag(parameters: dict[str, Parameter], key: str, field: str, default: bool = False) -> bool:
-    """Take a bool parameter of the binary data extension out of `parameters`."""
-    value = parameters.pop(key, default)
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"{field}.{key}: must be a bool, got {value!r}")
-    return value
-
-
-def _infer_request(
-    body: dict, binary: bytes, name: str, version: str
-) -> tuple[InferRequest, set[str]]:
-    """The request a JSON body describes, and the outputs to answer in binary ("*": all)."""
-    identifier = body.get("id", "")
-    request = InferRequest(name, version, _string(identifier, "id"))
-    request.parameters = _parameters(body.get("parameters"), "parameters")
-    all_binary = _flag(request.parameters, BINARY_DATA_OUTPUT, "parameters")
-
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise InvalidInputError("inputs: a non-empty list of tensors is required")
-    offset = 0
-    for i, item in enumerate(inputs):
-        tensor, size = _input(_object(item, f"inputs[{i}]"), f"inputs[{i}]")
-        field = f"inputs[{i}]"
-        if size is not None:
-            if offset + size > len(binary):
-                raise InvalidInputError(
-                    f"{field}.parameters.{BINARY_DATA_SIZE}: {size} overruns the "
-                    f"{len(binary)} binary bytes after the JSON"
-                )
-            tensor.data = _binary_data(binary[offset : offset + size], tensor, field)
-            offset += size
-        request.inputs.append(tensor)
-    if offset != len(binary):
-        raise InvalidInputError(
-            f"body: {len(binary) - offset} binary bytes after the JSON belong to no input"
-        )
-
-    outputs = body.get("outputs")
-    if outputs is not None and not isinstance(outputs, list):
-        raise InvalidInputError("outputs: must be a list")
-    binary_outputs = {"*"} if all_binary and not outputs else set()
-    for i, item in enumerate(outputs or []):
-        output = _object(item, f"outputs[{i}]")
-        parameters = _parameters(output.get("parameters"), f"outputs[{i}].parameters")
-        requested = RequestedOutput(_string(output.get("name"), f"outputs[{i}].name"), parameters)
-        # "If "binary_data" is specified on an output it overrides this setting."
-        if _flag(parameters, BINARY_DATA, f"outputs[{i}].parameters", all_binary):
-            binary_outputs.add(requested.name)
-        request.outputs.append(requested)
-    return request, binary_outputs
-
-
-def _input(tensor: dict, field: str) -> tuple[InputTensor, int | None]:
-    """An input's header and JSON data, and the size of its binary data if it has some."""
-    shape = tensor.get("shape")
-    if not isinstance(shape, list):
-        raise InvalidInputError(f"{field}.shape: a list of integers is required")
-    try:
-        element_count(shape, f"{field}.shape")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
-    parameters = _parameters(tensor.get("parameters"), f"{field}.parameters")
-    size = parameters.pop(BINARY_DATA_SIZE, None)
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-        raise InvalidInputError(
-            f"{field}.parameters.{BINARY_DATA_SIZE}: a non-negative integer, got {size!r}"
-        )
-    result = InputTensor(
-        _string(tensor.get("name"), f"{field}.name"),
-        _string(tensor.get("datatype"), f"{field}.datatype"),
-        tuple(shape),
-        None,
-        parameters,
-    )
-    if "data" in tensor:
-        if size is not None:
-            raise InvalidInputError(f"{field}.data: not with {BINARY_DATA_SIZE} as well")
-        result.data = _json_data(tensor["data"], result, field)
-    return result, size
-
-
-def _flatten(data: object) -> Iterator[object]:
-    if isinstance(data, list):
-        for item in data:
-            yield from _flatten(item)
-    else:
-        yield data
-
-
-def _json_data(data: object, tensor: InputTensor, field: str) -> np.ndarray | list[bytes]:
-    """A tensor's JSON `data`, nested or flat, as its array; elements of the wrong JSON type
-    are refused, not converted."""
-    flat = list(_flatten(data))
-    count = element_count(tensor.shape, field)
-    if len(flat) != count:
-        raise InvalidInputError(
-            f"{field}.data: shape {list(tensor.shape)} holds {count:,} elements, got {len(flat):,}"
-        )
-    if tensor.datatype == BYTES:
-        texts = [item for item in flat if isinstance(item, str)]
-        if len(texts) != len(flat):
-            raise InvalidInputError(f"{field}.data: BYTES elements must be strings")
-        return [text.encode() for text in texts]
-    try:
-        dtype = numpy_dtype(tensor.datatype, f"{field}.datatype")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
-    for x in flat:
-        if not _is_element(x, dtype.kind):
-            raise InvalidInputError(f"{field}.data: {x!r} is not a {tensor.datatype} element")
-    try:
-        return np.array(flat, dtype=dtype).reshape(tensor.shape)
-    except OverflowError:
-        raise InvalidInputError(f"{field}.data: an element is outside {tensor.datatype}") from None
-
-
-def _is_element(value: object, kind: str) -> bool:
-    """Whether a JSON value is an element of a numpy kind: JSON's true is not the integer 1."""
-    if kind == "b" or isinstance(value, bool):
-        return kind == "b" and isinstance(value, bool)
-    return isinstance(value, int) if kind in "iu" else isinstance(value, int | float)
-
-
-def _binary_data(data: bytes, tensor: InputTensor, field: str) -> np.ndarray | list[bytes]:
-    try:
-        if tensor.datatype == BYTES:
-            return unpack_bytes(data, f"{field} (binary data)")
-        return from_bytes(data, tensor.datatype, tensor.shape, f"{field} (binary data)")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
-
-
-def _infer_response(answer: InferResponse, binary_outputs: set[str]) -> Response:
-    outputs, chunks = [], []
-    for tensor in answer.outputs:
-        item: dict = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if tensor.data is None:  # written into the client's region
-            item["parameters"] = tensor.parameters
-        elif tensor.name in binary_outputs or "*" in binary_outputs:
-            raw = tensor.data.tobytes()
-            item["parameters"] = {BINARY_DATA_SIZE: len(raw)}
-            chunks.append(raw)
-        else:
-            item["data"] = tensor.data.ravel().tolist()
-        outputs.append(item)
-    body = {
-        "model_name": answer.model_name,
-        "model_version": answer.model_version,
-        "id": answer.id,
-        "parameters": answer.parameters,
-        "outputs": outputs,
-    }
-    header = json.dumps(body).encode()
-    if not chunks:
-        return Response(header, media_type="application/json")
-    return Response(
-        header + b"".join(chunks),
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(len(header))},
-    )
+            body, binary = split_body(await request.body(), request.headers)
+            translated, binary_outputs = infer_request(body, binary, name, version)
+            answer = await infer(translated, deadline(request))
+            return infer_response(answer, binary_outputs)
