@@ -97,17 +97,6 @@ class ReadoutOutput:
 
 
 @dataclass(frozen=True)
-class LensOutput:
-    """The logit lens of some residual rows (N of them): what the model would predict if
-    each row were its last layer's."""
-
-    logits: np.ndarray | None  # float32 (N, V), when asked for
-    top_ids: np.ndarray  # int64 (N, k), most probable first
-    top_probabilities: np.ndarray  # float32 (N, k)
-    target_probabilities: np.ndarray  # float32 (N, n): of the target ids asked for
-
-
-@dataclass(frozen=True)
 class WeightsInfo:
     """What GetModelInfo says of a model's weights (the server fills it from the backend)."""
 

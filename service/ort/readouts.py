@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -31,7 +32,6 @@ from attnserve.model.artifacts import (
 )
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import (
-    LensOutput,
     Predictions,
     PredictionsSelection,
     ReadoutOutput,
@@ -39,6 +39,18 @@ from attnserve.service.core.backend import (
 )
 from attnserve.service.core.errors import InferenceError, UnsupportedError
 from attnserve.service.core.readouts import LENS, STREAM, lens_chunk_rows
+
+
+@dataclass(frozen=True)
+class LensOutput:
+    """The logit lens of some residual rows (N of them): what the model would predict if
+    each row were its last layer's."""
+
+    logits: np.ndarray | None  # float32 (N, V), when asked for
+    top_ids: np.ndarray  # int64 (N, k), most probable first
+    top_probabilities: np.ndarray  # float32 (N, k)
+    target_probabilities: np.ndarray  # float32 (N, n): of the target ids asked for
+
 
 # kind -> (the graph's file, the output only it has)
 _GRAPHS = {
