@@ -337,8 +337,10 @@ class V2Model:
         }
 
     def _outputs(self) -> dict[str, tuple[str, list[int]]]:
-        c = self.dataplane.backend.config
-        d, v = c.embedding_dim, c.vocab_size
+        """The outputs metadata and config list: not the readouts (hidden_states, logits,
+        ...), which perf_analyzer would ask of every request (it asks for every listed
+        output; docs/api.md names them)."""
+        d = self.dataplane.backend.config.embedding_dim
         shapes = {
             "embeddings": [-1, -1, d],
             "pooled": [-1, d],
@@ -347,14 +349,5 @@ class V2Model:
             "attention": [-1, -1, -1, -1, -1],
             "attention_indices": [-1, -1, -1, -1, -1],
             "head_entropy": [-1, -1, -1],
-            "hidden_states": [-1, -1, -1, c.d_model],
-            "hidden_state_norms": [-1, -1, -1],
-            "logits": [-1, -1, v],
-            "next_token_ids": [-1, -1, -1],
-            "next_token_probabilities": [-1, -1, -1],
-            "target_probabilities": [-1, -1, -1],
-            "lens_token_ids": [-1, -1, -1, -1],
-            "lens_probabilities": [-1, -1, -1, -1],
-            "lens_target_probabilities": [-1, -1, -1, -1],
         }
-        return {name: (OUTPUT_DATATYPES[name], shapes[name]) for name in OUTPUT_DATATYPES}
+        return {name: (OUTPUT_DATATYPES[name], shapes[name]) for name in shapes}

@@ -115,6 +115,8 @@ def test_health_and_metadata_through_tritonclient(triton, small_runtime):
     outputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]}
     assert outputs["embeddings"] == ("FP32", [-1, -1, SMALL_CONFIG.d_model])
     assert set(outputs) >= {"pooled", "attention", "attention_indices", "head_entropy"}
+    # perf_analyzer asks for every listed output: the readouts are named, never listed
+    assert not set(outputs) & set(READOUT_OUTPUTS) and "head_mask" not in inputs
     config = triton.call("get_model_config", MODEL)
     config = config.get("config", config)  # gRPC wraps it in ModelConfigResponse
     assert config["name"] == MODEL and config["platform"] == "onnxruntime_onnx"
