@@ -45,6 +45,28 @@ class Encoding:
     hidden_state_positions: list[int] = field(default_factory=list)
     predictions: TokenPredictions | None = None  # layers is [n_layers]
     logit_lens: TokenPredictions | None = None
+    attribution: LogitAttribution | None = None
+
+
+@dataclass
+class LogitAttribution:
+    """Direct logit attribution, each array float32 (positions, targets, ...): the parts
+    add up to each target's logit before any soft-cap (less its contrast's)."""
+
+    positions: list[int]
+    target_ids: list[int]
+    contrast_ids: list[int]  # one per target, or empty
+    heads: np.ndarray  # (.., n_layers, n_heads)
+    attention_biases: np.ndarray  # (.., n_layers)
+    mlps: np.ndarray  # (.., n_layers)
+    embeddings: np.ndarray  # (..)
+    constants: np.ndarray  # (..)
+
+    @property
+    def total(self) -> np.ndarray:
+        """The parts summed: each target's logit (or logit difference), (positions, targets)."""
+        layers = self.heads.sum(-1) + self.attention_biases + self.mlps
+        return layers.sum(-1) + self.embeddings + self.constants
 
 
 @dataclass
@@ -114,6 +136,7 @@ def build_request(
     hidden_states: bool | Mapping = False,
     predictions: bool | Mapping = False,
     logit_lens: bool | Mapping = False,
+    attribution: Mapping | None = None,
     head_mask: np.ndarray | Mapping[tuple[int, int], float] | None = None,
     request_id: str = "",
     model: str = "",
@@ -126,8 +149,10 @@ def build_request(
     `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
     `hidden_states`, `predictions`, `logit_lens`: True, or the fields of the .proto's
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
-    [-1], "top_k": 3}`). `head_mask`: (n_layers, n_heads) scales, or {(layer, head): scale};
-    0 removes a head. `model` names a served model (empty: the server's default).
+    [-1], "top_k": 3}`). `attribution`: the fields of LogitAttributionRequest as a dict
+    (`{"target_ids": [id], "positions": [-1]}`). `head_mask`: (n_layers, n_heads) scales,
+    or {(layer, head): scale}; 0 removes a head. `model` names a served model (empty: the
+    server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
     items = [inputs] if single else list(cast(Sequence[Input], inputs))
@@ -167,6 +192,8 @@ def build_request(
             getattr(options, name).SetInParent()  # True: every default
             if isinstance(value, Mapping):
                 getattr(options, name).MergeFrom(type(getattr(options, name))(**value))
+    if attribution is not None:
+        options.attribution.MergeFrom(pb.LogitAttributionRequest(**attribution))
     if head_mask is not None:
         options.head_mask.extend(_head_scales(head_mask))
     return request
@@ -221,6 +248,7 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
                 hidden_state_positions=list(result.hidden_state_positions),
                 predictions=_predictions(result, "predictions"),
                 logit_lens=_predictions(result, "logit_lens"),
+                attribution=_attribution(result),
             )
         )
     t = response.timings
@@ -237,6 +265,21 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
 
 def _optional(result: pb.EncodeResult | pb.TokenPredictions, name: str) -> np.ndarray | None:
     return from_tensor(getattr(result, name)) if result.HasField(name) else None
+
+
+def _attribution(result: pb.EncodeResult) -> LogitAttribution | None:
+    if not result.HasField("attribution"):
+        return None
+    a = result.attribution
+    return LogitAttribution(
+        list(a.positions),
+        list(a.target_ids),
+        list(a.contrast_ids),
+        *(
+            from_tensor(getattr(a, name))
+            for name in ("heads", "attention_biases", "mlps", "embeddings", "constants")
+        ),
+    )
 
 
 def _predictions(result: pb.EncodeResult, name: str) -> TokenPredictions | None:

@@ -36,6 +36,7 @@ from attnserve.export.parity import ParityCase, compare, default_shapes, referen
 from attnserve.export.trace_ahead import tracer
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
+    ATTRIBUTION_ONNX_FILENAME,
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_INT8_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
@@ -127,6 +128,8 @@ def write_model_dir(
                 traced.insert(0, (ONNX_FILENAME, "full"))
             if "fp32" in precisions and config.unembedding != "none":
                 traced.append((LENS_ONNX_FILENAME, "lens"))
+                if config.attribution_refusal is None:
+                    traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
             # the readouts (fp32 only) are the full graph's trace before it loses them
             readouts = scratch / READOUTS_ONNX_FILENAME if "fp32" in precisions else None
             with tracer(config, [kind for _, kind in traced], trace_ahead) as traced_graph:
@@ -148,8 +151,9 @@ def write_model_dir(
                 scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
             )
         gates: dict[str, tuple[float, float | None]] = dict.fromkeys(fp32_graphs, (tolerance, None))
-        if LENS_ONNX_FILENAME in gates:  # logits are dot products over d_model: 10x the room
-            gates[LENS_ONNX_FILENAME] = (LOGITS_TOLERANCE, None)
+        for name in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
+            if name in gates:  # logits are dot products over d_model: 10x the room
+                gates[name] = (LOGITS_TOLERANCE, None)
         for precision in [p for p in precisions if p in DERIVED]:
             gate = (
                 (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)

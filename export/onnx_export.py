@@ -25,10 +25,13 @@ from attnserve.export.head_fold import fold_head_transposes
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
 from attnserve.model.artifacts import (
+    ATTRIBUTION_INPUTS,
+    ATTRIBUTION_OUTPUTS,
     CONFIG_METADATA_KEY,
     HEAD_MASK_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
+    PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
@@ -46,14 +49,18 @@ def exporter_versions() -> dict[str, str]:
 
 
 class _FullGraph(Encoder):
-    """model_readouts.onnx: forward's outputs and the residual stream, under a head mask;
-    model.onnx once they are taken out (_without_readouts)."""
+    """model_readouts.onnx: forward's outputs, the residual stream and the parts the blocks
+    added to it, under a head mask; model.onnx once they are taken out (_without_readouts)."""
 
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, head_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        stream, attentions = self.residual_stream(input_ids, True, head_mask)
-        return self.finish(stream[-1]), attentions, torch.stack(stream, dim=1)
+    ) -> tuple[torch.Tensor, ...]:
+        taps: list[torch.Tensor] = []  # heads, MLP, heads, MLP, ...: each (B, T, .)
+        stream, attentions = self.residual_stream(input_ids, True, head_mask, taps=taps)
+        assert attentions is not None
+        heads = torch.stack(taps[0::2], dim=1)  # (B, L, T, H*d_k)
+        mlps = torch.stack(taps[1::2], dim=1)  # (B, L, T, D)
+        return self.finish(stream[-1]), attentions, torch.stack(stream, dim=1), heads, mlps
 
 
 class _EmbeddingsGraph(Encoder):
@@ -71,18 +78,42 @@ class _LensGraph(Encoder):
         return self.lens(residual, last)
 
 
+class _AttributionGraph(Encoder):
+    """model_attribution.onnx: Encoder.attribution."""
+
+    def forward(  # type: ignore[override]
+        self,
+        head_outputs: torch.Tensor,
+        mlp_outputs: torch.Tensor,
+        first: torch.Tensor,
+        last: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        return self.attribution(head_outputs, mlp_outputs, first, last, targets)
+
+
+_MODULES = {
+    "full": _FullGraph,
+    "embeddings": _EmbeddingsGraph,
+    "lens": _LensGraph,
+    "attribution": _AttributionGraph,
+}
+
+
 def trace(config: ModelConfig, kind: str) -> ir.Model:
-    """The graph of `kind` (full, embeddings or lens) for `config`, its initializers named
-    after the encoder's tensors and without values (traced on the meta device)."""
+    """The graph of `kind` (full, embeddings, lens or attribution) for `config`, its
+    initializers named after the encoder's tensors and without values (traced on the meta
+    device)."""
     names: dict[str, tuple[list[str], list[str]]] = {
         "full": (
             [config.input_name, HEAD_MASK_NAME],
-            [config.embeddings_name, config.attentions_name, RESIDUAL_STREAM_NAME],
+            [config.embeddings_name, config.attentions_name, RESIDUAL_STREAM_NAME, *PARTS_NAMES],
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
         "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
+        "attribution": (list(ATTRIBUTION_INPUTS), list(ATTRIBUTION_OUTPUTS)),
     }
-    module = {"full": _FullGraph, "embeddings": _EmbeddingsGraph, "lens": _LensGraph}[kind]
+    module = _MODULES[kind]
     with torch.device("meta"):
         model = module(config)
     # The traced examples only have to be valid; the axes named here are symbolic.
@@ -95,6 +126,18 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             torch.zeros(2, config.d_model, device="meta") for _ in LENS_INPUTS
         )
         dynamic_shapes: dict = {"residual": {0: rows}, "last": {0: rows}}
+    elif kind == "attribution":
+        rows = torch.export.Dim("rows", min=1)
+        L, D = config.n_layers, config.d_model
+        example = (
+            torch.zeros(2, L, config.n_heads * config.head_dim, device="meta"),
+            torch.zeros(2, L, D, device="meta"),
+            torch.zeros(2, D, device="meta"),
+            torch.zeros(2, D, device="meta"),
+            torch.zeros(2, 3, dtype=torch.int64, device="meta"),
+        )
+        dynamic_shapes = {name: {0: rows} for name in ATTRIBUTION_INPUTS}
+        dynamic_shapes["targets"] = {0: rows, 1: torch.export.Dim("n", min=1)}
     else:
         example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
         dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
@@ -223,10 +266,10 @@ def _save(graph: ir.Model, config: ModelConfig, path: str | Path) -> Path:
 def _without_readouts(model: ir.Model, config: ModelConfig) -> None:
     """The readouts graph made model.onnx: every head kept (the mask made of ones inside,
     in the batch's shape, which the traced graph reads its batch size from too) and no
-    residual stream (what only fed it goes with it)."""
+    residual stream or parts (what only fed them goes with them)."""
     graph = model.graph
-    stream = next(v for v in graph.outputs if v.name == RESIDUAL_STREAM_NAME)
-    graph.outputs.remove(stream)
+    for output in [v for v in graph.outputs if v.name in (RESIDUAL_STREAM_NAME, *PARTS_NAMES)]:
+        graph.outputs.remove(output)
     mask = next(v for v in graph.inputs if v.name == HEAD_MASK_NAME)
     input_ids = next(v for v in graph.inputs if v.name == config.input_name)
     heads = ir.tensor(np.array([config.n_layers, config.n_heads], dtype=np.int64))

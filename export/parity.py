@@ -16,9 +16,12 @@ import torch
 
 from attnserve.export import DEFAULT_TOLERANCE
 from attnserve.model.artifacts import (
+    ATTRIBUTION_INPUTS,
+    ATTRIBUTION_OUTPUTS,
     HEAD_MASK_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
+    PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
@@ -78,28 +81,34 @@ def default_shapes(config: ModelConfig) -> list[tuple[int, int]]:
 def reference_outputs(
     model: Encoder, shapes: list[tuple[int, int]] | None = None, seed: int = 0
 ) -> list[Reference]:
-    """PyTorch's embeddings, attentions and residual stream on random ids of each shape
-    (every head kept), and where the model has an unembedding its logit lens of the first
-    sequence of the first multi-token shape, at its first, middle and last layers."""
+    """PyTorch's embeddings, attentions, residual stream and its parts on random ids of
+    each shape (every head kept), and where the model has an unembedding its logit lens
+    (and attribution) of the first sequence of the first multi-token shape, at its first,
+    middle and last layers (and every position)."""
     config = model.config
     rng = np.random.default_rng(seed)
     references = []
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
         mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
+        taps: list[torch.Tensor] = []
         with torch.inference_mode():
-            stream, attentions = model.residual_stream(torch.from_numpy(ids))
+            stream, attentions = model.residual_stream(torch.from_numpy(ids), taps=taps)
             embeddings = model.finish(stream[-1])
         assert attentions is not None
+        parts = (torch.stack(taps[i::2], dim=1).numpy() for i in range(2))
         inputs: dict[str, np.ndarray] = {config.input_name: ids, HEAD_MASK_NAME: mask}
         outputs = {
             config.embeddings_name: embeddings.numpy(),
             config.attentions_name: attentions.numpy(),
             RESIDUAL_STREAM_NAME: torch.stack(stream, dim=1).numpy(),
         }
+        outputs |= dict(zip(PARTS_NAMES, parts, strict=True))
         references.append(Reference((batch, seq_len), inputs, outputs))
     if config.unembedding != "none":
         references.append(_lens_reference(model, references))
+    if config.attribution_refusal is None:
+        references.append(_attribution_reference(model, references))
     return references
 
 
@@ -122,6 +131,19 @@ def _lens_reference(model: Encoder, references: list[Reference]) -> Reference:
     outputs = {LOGITS_NAME: logits.numpy()}
     outputs |= dict(zip(PREDICTION_OUTPUTS[1:], (top.numpy(), chosen.numpy()), strict=True))
     return Reference(case.shape, inputs, outputs)
+
+
+def _attribution_reference(model: Encoder, references: list[Reference]) -> Reference:
+    case = next((r for r in references if r.shape[1] > 1), references[0])
+    stream = case.outputs[RESIDUAL_STREAM_NAME][0]  # (L+1, T, D) of its first sequence
+    heads, mlps = (case.outputs[name][0].swapaxes(0, 1) for name in PARTS_NAMES)  # (T, L, .)
+    targets = np.stack([np.arange(len(heads)) % model.config.vocab_size] * 2, axis=1)
+    inputs = [heads, mlps, stream[0], stream[-1], targets]
+    inputs = [np.ascontiguousarray(x) for x in inputs]
+    with torch.inference_mode():
+        parts = model.attribution(*(torch.from_numpy(x) for x in inputs))
+    outputs = dict(zip(ATTRIBUTION_OUTPUTS, (p.numpy() for p in parts), strict=True))
+    return Reference(case.shape, dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True)), outputs)
 
 
 def compare(

@@ -21,6 +21,23 @@ LOGITS_NAME = "logits"  # output, float32 [rows, vocab]
 # the k most probable ids (int64 [rows, k]), their probabilities and the targets' out.
 PREDICTION_INPUTS = ("k", "targets")
 PREDICTION_OUTPUTS = ("top_ids", "top_probabilities", "target_probabilities")
+# What the blocks add to the stream, beside it in the readouts graph: each layer's heads as
+# its output projection reads them, [batch, layers, seq, heads * d_head], and its MLP's
+# output, [batch, layers, seq, d_model].
+PARTS_NAMES = ("head_outputs", "mlp_outputs")
+# Direct logit attribution: those parts at some positions, x_0 and x_L there, and target
+# ids [rows, n] -> what each part adds to each target's logit (Encoder.attribution);
+# written where the parts add up to the logit (ModelConfig.attribution_refusal).
+ATTRIBUTION_ONNX_FILENAME = "model_attribution.onnx"
+ATTRIBUTION_INPUTS = (*PARTS_NAMES, "first", "last", "targets")
+# float32 [rows, n, layers, heads], [rows, n, layers] twice, [rows, n] twice
+ATTRIBUTION_OUTPUTS = (
+    "head_attribution",
+    "bias_attribution",
+    "mlp_attribution",
+    "embedding_attribution",
+    "constant_attribution",
+)
 # Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
 EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
 # The full graph's outputs through the fused Attention op (export/fused.py): faster on CPU;

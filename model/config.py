@@ -303,6 +303,23 @@ class ModelConfig:
         attention: it has no soft-cap, so Gemma 2's goes the textbook way throughout."""
         return self.attention_softcap is None
 
+    @property
+    def attribution_refusal(self) -> str | None:
+        """Why a logit cannot be split exactly into what each head and MLP wrote, or None
+        where it can: the parts add up only where they reach the final norm untouched
+        (norms before the sublayers) and an unembedding reads it (without a projection
+        out between)."""
+        if self.unembedding == "none":
+            return "it has no unembedding (its checkpoint had no LM head)"
+        if self.norm_placement != "pre":
+            return (
+                f"its {self.norm_placement} norms normalise what the sublayers write before "
+                "it reaches the residual stream, so the parts would not add up to the logit"
+            )
+        if self.d_embed is not None:
+            return "its projection out of d_model is not part of the attribution graph"
+        return None
+
     def window(self, layer: int) -> int | None:
         """The sliding window of one layer, or None where it attends to every earlier key."""
         if self.sliding_layers is None or layer in self.sliding_layers:

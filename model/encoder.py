@@ -1,15 +1,17 @@
 """The encoder: token embeddings, positions (a learned table or rotary), N blocks, a final
-norm; and what reads its residual stream: the unembedding (next-token logits) and the
-logit lens."""
+norm; and what reads its residual stream: the unembedding (next-token logits), the logit
+lens and direct logit attribution."""
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import Block, Rotary, frozen_norm, make_norm, norm_scale
+from attnserve.model.layers import Block, RMSNorm, Rotary, frozen_norm, make_norm, norm_scale
 
 
 class Encoder(nn.Module):
@@ -59,9 +61,11 @@ class Encoder(nn.Module):
         need_weights: bool = True,
         head_mask: torch.Tensor | None = None,
         keep: bool = True,
+        taps: list[torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """The residual stream x_0 (what the first block reads) .. x_L (what the last one
-        wrote), each (B, T, D), only x_L unless keep; and the attentions as forward's."""
+        wrote), each (B, T, D), only x_L unless keep; and the attentions as forward's.
+        taps: where given, receives each block's parts (Block.forward's taps) in order."""
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
@@ -84,7 +88,7 @@ class Encoder(nn.Module):
             if sliding_rotary is not None and config.window(layer) is not None:
                 positions = sliding_rotary
             heads = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
-            x, weights = block(x, need_weights, positions, heads)  # (B, T, D), (B, H, T, T)
+            x, weights = block(x, need_weights, positions, heads, taps)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
             stream = [*stream, x] if keep else [x]
         if not need_weights:
@@ -142,6 +146,68 @@ class Encoder(nn.Module):
         if self.config.d_embed is not None:
             residual = self.embed_out(residual)
         return self.unembed(residual)
+
+    def attribution(
+        self,
+        heads: torch.Tensor,
+        mlps: torch.Tensor,
+        first: torch.Tensor,
+        last: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Direct logit attribution at N positions: each target's logit split into what
+        each part of x_L = x_0 + sum over layers of (W_O's heads, W_O's bias, the MLP)
+        writes along the target's unembedding, through the final norm with the scale of
+        x_L frozen (TransformerLens' apply_ln_to_stack), plus a constant (the norm's bias
+        and the unembedding's). The parts add up to the logit before Gemma 2's soft-cap.
+
+        heads (N, L, H*d_k): the heads' outputs as each W_O reads them (after the head
+        mask), mlps (N, L, D), first x_0 (N, D), last x_L (N, D), targets (N, n) ids ->
+        parts of heads (N, n, L, H), attention biases (N, n, L), MLPs (N, n, L), the
+        embeddings (N, n), and the constant (N, n).
+        """
+        config = self.config
+        refusal = config.attribution_refusal
+        if refusal is not None:
+            raise ValueError(f"{config.name} has no direct logit attribution: {refusal}")
+        H, d_k = config.n_heads, config.head_dim
+        unembedding = self.tok_emb if config.unembedding == "tied" else self.lm_head
+        u = unembedding.weight[targets]  # (N, n, D): each target's direction
+        constant = u.new_zeros(targets.shape)  # (N, n)
+        if config.unembedding_bias:
+            constant = constant + self.lm_head.bias[targets]
+        # The frozen final norm is linear: u . norm(x) = w . x + u . bias, for w the
+        # direction times the norm's weight over the scale (centred for LayerNorm, where
+        # (x - mean x) . w = x . (w - mean w)).
+        norm = self.ln_f
+        gain = cast(torch.Tensor, norm.weight)
+        if isinstance(norm, RMSNorm):
+            gain = gain + norm.offset
+        w = u * gain / norm_scale(norm, last)[:, None]  # (N, n, D)
+        if isinstance(norm, nn.LayerNorm):
+            constant = constant + u @ norm.bias
+            w = w - w.mean(-1, keepdim=True)
+        w, constant = w * config.logit_scale, constant * config.logit_scale
+        # Each head alone through W_O: its slice of the concatenation, the others zero.
+        alone = torch.eye(H, dtype=heads.dtype, device=heads.device)[:, :, None]  # (H, H, 1)
+        head_parts, bias_parts, mlp_parts = [], [], []
+        for layer, block in enumerate(self.blocks):
+            projection = cast(Block, block).attn.proj
+            z = heads[:, layer].unflatten(-1, (H, d_k))  # (N, H, d_k)
+            by_head = (alone * z[:, None]).flatten(-2)  # (N, H, H*d_k)
+            written = F.linear(by_head, projection.weight)  # (N, H, D)
+            head_parts.append(w @ written.transpose(1, 2))  # (N, n, H)
+            bias = projection.bias
+            bias_parts.append(constant * 0 if bias is None else w @ bias)  # (N, n)
+            mlp_parts.append((w * mlps[:, layer, None]).sum(-1))  # (N, n)
+        scale = config.residual_scale  # Granite scales what each sublayer adds
+        return (
+            torch.stack(head_parts, dim=2) * scale,  # (N, n, L, H)
+            torch.stack(bias_parts, dim=2) * scale,  # (N, n, L)
+            torch.stack(mlp_parts, dim=2) * scale,  # (N, n, L)
+            (w * first[:, None]).sum(-1),  # (N, n)
+            constant,
+        )
 
 
 def _init_weights(module: nn.Module) -> None:

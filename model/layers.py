@@ -170,10 +170,12 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         heads: torch.Tensor | None = None,
+        taps: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """heads (H,) or per sequence (B, H): each head's output times this before the
         output projection (after the concatenation, where the fused kernel's graph keeps
-        its layout)."""
+        its layout). taps: where given, the heads' outputs (B, T, H*d_k) are appended to
+        it, as the output projection reads them (direct logit attribution)."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
@@ -209,6 +211,8 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
         if heads is not None:  # ablation: each head's output removed (0) or scaled
             y = y * heads.repeat_interleave(d_k, dim=-1).unsqueeze(-2)  # (B or 1, 1, H*d_k)
+        if taps is not None:
+            taps.append(y)
         return self.proj(y), weights  # (B, T, D), (B, H, T, T)
 
 
@@ -244,6 +248,9 @@ class Block(nn.Module):
     for h = ln1(x). The other norm placements (config.NORM_PLACEMENTS): sandwich adds
     norms of each sublayer's output (ln1_out, ln2_out), output keeps only those, post
     norms the sum. Granite scales each sublayer's output before the add.
+
+    `taps`, where given, receives the attention's head outputs (B, T, H*d_k) and the MLP's
+    output (B, T, D), in that order: the parts the block adds to the residual stream.
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0) -> None:
@@ -266,17 +273,26 @@ class Block(nn.Module):
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         heads: torch.Tensor | None = None,
+        taps: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.residual == "parallel":
-            a, weights = self.attn(self.ln1(x), need_weights, positions, heads)
-            return x + a + self.mlp(self.ln2(x)), weights
+            a, weights = self.attn(self.ln1(x), need_weights, positions, heads, taps)
+            return x + self._scaled(a + self._mlp(self.ln2(x), taps)), weights
         if self.residual == "parallel_one_norm":
             h = self.ln1(x)
-            a, weights = self.attn(h, need_weights, positions, heads)
-            return x + a + self.mlp(h), weights
-        x, weights = self._sublayer(x, 1, lambda h: self.attn(h, need_weights, positions, heads))
-        x, _ = self._sublayer(x, 2, lambda h: (self.mlp(h), None))
+            a, weights = self.attn(h, need_weights, positions, heads, taps)
+            return x + self._scaled(a + self._mlp(h, taps)), weights
+        x, weights = self._sublayer(
+            x, 1, lambda h: self.attn(h, need_weights, positions, heads, taps)
+        )
+        x, _ = self._sublayer(x, 2, lambda h: (self._mlp(h, taps), None))
         return x, weights
+
+    def _mlp(self, h: torch.Tensor, taps: list[torch.Tensor] | None) -> torch.Tensor:
+        y = self.mlp(h)  # (B, T, D)
+        if taps is not None:
+            taps.append(y)
+        return y
 
     def _sublayer(
         self,
@@ -291,6 +307,7 @@ class Block(nn.Module):
         y, weights = f(x if self.placement == "output" else getattr(self, f"ln{index}")(x))
         if self.placement in ("sandwich", "output"):
             y = getattr(self, f"ln{index}_out")(y)
-        if self.scale != 1.0:
-            y = y * self.scale
-        return x + y, weights
+        return x + self._scaled(y), weights
+
+    def _scaled(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.scale if self.scale != 1.0 else y

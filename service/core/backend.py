@@ -63,6 +63,16 @@ class PredictionsSelection:
     logits: bool = False
 
 
+@dataclass(frozen=True)
+class AttributionSelection:
+    """Direct logit attribution of one input: each target's logit (less its contrast's,
+    where given) at `positions`, split into what each part of the residual stream wrote."""
+
+    positions: tuple[int, ...]  # absolute
+    targets: tuple[int, ...]
+    contrasts: tuple[int, ...] = ()  # empty, or one per target
+
+
 @dataclass(frozen=True, eq=False)
 class ReadoutSelection:
     """One input's request of what only the readouts graph has: a head mask, the residual
@@ -73,6 +83,7 @@ class ReadoutSelection:
     hidden_states: HiddenStatesSelection | None = None
     predictions: PredictionsSelection | None = None
     lens: PredictionsSelection | None = None
+    attribution: AttributionSelection | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,18 @@ class Predictions:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """What one AttributionSelection makes, each float32 (positions, targets, ...): the
+    parts add up to each target's logit before any soft-cap (less its contrast's)."""
+
+    heads: np.ndarray  # (.., L, H): each head through the output projection
+    attention_biases: np.ndarray  # (.., L): each output projection's bias
+    mlps: np.ndarray  # (.., L)
+    embeddings: np.ndarray  # (..): the token and position embeddings, x_0
+    constants: np.ndarray  # (..): the final norm's and the unembedding's biases
+
+
+@dataclass(frozen=True)
 class ReadoutOutput:
     """What one input's ReadoutSelection makes besides embeddings."""
 
@@ -94,6 +117,7 @@ class ReadoutOutput:
     hidden_state_norms: np.ndarray | None = None  # float32 (layers, positions)
     predictions: Predictions | None = None
     lens: Predictions | None = None
+    attribution: Attribution | None = None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""A request's readouts, planned: the head mask, hidden states, predictions and logit lens
-of each input, validated against the model and what its directory can compute.
+"""A request's readouts, planned: the head mask, hidden states, predictions, logit lens and
+direct logit attribution of each input, validated against the model and what its directory
+can compute.
 
-Readouts come from the readouts graph (the residual stream, a head-mask input) and the lens
-graph (the final norm and unembedding of any residual row); `Backend.readouts` says which
-of the two a served model has.
+Readouts come from the readouts graph (the residual stream and its parts, a head-mask
+input), the lens graph (the final norm and unembedding of any residual row) and the
+attribution graph (what each part adds to a logit); `Backend.readouts` says which of them
+a served model has.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import (
     AttentionSelection,
+    AttributionSelection,
     HiddenStatesSelection,
     PredictionsSelection,
     ReadoutSelection,
@@ -25,9 +28,19 @@ from attnserve.v1 import encoder_service_pb2 as pb
 
 STREAM = "stream"  # the readouts graph: hidden states and head masks
 LENS = "lens"  # the lens graph: predictions and the logit lens
+ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
+# the graph each option is read from
+_GRAPH_OF = {
+    "hidden_states": STREAM,
+    "head_mask": STREAM,
+    "predictions": LENS,
+    "logit_lens": LENS,
+    "attribution": ATTRIBUTION,
+}
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 1000
 MAX_TARGETS = 1000
+MAX_ATTRIBUTION_TARGETS = 64
 # The lens runs over this many bytes of float32 logits at a time (the rows of a large grid
 # go through in chunks), so that its memory is bounded whatever the grid.
 LENS_CHUNK_BYTES = 64 * 1024 * 1024
@@ -42,18 +55,27 @@ def plan_readouts(
     readable: frozenset[str],
 ) -> list[ReadoutSelection] | None:
     """One ReadoutSelection per sequence, or None when the request asks for no readout."""
-    asked = [f for f in ("hidden_states", "predictions", "logit_lens") if options.HasField(f)]
+    asked = [
+        f
+        for f in ("hidden_states", "predictions", "logit_lens", "attribution")
+        if options.HasField(f)
+    ]
     if options.head_mask:
         asked.append("head_mask")
     if not asked:
         return None
     for field in asked:
-        graph = LENS if field in ("predictions", "logit_lens") else STREAM
+        graph = _GRAPH_OF[field]
+        if field == "attribution" and config.attribution_refusal is not None:
+            raise UnsupportedError(
+                f"options.attribution: {config.name} has no direct logit attribution: "
+                f"{config.attribution_refusal}"
+            )
         if graph not in readable:
             raise UnsupportedError(
                 f"options.{field}: {config.name} cannot compute it as served: readouts come "
                 "from the float32 graphs of a directory exported with them"
-                + (", of a model with an unembedding" if graph == LENS else "")
+                + (", of a model with an unembedding" if graph != STREAM else "")
                 + " (re-export it with `attnserve export`; serve it with --precision fp32)"
             )
     head_mask = _head_mask(options.head_mask, config) if options.head_mask else None
@@ -74,6 +96,9 @@ def plan_readouts(
                 else None,
                 lens=_predictions("options.logit_lens", options.logit_lens, config, length, index)
                 if options.HasField("logit_lens")
+                else None,
+                attribution=_attribution(options.attribution, config, length, index)
+                if options.HasField("attribution")
                 else None,
             )
         )
@@ -150,11 +175,7 @@ def _predictions(
         raise InvalidInputError(
             f"{field}.target_ids: {len(request.target_ids)} ids, more than {MAX_TARGETS}"
         )
-    for target in request.target_ids:
-        if not 0 <= target < config.vocab_size:
-            raise InvalidInputError(
-                f"{field}.target_ids: {target} is outside the vocabulary [0, {config.vocab_size})"
-            )
+    _token_ids(f"{field}.target_ids", request.target_ids, config)
     return PredictionsSelection(
         layers=tuple(layers),
         positions=_positions(f"{field}.positions", request.positions, length, index),
@@ -162,6 +183,37 @@ def _predictions(
         targets=tuple(request.target_ids),
         logits=request.logits,
     )
+
+
+def _attribution(
+    request: pb.LogitAttributionRequest, config: ModelConfig, length: int, index: int
+) -> AttributionSelection:
+    field = "options.attribution"
+    targets, contrasts = request.target_ids, request.contrast_ids
+    if not 1 <= len(targets) <= MAX_ATTRIBUTION_TARGETS:
+        raise InvalidInputError(
+            f"{field}.target_ids: {len(targets)} ids; give 1 to {MAX_ATTRIBUTION_TARGETS}"
+        )
+    if contrasts and len(contrasts) != len(targets):
+        raise InvalidInputError(
+            f"{field}.contrast_ids: {len(contrasts)} ids for {len(targets)} target_ids; "
+            "give one per target, or none"
+        )
+    _token_ids(f"{field}.target_ids", targets, config)
+    _token_ids(f"{field}.contrast_ids", contrasts, config)
+    return AttributionSelection(
+        positions=_positions(f"{field}.positions", request.positions, length, index),
+        targets=tuple(targets),
+        contrasts=tuple(contrasts),
+    )
+
+
+def _token_ids(field: str, ids, config: ModelConfig) -> None:
+    for token in ids:
+        if not 0 <= token < config.vocab_size:
+            raise InvalidInputError(
+                f"{field}: {token} is outside the vocabulary [0, {config.vocab_size})"
+            )
 
 
 def _positions(name: str, values, length: int, index: int) -> tuple[int, ...]:
@@ -180,13 +232,21 @@ def readout_response_bytes(selection: ReadoutSelection, config: ModelConfig) -> 
             per_row = p.top_k * (8 + _TOKEN_STRING_BYTES) + 4 * len(p.targets)
             per_row += config.vocab_size * 4 if p.logits else 0
             total += len(p.layers) * len(p.positions) * per_row
+    a = selection.attribution
+    if a is not None:
+        parts = config.n_layers * (config.n_heads + 2) + 2  # heads, biases, MLPs, x_0, 1
+        total += len(a.positions) * len(a.targets) * parts * 4
     return total
 
 
 def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length: int) -> int:
     """What computing `selection` holds besides its answer: the readouts graph's residual
-    stream, and the lens's chunk of logits (and its softmax) while it runs."""
+    stream (and its parts, for attribution), and the lens's or the attribution's chunk
+    (bounded by LENS_CHUNK_BYTES) while it runs."""
     total = 2 * (config.n_layers + 1) * length * config.d_model * 4
+    if selection.attribution is not None:
+        width = config.n_heads * config.head_dim + config.d_model  # heads and MLP, each layer
+        total += 2 * config.n_layers * length * width * 4 + LENS_CHUNK_BYTES
     if selection.predictions is not None or selection.lens is not None:
         total += 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
     return total
@@ -195,3 +255,12 @@ def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length:
 def lens_chunk_rows(vocab_size: int) -> int:
     """How many residual rows the lens runs at a time."""
     return max(1, LENS_CHUNK_BYTES // (vocab_size * 4))
+
+
+def attribution_chunk_rows(config: ModelConfig, ids: int) -> int:
+    """How many positions the attribution graph runs at a time, for `ids` target and
+    contrast ids: each holds its ids' directions through the final norm and through each
+    head's output projection, (ids, D + H*d_k) floats, and each head's output (H, D)."""
+    per_row = 4 * (ids * (config.d_model + config.n_heads * config.head_dim))
+    per_row += 4 * config.n_heads * config.d_model
+    return max(1, LENS_CHUNK_BYTES // per_row)

@@ -89,6 +89,14 @@ def _fill_readouts(
     ):
         if asked is not None and got is not None:
             _fill_predictions(getattr(out, field), asked, got, tokenizer)
+    asked_attribution, attribution = selection.attribution, readouts.attribution
+    if asked_attribution is not None and attribution is not None:
+        a = out.attribution
+        a.positions[:] = asked_attribution.positions
+        a.target_ids[:] = asked_attribution.targets
+        a.contrast_ids[:] = asked_attribution.contrasts
+        for name in ("heads", "attention_biases", "mlps", "embeddings", "constants"):
+            fill_tensor(getattr(a, name), getattr(attribution, name))
 
 
 def _fill_predictions(

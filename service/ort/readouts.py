@@ -1,6 +1,7 @@
 """The readouts graphs of a model directory in ONNX Runtime, and what a request reads off
-them: the residual stream under a head mask (model_readouts.onnx) and the logit lens of any
-residual rows (model_lens.onnx).
+them: the residual stream and its parts under a head mask (model_readouts.onnx), the logit
+lens of any residual rows (model_lens.onnx) and direct logit attribution of any positions
+(model_attribution.onnx).
 
 Their sessions open when first asked for. Where the model's memory layout allows copies of
 the weights (service/server.py `session_layout`: not one session) they prepack them, as the
@@ -13,17 +14,21 @@ no copy (research/weights-in-memory).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
+    ATTRIBUTION_INPUTS,
+    ATTRIBUTION_ONNX_FILENAME,
+    ATTRIBUTION_OUTPUTS,
     HEAD_MASK_NAME,
     LENS_INPUTS,
     LENS_ONNX_FILENAME,
     LOGITS_NAME,
+    PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     READOUTS_ONNX_FILENAME,
@@ -32,13 +37,32 @@ from attnserve.model.artifacts import (
 )
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import (
+    Attribution,
+    AttributionSelection,
     Predictions,
     PredictionsSelection,
     ReadoutOutput,
     ReadoutSelection,
 )
 from attnserve.service.core.errors import InferenceError, UnsupportedError
-from attnserve.service.core.readouts import LENS, STREAM, lens_chunk_rows
+from attnserve.service.core.readouts import (
+    ATTRIBUTION,
+    LENS,
+    STREAM,
+    attribution_chunk_rows,
+    lens_chunk_rows,
+)
+
+
+@dataclass(frozen=True)
+class StreamRun:
+    """One run of the readouts graph over a batch (B sequences, right-padded to T)."""
+
+    embeddings: np.ndarray  # float32 (B, T, D)
+    residual: np.ndarray  # float32 (B, L+1, T, D): x_0 .. x_L
+    attentions: np.ndarray | None  # float32 (B, L, H, T, T), when asked for
+    heads: np.ndarray | None  # float32 (B, L, T, H*d_k) as each W_O reads them, when asked
+    mlps: np.ndarray | None  # float32 (B, L, T, D), with the heads
 
 
 @dataclass(frozen=True)
@@ -56,6 +80,7 @@ class LensOutput:
 _GRAPHS = {
     STREAM: (READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME),
     LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
+    ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS[0]),
 }
 
 
@@ -88,23 +113,34 @@ class ReadoutGraphs:
         )
 
     def stream(
-        self, input_ids: np.ndarray, head_mask: np.ndarray, attentions: bool = True
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) ->
-        embeddings (B, T, D), attentions (B, L, H, T, T) (None unless `attentions`: not
-        copied out of ONNX Runtime) and the residual stream (B, L+1, T, D), x_0 .. x_L,
-        every head's output times its entry in the mask."""
+        self,
+        input_ids: np.ndarray,
+        head_mask: np.ndarray,
+        attentions: bool = True,
+        parts: bool = False,
+    ) -> StreamRun:
+        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) -> the
+        readouts graph's run, every head's output times its entry in the mask: the
+        attentions only with `attentions`, the parts only with `parts` (what is not asked
+        for is not copied out of ONNX Runtime)."""
         c = self.config
         session = self._session(STREAM)
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
-        if attentions:
-            names.append(c.attentions_name)
+        names += [c.attentions_name] if attentions else []
+        names += list(PARTS_NAMES) if parts else []
         feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
         try:
-            embeddings, stream, *weights = session.run(names, feeds)
+            values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
-        return embeddings, weights[0] if weights else None, stream
+        heads, mlps = (values.get(name) for name in PARTS_NAMES)
+        return StreamRun(
+            values[c.embeddings_name],
+            values[RESIDUAL_STREAM_NAME],
+            values.get(c.attentions_name),
+            heads,
+            mlps,
+        )
 
     def lens(
         self,
@@ -118,35 +154,62 @@ class ReadoutGraphs:
         (N, D) -> the logit lens: the k most probable ids and their probabilities, those
         of `targets` (N, n) ids, and with `logits` the logits (N, V) (with residual = last,
         the model's own). Large N runs in chunks of bounded memory."""
-        session = self._session(LENS)
         if targets is None:
             targets = np.zeros((len(residual), 0), dtype=np.int64)
         names = [LOGITS_NAME, *PREDICTION_OUTPUTS] if logits else list(PREDICTION_OUTPUTS)
         k_input = np.array([k], dtype=np.int64)
-        step = lens_chunk_rows(self.config.vocab_size)
-        parts = []
-        for start in range(0, max(len(residual), 1), step):
-            chunk = slice(start, start + step)
-            inputs = (residual[chunk], last[chunk], k_input, targets[chunk])
-            feeds = dict(zip((*LENS_INPUTS, *PREDICTION_INPUTS), inputs, strict=True))
-            try:
-                parts.append(session.run(names, feeds))
-            except Exception as exc:  # ORT raises its own untyped errors
-                raise InferenceError(f"ONNX Runtime failed on the logit lens: {exc}") from exc
-        values = [
-            column[0] if len(column) == 1 else np.concatenate(column)
-            for column in zip(*parts, strict=True)
-        ]
+        values = self._run_rows(
+            LENS,
+            names,
+            (*LENS_INPUTS, *PREDICTION_INPUTS),
+            (residual, last, k_input, targets),
+            lens_chunk_rows(self.config.vocab_size),
+        )
         return LensOutput(*values) if logits else LensOutput(None, *values)
 
-    def read_row(
+    def attribution(
         self,
-        embeddings: np.ndarray,
-        stream: np.ndarray,
-        selection: ReadoutSelection,
-    ) -> ReadoutOutput:
-        """One sequence's readouts (attention aside) from its embeddings (T, D) and residual
-        stream (L+1, T, D)."""
+        heads: np.ndarray,
+        mlps: np.ndarray,
+        first: np.ndarray,
+        last: np.ndarray,
+        targets: np.ndarray,
+    ) -> list[np.ndarray]:
+        """Direct logit attribution at N positions (model/encoder.py Encoder.attribution):
+        heads (N, L, H*d_k), mlps (N, L, D), x_0 and x_L (N, D), targets (N, n) -> the
+        parts of heads (N, n, L, H), attention biases, MLPs (N, n, L), the embeddings and
+        the constant (N, n). Large N runs in chunks of bounded memory."""
+        step = attribution_chunk_rows(self.config, targets.shape[1])
+        inputs = (heads, mlps, first, last, targets)
+        return self._run_rows(ATTRIBUTION, ATTRIBUTION_OUTPUTS, ATTRIBUTION_INPUTS, inputs, step)
+
+    def _run_rows(
+        self,
+        kind: str,
+        names: Sequence[str],
+        input_names: Sequence[str],
+        inputs: Sequence[np.ndarray],
+        step: int,
+    ) -> list[np.ndarray]:
+        """Run the graph of `kind` over the rows of `inputs` `step` rows at a time (an
+        input of one row, like the lens' k, goes to every chunk) and join the outputs."""
+        session = self._session(kind)
+        rows = len(inputs[0])
+        runs = []
+        for start in range(0, max(rows, 1), step):
+            chunk = [x if len(x) != rows else x[start : start + step] for x in inputs]
+            try:
+                runs.append(session.run(list(names), dict(zip(input_names, chunk, strict=True))))
+            except Exception as exc:  # ORT raises its own untyped errors
+                raise InferenceError(f"ONNX Runtime failed on the {kind} graph: {exc}") from exc
+        return [
+            column[0] if len(column) == 1 else np.concatenate(column)
+            for column in zip(*runs, strict=True)
+        ]
+
+    def read_row(self, run: StreamRun, row: int, selection: ReadoutSelection) -> ReadoutOutput:
+        """One sequence's readouts (attention aside) from row `row` of a readouts run."""
+        embeddings, stream = run.embeddings[row], run.residual[row]
         states = norms = None
         hidden = selection.hidden_states
         if hidden is not None:
@@ -167,7 +230,28 @@ class ReadoutGraphs:
             hidden_state_norms=norms,
             predictions=self._predictions(stream, selection.predictions),
             lens=self._predictions(stream, selection.lens),
+            attribution=self._attribution(run, row, selection.attribution),
         )
+
+    def _attribution(
+        self, run: StreamRun, row: int, selection: AttributionSelection | None
+    ) -> Attribution | None:
+        if selection is None:
+            return None
+        assert run.heads is not None and run.mlps is not None  # asked for with the selection
+        positions = list(selection.positions)
+        ids = np.asarray([*selection.targets, *selection.contrasts], dtype=np.int64)
+        heads, mlps = (
+            np.ascontiguousarray(parts[row][:, positions].swapaxes(0, 1))  # (N, L, .)
+            for parts in (run.heads, run.mlps)
+        )
+        stream = run.residual[row]
+        first, last = stream[0, positions], stream[-1, positions]  # (N, D)
+        parts = self.attribution(heads, mlps, first, last, np.tile(ids, (len(positions), 1)))
+        n = len(selection.targets)
+        if selection.contrasts:  # logit(target) - logit(contrast): each part's difference
+            parts = [part[:, :n] - part[:, n:] for part in parts]
+        return Attribution(*parts)
 
     def _predictions(
         self, stream: np.ndarray, selection: PredictionsSelection | None

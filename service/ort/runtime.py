@@ -188,21 +188,25 @@ class OrtRuntime:
         for row, selection in enumerate(selections):
             if selection.head_mask is not None:
                 mask[row] = selection.head_mask
-        wanted = any(selection.attention is not None for selection in selections)
-        embeddings, attentions, stream = self.readout_graphs.stream(input_ids, mask, wanted)
+        run = self.readout_graphs.stream(
+            input_ids,
+            mask,
+            attentions=any(selection.attention is not None for selection in selections),
+            parts=any(selection.attribution is not None for selection in selections),
+        )
         outputs = []
         try:
             for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
-                out = self.readout_graphs.read_row(embeddings[row, :n], stream[row], selection)
-                if selection.attention is not None and attentions is not None:
-                    attention = self.reducer(attentions[row], n, selection.attention)
+                out = self.readout_graphs.read_row(run, row, selection)
+                if selection.attention is not None and run.attentions is not None:
+                    attention = self.reducer(run.attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)
                 outputs.append(out)
         except InferenceError:
             raise
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
-        return embeddings, outputs
+        return run.embeddings, outputs
 
     def _run(
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray

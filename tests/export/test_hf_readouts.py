@@ -200,9 +200,128 @@ def test_exported_readouts_match_transformers(families, family):
     ids, lengths = padded_batch(config.vocab_size, seed=6)
     want_logits, want_hidden = transformers_readouts(reference, ids)
     ones = np.ones((len(ids), config.n_layers, config.n_heads), dtype=np.float32)
-    embeddings, _, stream = runtime.readout_graphs.stream(ids, ones)
-    hidden = np.concatenate([stream[:, :-1], embeddings[:, None]], axis=1)
+    run = runtime.readout_graphs.stream(ids, ones)
+    stream = run.residual
+    hidden = np.concatenate([stream[:, :-1], run.embeddings[:, None]], axis=1)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
     last = stream[:, -1].reshape(-1, config.d_model)  # every position's x_L
     logits = runtime.readout_graphs.lens(last, last, logits=True).logits.reshape(*ids.shape, -1)
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
+
+
+# Direct logit attribution on the layouts whose parts differ: GQA with a tied unembedding
+# (Llama), parallel blocks with LayerNorm (GPT-NeoX), one norm with biases everywhere
+# (Phi), and Granite's residual and logit scales.
+ATTRIBUTED = {  # family -> its blocks' output projection, as in OUTPUT_PROJECTIONS
+    "llama": "self_attn.o_proj",
+    "gpt_neox": "attention.dense",
+    "phi": "self_attn.dense",
+    "granite": "self_attn.o_proj",
+}
+
+
+@torch.no_grad()
+def transformers_attribution(reference, family: str, ids: np.ndarray, targets: list[int]):
+    """TransformerLens' direct logit attribution written out on transformers' model: hooks
+    take each output projection's input (the heads side by side) and output and each MLP's
+    output; x_L is x_0 plus what they wrote, the final norm's scale at x_L is frozen, and
+    each part is read along the targets' unembedding rows. Returns (heads (T, n, L, H),
+    biases (T, n, L), MLPs (T, n, L), embeddings (T, n), constant (T, n)), float64."""
+    config = reference.config
+    layers = reference.base_model.layers
+    captured: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(key):
+        def hook(_module, args, output):
+            captured[key, 0] = args[0][0].double()  # (T, .) the input
+            captured[key, 1] = (output[0] if isinstance(output, tuple) else output)[0].double()
+
+        return hook
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.get_submodule(ATTRIBUTED[family]).register_forward_hook(keep(i)))
+        handles.append(layer.mlp.register_forward_hook(keep(("mlp", i))))
+    try:
+        out = reference(torch.as_tensor(ids), output_hidden_states=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    residual_scale = getattr(config, "residual_multiplier", 1.0)
+    logit_scale = 1.0 / getattr(config, "logits_scaling", 1.0)
+    x0 = out.hidden_states[0][0].double()  # (T, D)
+    written = [captured[i, 1] + captured[("mlp", i), 1] for i in range(len(layers))]
+    last = x0 + residual_scale * sum(written)  # x_L
+    base = reference.base_model
+    norm = next(
+        getattr(base, n)
+        for n in ("norm", "final_layer_norm", "final_layernorm")
+        if hasattr(base, n)
+    )
+    head = reference.get_output_embeddings()
+    u = head.weight.double()[targets]  # (n, D)
+    if isinstance(norm, torch.nn.LayerNorm):
+        scale = torch.sqrt(last.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (T, 1)
+        w = u * norm.weight.double() / scale[:, :, None]  # (T, n, D)
+        w = w - w.mean(-1, keepdim=True)
+        constant = (u @ norm.bias.double()).expand(len(last), -1)
+    else:
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        scale = torch.sqrt(last.pow(2).mean(-1, keepdim=True) + eps)
+        w = u * norm.weight.double() / scale[:, :, None]
+        constant = torch.zeros(len(last), len(targets), dtype=torch.float64)
+    if head.bias is not None:
+        constant = constant + head.bias.double()[targets]
+    w, constant = w * logit_scale, constant * logit_scale
+    H = config.num_attention_heads
+    heads, biases, mlps = [], [], []
+    for i, layer in enumerate(layers):
+        projection = layer.get_submodule(ATTRIBUTED[family])
+        z = captured[i, 0].unflatten(-1, (H, -1))  # (T, H, d)
+        weight = projection.weight.double().unflatten(-1, (H, -1))  # (D, H, d)
+        by_head = torch.einsum("thd,ehd->the", z, weight)  # (T, H, D)
+        heads.append(torch.einsum("tne,the->tnh", w, by_head))
+        bias = projection.bias
+        biases.append(w @ bias.double() if bias is not None else torch.zeros_like(constant))
+        mlps.append((w * captured[("mlp", i), 1][:, None]).sum(-1))
+    return (
+        torch.stack(heads, 2).numpy() * residual_scale,
+        torch.stack(biases, 2).numpy() * residual_scale,
+        torch.stack(mlps, 2).numpy() * residual_scale,
+        (w * x0[:, None]).sum(-1).numpy(),
+        constant.numpy(),
+    ), out.logits[0].double().numpy()
+
+
+@pytest.mark.parametrize("family", sorted(ATTRIBUTED))
+def test_exported_attribution_equals_transformers_decomposed(families, family):
+    """The exported readouts and attribution graphs in ONNX Runtime against the same
+    decomposition written on transformers' model; the parts add up to its logits."""
+    _, reference = families.checkpoint(family)
+    runtime = OrtRuntime(families.exported(family), RuntimeOptions(provider="cpu"))
+    config = runtime.config
+    ids, lengths = padded_batch(config.vocab_size, seed=7)
+    ids = ids[:1, : lengths[0]]
+    targets = [3, config.vocab_size - 1, 11]
+    want, logits = transformers_attribution(reference, family, ids, targets)
+    graphs = runtime.readout_graphs
+    ones = np.ones((1, config.n_layers, config.n_heads), dtype=np.float32)
+    run = graphs.stream(ids, ones, attentions=False, parts=True)
+    inputs = [run.heads[0].swapaxes(0, 1), run.mlps[0].swapaxes(0, 1)]
+    inputs += [run.residual[0, 0], run.residual[0, -1]]
+    got = graphs.attribution(
+        *(np.ascontiguousarray(x) for x in inputs), np.tile(targets, (len(inputs[2]), 1))
+    )
+    for part, wanted in zip(got, want, strict=True):
+        assert part.shape == wanted.shape
+        assert np.abs(part - wanted).max() <= HIDDEN_TOLERANCE
+    total = got[0].sum((2, 3)) + got[1].sum(2) + got[2].sum(2) + got[3] + got[4]
+    assert np.abs(total - logits[:, targets]).max() <= LOGITS_TOLERANCE
+    assert np.abs(got[0]).max() > 10 * HIDDEN_TOLERANCE  # the heads do write along them
+
+
+def test_attribution_is_not_exported_where_the_parts_do_not_add_up(families):
+    """Gemma 2's sandwich norms normalise each sublayer's output: no attribution graph."""
+    runtime = OrtRuntime(families.exported("gemma2"), RuntimeOptions(provider="cpu"))
+    assert "sandwich" in runtime.config.attribution_refusal
+    assert "attribution" not in runtime.readouts and "lens" in runtime.readouts

@@ -122,6 +122,26 @@ INVALID = {
         build_request("abc", logit_lens={"target_ids": [259]}),
         "options.logit_lens.target_ids: 259 is outside the vocabulary [0, 259)",
     ),
+    "attribution without targets": (
+        build_request("abc", attribution={"positions": [-1]}),
+        "options.attribution.target_ids: 0 ids; give 1 to 64",
+    ),
+    "attribution of too many targets": (
+        build_request("abc", attribution={"target_ids": range(65)}),
+        "options.attribution.target_ids: 65 ids; give 1 to 64",
+    ),
+    "attribution contrasts": (
+        build_request("abc", attribution={"target_ids": [1, 2], "contrast_ids": [3]}),
+        "options.attribution.contrast_ids: 1 ids for 2 target_ids; give one per target, or none",
+    ),
+    "attribution contrast outside the vocabulary": (
+        build_request("abc", attribution={"target_ids": [1], "contrast_ids": [-1]}),
+        "options.attribution.contrast_ids: -1 is outside the vocabulary [0, 259)",
+    ),
+    "attribution position": (
+        build_request("abc", attribution={"target_ids": [1], "positions": [4]}),
+        "options.attribution.positions: 4 is outside [-4, 4) for inputs[0], which has 4",
+    ),
     "masked layer": (
         build_request("abc", head_mask={(2, 0): 0.0}),
         "options.head_mask[0].layer: 2 is outside [0, 2)",

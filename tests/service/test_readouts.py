@@ -130,6 +130,60 @@ def test_a_head_mask_changes_everything_the_request_returns(client, small_model)
         np.testing.assert_allclose(encoding.attention[0], unmasked.attention[0], atol=1e-6)
 
 
+def attribution_reference(small_model, ids: list[int], targets, head_mask=None):
+    """PyTorch's Encoder.attribution at every position of one sequence, from its taps."""
+    taps: list[torch.Tensor] = []
+    mask = None if head_mask is None else torch.from_numpy(head_mask)
+    with torch.inference_mode():
+        stream, _ = small_model.residual_stream(torch.tensor([ids]), False, mask, taps=taps)
+        heads, mlps = (torch.stack(taps[i::2], 1)[0].transpose(0, 1) for i in range(2))
+        rows = torch.tensor([list(targets)] * len(ids))
+        return [
+            p.numpy()
+            for p in small_model.attribution(heads, mlps, stream[0][0], stream[-1][0], rows)
+        ]
+
+
+def test_attribution_parts_add_up_to_the_logits(client, small_model):
+    targets = (5, 101, 7)
+    encoding = client.encode(
+        TEXTS[0],
+        attribution={"target_ids": targets, "positions": [-1, 2]},
+        predictions={"positions": [-1, 2], "logits": True},
+    )[0]
+    T = len(encoding.token_ids)
+    got = encoding.attribution
+    assert got.positions == [T - 1, 2] and got.target_ids == list(targets)
+    assert got.heads.shape == (2, 3, L, H) and got.mlps.shape == (2, 3, L)
+    logits = encoding.predictions.logits[0][:, targets]  # (positions, targets)
+    np.testing.assert_allclose(got.total, logits, rtol=0, atol=1e-4)
+    want = attribution_reference(small_model, encoding.token_ids.tolist(), targets)
+    for name, part in zip(
+        ("heads", "attention_biases", "mlps", "embeddings", "constants"), want, strict=True
+    ):
+        np.testing.assert_allclose(getattr(got, name), part[[T - 1, 2]], rtol=0, atol=1e-5)
+
+
+def test_attribution_of_a_contrast_and_under_a_head_mask(client, small_model):
+    both = client.encode(TEXTS[1], attribution={"target_ids": [5, 9]})[0].attribution
+    contrast = client.encode(TEXTS[1], attribution={"target_ids": [5], "contrast_ids": [9]})[
+        0
+    ].attribution
+    assert contrast.contrast_ids == [9]
+    np.testing.assert_allclose(contrast.heads[:, 0], both.heads[:, 0] - both.heads[:, 1], atol=1e-6)
+    np.testing.assert_allclose(contrast.total[:, 0], both.total[:, 0] - both.total[:, 1], atol=1e-5)
+    masked = client.encode(
+        TEXTS[1],
+        attribution={"target_ids": [5], "positions": [-1]},
+        predictions={"positions": [-1], "logits": True},
+        head_mask={(0, 1): 0.0},
+    )[0]
+    a = masked.attribution
+    assert np.all(a.heads[:, :, 0, 1] == 0)  # a removed head writes nothing
+    assert np.abs(a.heads[:, :, 0, 0]).max() > 0
+    np.testing.assert_allclose(a.total, masked.predictions.logits[0][:, [5]], atol=1e-4)
+
+
 def test_a_mask_of_ones_changes_nothing(client):
     masked = client.encode(TEXTS, head_mask=np.ones((L, H), np.float32), attention=True)
     kept = client.encode(TEXTS, head_mask={(0, 0): 1.0}, attention=True)
@@ -193,3 +247,20 @@ def test_a_model_without_readout_graphs_refuses_them_by_name():
     with pytest.raises(UnsupportedError, match=r"options.head_mask: "):
         plan_request(request, config, ByteTokenizer(config), frozenset())
     assert plan_request(request, config, ByteTokenizer(config), frozenset({"stream"})).readouts
+
+
+def test_attribution_is_refused_where_the_parts_would_not_add_up():
+    readable = frozenset({"stream", "lens", "attribution"})
+    request = build_request("abc", attribution={"target_ids": [1]})
+    for placement in ("sandwich", "output"):
+        config = ModelConfig(
+            n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16, norm_placement=placement
+        )
+        with pytest.raises(
+            UnsupportedError, match=rf"options.attribution: .*its {placement} norms"
+        ):
+            plan_request(request, config, ByteTokenizer(config), readable)
+    config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
+    with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
+        plan_request(request, config, ByteTokenizer(config), frozenset({"stream", "lens"}))
+    assert plan_request(request, config, ByteTokenizer(config), readable).readouts

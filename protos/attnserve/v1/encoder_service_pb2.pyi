@@ -132,6 +132,16 @@ class TokenPredictionsRequest(_message.Message):
     logits: bool
     def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., target_ids: _Optional[_Iterable[int]] = ..., logits: _Optional[bool] = ...) -> None: ...
 
+class LogitAttributionRequest(_message.Message):
+    __slots__ = ("positions", "target_ids", "contrast_ids")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_IDS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    target_ids: _containers.RepeatedScalarFieldContainer[int]
+    contrast_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, positions: _Optional[_Iterable[int]] = ..., target_ids: _Optional[_Iterable[int]] = ..., contrast_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class HeadScale(_message.Message):
     __slots__ = ("layer", "head", "scale")
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -143,7 +153,7 @@ class HeadScale(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
-    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask")
+    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution")
     POOLING_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +163,7 @@ class EncodeOptions(_message.Message):
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
     HEAD_MASK_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     pooling: Pooling
     skip_token_embeddings: bool
     attention: AttentionRequest
@@ -162,7 +173,8 @@ class EncodeOptions(_message.Message):
     predictions: TokenPredictionsRequest
     logit_lens: TokenPredictionsRequest
     head_mask: _containers.RepeatedCompositeFieldContainer[HeadScale]
-    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ...) -> None: ...
+    attribution: LogitAttributionRequest
+    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ..., attribution: _Optional[_Union[LogitAttributionRequest, _Mapping]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("inputs", "options", "request_id", "model")
@@ -177,7 +189,7 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +207,7 @@ class EncodeResult(_message.Message):
     HIDDEN_STATE_NORMS_FIELD_NUMBER: _ClassVar[int]
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -212,7 +225,28 @@ class EncodeResult(_message.Message):
     hidden_state_norms: Tensor
     predictions: TokenPredictions
     logit_lens: TokenPredictions
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ...) -> None: ...
+    attribution: LogitAttribution
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ...) -> None: ...
+
+class LogitAttribution(_message.Message):
+    __slots__ = ("positions", "target_ids", "contrast_ids", "heads", "attention_biases", "mlps", "embeddings", "constants")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_IDS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_BIASES_FIELD_NUMBER: _ClassVar[int]
+    MLPS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    CONSTANTS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    target_ids: _containers.RepeatedScalarFieldContainer[int]
+    contrast_ids: _containers.RepeatedScalarFieldContainer[int]
+    heads: Tensor
+    attention_biases: Tensor
+    mlps: Tensor
+    embeddings: Tensor
+    constants: Tensor
+    def __init__(self, positions: _Optional[_Iterable[int]] = ..., target_ids: _Optional[_Iterable[int]] = ..., contrast_ids: _Optional[_Iterable[int]] = ..., heads: _Optional[_Union[Tensor, _Mapping]] = ..., attention_biases: _Optional[_Union[Tensor, _Mapping]] = ..., mlps: _Optional[_Union[Tensor, _Mapping]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., constants: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class TokenPredictions(_message.Message):
     __slots__ = ("layers", "positions", "top_ids", "top_probabilities", "top_tokens", "target_probabilities", "logits")

@@ -1,5 +1,6 @@
-"""The readouts in ONNX Runtime (residual stream under a head mask, the logit lens) against
-the PyTorch model they were exported from, and what a directory without them says."""
+"""The readouts in ONNX Runtime (residual stream and its parts under a head mask, the logit
+lens, direct logit attribution) against the PyTorch model they were exported from, and what
+a directory without them says."""
 
 import shutil
 
@@ -7,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.model.artifacts import LENS_ONNX_FILENAME, ONNX_FILENAME, READOUTS_ONNX_FILENAME
+from attnserve.model.artifacts import (
+    ATTRIBUTION_ONNX_FILENAME,
+    LENS_ONNX_FILENAME,
+    ONNX_FILENAME,
+    READOUTS_ONNX_FILENAME,
+)
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
@@ -24,16 +30,22 @@ def masks(batch: int) -> np.ndarray:
 def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_model):
     ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
     mask = masks(3)
-    embeddings, attentions, stream = small_runtime.readout_graphs.stream(ids, mask)
+    run = small_runtime.readout_graphs.stream(ids, mask, parts=True)
+    embeddings, stream = run.embeddings, run.residual
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
+    taps: list[torch.Tensor] = []
     with torch.inference_mode():
         want_stream, want_attentions = small_model.residual_stream(
-            torch.from_numpy(ids), head_mask=torch.from_numpy(mask)
+            torch.from_numpy(ids), head_mask=torch.from_numpy(mask), taps=taps
         )
         want_embeddings = small_model.finish(want_stream[-1])
     np.testing.assert_allclose(stream, torch.stack(want_stream, 1).numpy(), rtol=0, atol=1e-4)
-    np.testing.assert_allclose(attentions, want_attentions.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(run.attentions, want_attentions.numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(embeddings, want_embeddings.numpy(), rtol=0, atol=1e-4)
+    for got, offset in ((run.heads, 0), (run.mlps, 1)):
+        want = torch.stack(taps[offset::2], 1).numpy()  # (B, L, T, .)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    assert np.all(run.heads[1, 0, :, 2 * SMALL_CONFIG.head_dim : 3 * SMALL_CONFIG.head_dim] == 0)
     # each sequence got its own mask: the unmasked one is what the served graphs give
     served, _ = small_runtime.run(ids[:1])
     np.testing.assert_allclose(embeddings[:1], served, rtol=0, atol=1e-5)
@@ -42,7 +54,7 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
 
 def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runtime, small_model):
     ids = np.random.default_rng(1).integers(0, SMALL_CONFIG.vocab_size, size=(1, 12))
-    _, _, stream = small_runtime.readout_graphs.stream(ids, masks(3)[:1])
+    stream = small_runtime.readout_graphs.stream(ids, masks(3)[:1]).residual
     rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
     last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
     logits = small_runtime.readout_graphs.lens(rows, last, logits=True).logits.reshape(
@@ -77,6 +89,25 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
     assert small_runtime.readout_graphs.lens(rows, last).target_probabilities.shape == (6, 0)
 
 
+def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monkeypatch):
+    """Every position of a sequence, three at a time: the chunks join in order."""
+    import attnserve.service.ort.readouts as readouts
+
+    monkeypatch.setattr(readouts, "attribution_chunk_rows", lambda config, ids: 3)
+    ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(1, 10))
+    run = small_runtime.readout_graphs.stream(ids, masks(3)[:1], attentions=False, parts=True)
+    assert run.attentions is None
+    inputs = [np.ascontiguousarray(run.heads[0].swapaxes(0, 1))]
+    inputs += [np.ascontiguousarray(run.mlps[0].swapaxes(0, 1))]
+    inputs += [run.residual[0, 0], run.residual[0, -1]]
+    targets = np.random.default_rng(4).integers(0, SMALL_CONFIG.vocab_size, size=(10, 2))
+    got = small_runtime.readout_graphs.attribution(*inputs, targets)
+    with torch.inference_mode():
+        want = small_model.attribution(*(torch.from_numpy(x) for x in (*inputs, targets)))
+    for part, wanted in zip(got, want, strict=True):
+        np.testing.assert_allclose(part, wanted.numpy(), rtol=0, atol=1e-5)
+
+
 def prepacking(runtime: OrtRuntime) -> list[bool]:
     """Whether each opened readouts session prepacks (copies) the weights."""
     found = []
@@ -106,7 +137,7 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
-    for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME):
+    for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
         (model_dir / readouts).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
