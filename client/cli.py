@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import ClientOptions, EncoderClient
-from attnserve.client.codec import TokenPredictions
+from attnserve.client.codec import LogitAttribution, TokenPredictions
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
 
 
@@ -72,6 +72,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default=[],
         help="remove a head from everything returned (repeatable)",
     )
+    readouts.add_argument(
+        "--attribute",
+        metavar="ID[:CONTRAST]",
+        type=_target,
+        action="append",
+        default=[],
+        help="split a token's logit (less the contrast's) into each head's, MLP's and "
+        "embedding's part (repeatable: all with contrasts or none)",
+    )
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
@@ -113,6 +122,16 @@ def _head(value: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not LAYER:HEAD") from None
     return layer, head
+
+
+def _target(value: str) -> tuple[int, int | None]:
+    try:
+        ids = [int(part) for part in value.split(":")]
+    except ValueError:
+        ids = []
+    if len(ids) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{value!r} is not ID or ID:CONTRAST")
+    return ids[0], ids[1] if len(ids) == 2 else None
 
 
 def _with_client(args: argparse.Namespace, run) -> int:
@@ -165,6 +184,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         hidden_states=args.hidden_norms
         and {"positions": args.positions, "norms": True, "omit_states": True},
         head_mask={head: 0.0 for head in args.ablate} or None,
+        attribution=_attribution_request(args.attribute, args.positions),
         model=args.model,
     )
     if args.json:
@@ -193,6 +213,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
                             "hidden_state_norms": _list(e.hidden_state_norms),
                             "predictions": _predictions_json(e.predictions),
                             "logit_lens": _predictions_json(e.logit_lens),
+                            "attribution": _attribution_json(e.attribution),
                         }
                         for e in out
                     ],
@@ -234,7 +255,61 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
             _print_predictions("next token", e.predictions)
         if e.logit_lens is not None:
             _print_predictions("logit lens", e.logit_lens)
+        if e.attribution is not None:
+            _print_attribution(e.attribution)
     return 0
+
+
+def _attribution_request(
+    targets: list[tuple[int, int | None]], positions: list[int]
+) -> dict | None:
+    if not targets:
+        return None
+    contrasts = [c for _, c in targets if c is not None]
+    return {
+        "target_ids": [t for t, _ in targets],
+        "contrast_ids": contrasts,
+        "positions": positions,
+    }
+
+
+def _attribution_parts(a: LogitAttribution, i: int, j: int) -> dict[str, float]:
+    """Every part of one position's (i) and target's (j) logit, by name."""
+    parts = {"embeddings": float(a.embeddings[i, j]), "constant": float(a.constants[i, j])}
+    for layer, heads in enumerate(a.heads[i, j]):
+        parts |= {f"L{layer}H{head}": float(v) for head, v in enumerate(heads)}
+        parts[f"L{layer} bias"] = float(a.attention_biases[i, j, layer])
+        parts[f"L{layer} MLP"] = float(a.mlps[i, j, layer])
+    return parts
+
+
+def _print_attribution(a: LogitAttribution, shown: int = 6) -> None:
+    for i, position in enumerate(a.positions):
+        for j, target in enumerate(a.target_ids):
+            versus = f" - logit {a.contrast_ids[j]}" if a.contrast_ids else ""
+            parts = _attribution_parts(a, i, j)
+            largest = sorted(parts.items(), key=lambda item: -abs(item[1]))[:shown]
+            print(
+                f"    logit {target}{versus} after position {position}: "
+                f"{a.total[i, j]:.4f} = "
+                + ", ".join(f"{name} {value:+.3f}" for name, value in largest)
+                + (" + ..." if len(parts) > shown else "")
+            )
+
+
+def _attribution_json(a: LogitAttribution | None) -> dict | None:
+    if a is None:
+        return None
+    return {
+        "positions": a.positions,
+        "target_ids": a.target_ids,
+        "contrast_ids": a.contrast_ids,
+        "total": a.total.tolist(),
+        **{
+            name: getattr(a, name).tolist()
+            for name in ("heads", "attention_biases", "mlps", "embeddings", "constants")
+        },
+    }
 
 
 def _print_predictions(title: str, p: TokenPredictions) -> None:

@@ -29,9 +29,16 @@ with top_k; the readouts, from hidden_states on, only when named):
   lens_token_ids            INT32 [batch, states, positions, k]
   lens_probabilities        FP32 [batch, states, positions, k]
   lens_target_probabilities FP32 [batch, states, positions, targets]
+  attribution_heads             FP32 [batch, positions, targets, layers, heads]
+  attribution_attention_biases  FP32 [batch, positions, targets, layers]
+  attribution_mlps              FP32 [batch, positions, targets, layers]
+  attribution_embeddings        FP32 [batch, positions, targets]
+  attribution_constants         FP32 [batch, positions, targets]
+                                (parameter attribution_target_ids)
 Options are request parameters named as in attnserve.v1's AttentionRequest,
-HiddenStatesRequest and TokenPredictionsRequest (PARAMETERS). Ragged results are
-zero-padded to the longest row (-1 for token ids predicted and attention_indices).
+HiddenStatesRequest, TokenPredictionsRequest and LogitAttributionRequest (PARAMETERS).
+Ragged results are zero-padded to the longest row (-1 for token ids predicted and
+attention_indices).
 """
 
 from __future__ import annotations
@@ -77,6 +84,11 @@ OUTPUT_DATATYPES = {
     "lens_token_ids": "INT32",
     "lens_probabilities": "FP32",
     "lens_target_probabilities": "FP32",
+    "attribution_heads": "FP32",
+    "attribution_attention_biases": "FP32",
+    "attribution_mlps": "FP32",
+    "attribution_embeddings": "FP32",
+    "attribution_constants": "FP32",
 }
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
 HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
@@ -87,7 +99,12 @@ PREDICTION_OUTPUTS = (
     "target_probabilities",
 )
 LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
-READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS
+# attribution_<field> is the field of the data plane's Attribution
+ATTRIBUTION_OUTPUTS = tuple(
+    f"attribution_{part}"
+    for part in ("heads", "attention_biases", "mlps", "embeddings", "constants")
+)
+READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_OUTPUTS
 _INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids")  # padded with -1
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").
 _PREDICTION_FIELDS = {
@@ -130,6 +147,9 @@ PARAMETERS = {
     "lens_positions": ParameterSpec(list, "logit-lens positions; -1 is the last (default all)"),
     "top_tokens": ParameterSpec(int, "how many most probable tokens (default 5)"),
     "target_ids": ParameterSpec(list, "token ids whose probabilities to return"),
+    "attribution_positions": ParameterSpec(list, "positions attributed; -1 is the last (all)"),
+    "attribution_target_ids": ParameterSpec(list, "token ids whose logits to attribute"),
+    "attribution_contrast_ids": ParameterSpec(list, "one per target: attribute the difference"),
 }
 _DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
 
@@ -228,6 +248,7 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         (HIDDEN_OUTPUTS, ("hidden_layers", "hidden_positions")),
         (PREDICTION_OUTPUTS, ("prediction_positions",)),
         (LENS_OUTPUTS, ("lens_layers", "lens_positions")),
+        (ATTRIBUTION_OUTPUTS, tuple(p for p in PARAMETERS if p.startswith("attribution_"))),
     )
     for names, parameters in groups:
         for parameter in parameters:
@@ -256,6 +277,15 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         lens.layers[:] = params.get("lens_layers", [])
         lens.positions[:] = params.get("lens_positions", [])
         lens.top_k, lens.target_ids[:] = top_k, targets
+    if asked & set(ATTRIBUTION_OUTPUTS):
+        if "attribution_target_ids" not in params:
+            raise InvalidInputError(
+                "outputs: the attribution outputs need the attribution_target_ids parameter"
+            )
+        attribution = options.attribution
+        attribution.positions[:] = params.get("attribution_positions", [])
+        attribution.target_ids[:] = params["attribution_target_ids"]
+        attribution.contrast_ids[:] = params.get("attribution_contrast_ids", [])
     if ("top_tokens" in params or targets) and not asked & set(PREDICTION_OUTPUTS + LENS_OUTPUTS):
         raise InvalidInputError(
             "parameters: top_tokens and target_ids need a prediction or lens output"
@@ -402,6 +432,9 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         kind, field = _PREDICTION_FIELDS[name]
         values = [getattr(getattr(r.readouts, kind), field) for r in results]
         return [v[0] for v in values] if kind == "predictions" else values  # one layer: L
+    if name in ATTRIBUTION_OUTPUTS:
+        part = name.removeprefix("attribution_")
+        return [getattr(r.readouts.attribution, part) for r in results]
     fields = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
     return [getattr(r.attention, fields[name]) for r in results]
 

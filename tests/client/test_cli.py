@@ -181,3 +181,26 @@ def test_encode_predictions_lens_and_ablation(cli_server):
     )
     bad = run_cli(*args, "--ablate", "0-1")
     assert bad.returncode == 2 and "'0-1' is not LAYER:HEAD" in bad.stderr
+
+
+def test_encode_attribution(cli_server):
+    args = ("encode", "--target", cli_server.address, "--text", "hi there")
+    summary = run_cli(*args, "--attribute", "104:105", "--ablate", "0:1")
+    assert summary.returncode == 0, summary.stderr
+    line = next(s for s in summary.stdout.splitlines() if "logit 104 - logit 105" in s)
+    assert "after position 8:" in line and "+ ..." in line  # the six largest of 2 x 6 + 2
+    result = json.loads(run_cli(*args, "--attribute", "104", "--attribute", "7", "--json").stdout)
+    attribution = result["results"][0]["attribution"]
+    with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
+        want = c.encode(
+            "hi there",
+            attribution={"target_ids": [104, 7], "positions": [-1]},
+            predictions={"positions": [-1], "logits": True},
+        )[0]
+    assert attribution["target_ids"] == [104, 7] and attribution["positions"] == [8]
+    np.testing.assert_allclose(attribution["heads"], want.attribution.heads, atol=1e-6)
+    np.testing.assert_allclose(
+        attribution["total"], want.predictions.logits[0][:, [104, 7]], atol=1e-4
+    )
+    bad = run_cli(*args, "--attribute", "1:2:3")
+    assert bad.returncode == 2 and "'1:2:3' is not ID or ID:CONTRAST" in bad.stderr

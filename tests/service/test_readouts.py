@@ -201,6 +201,7 @@ def test_readouts_in_json_as_lists(server, client):
             "logitLens": {"positions": [-1], "topK": 2},
             "hiddenStates": {"layers": [0], "positions": [0]},
             "headMask": [{"layer": 1, "head": 0}],
+            "attribution": {"targetIds": [5], "positions": [-1]},
         },
         "tensor_format": "list",
     }
@@ -210,6 +211,7 @@ def test_readouts_in_json_as_lists(server, client):
         logit_lens={"positions": [-1], "top_k": 2},
         hidden_states={"layers": [0], "positions": [0]},
         head_mask={(1, 0): 0.0},
+        attribution={"target_ids": [5], "positions": [-1]},
     )[0]
     lens = got["logitLens"]
     assert lens["topIds"]["shape"] == [L + 1, 1, 2] and lens["topIds"]["dtype"] == "int32"
@@ -219,6 +221,9 @@ def test_readouts_in_json_as_lists(server, client):
         lens["topProbabilities"]["values"], want.logit_lens.top_probabilities, atol=1e-7
     )
     np.testing.assert_allclose(got["hiddenStates"]["values"], want.hidden_states, atol=1e-7)
+    heads = got["attribution"]["heads"]
+    assert heads["shape"] == [1, 1, L, H] and got["attribution"]["targetIds"] == ["5"]
+    np.testing.assert_allclose(heads["values"], want.attribution.heads, atol=1e-7)
 
 
 def test_an_answer_too_large_for_a_message_names_the_readouts(small_model_dir, small_runtime):

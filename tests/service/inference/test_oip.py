@@ -220,6 +220,37 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
     assert np.abs(plain[0].predictions.logits[0] - logits[0]).max() > 1e-4
 
 
+def test_attribution_through_tritonclient(triton, v2_server):
+    """Direct logit attribution as V2 tensors equals Encode's, rows zero-padded."""
+    rows = [[5, 6, 7, 8, 9], [11, 12, 256, 256, 256]]
+    lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [5, 2]}
+    names = [
+        "attribution_heads",
+        "attribution_attention_biases",
+        "attribution_mlps",
+        "attribution_embeddings",
+        "attribution_constants",
+    ]
+    answer = triton.infer(
+        [ids_input(rows), lengths],
+        outputs=names,
+        parameters={"attribution_target_ids": "5,9", "attribution_contrast_ids": "7,7"},
+    )
+    outputs = answer["outputs"]
+    with EncoderClient(v2_server.address) as client:
+        expected = client.encode(
+            [rows[0], rows[1][:2]], attribution={"target_ids": [5, 9], "contrast_ids": [7, 7]}
+        )
+    heads = array(outputs["attribution_heads"])
+    assert heads.shape == (2, 5, 2, SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads)
+    for name in names:
+        got = array(outputs[name])
+        for row, encoding in enumerate(expected):
+            want = getattr(encoding.attribution, name.removeprefix("attribution_"))
+            np.testing.assert_allclose(got[row, : len(want)], want, atol=1e-6)
+        assert not got[1, 2:].any()  # past the second row's length: zeros
+
+
 @pytest.mark.parametrize(
     ("inputs", "outputs", "parameters", "field"),
     [
@@ -254,6 +285,13 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
         ([ids_input([[1, 2]])], ["target_probabilities"], None, "needs the target_ids"),
         ([ids_input([[1, 2]])], ["logits"], {"lens_layers": "0"}, "lens_layers needs one of"),
         ([ids_input([[1, 2]])], ["lens_token_ids"], {"lens_layers": "3"}, "lens.layers: 3"),
+        ([ids_input([[1, 2]])], ["attribution_mlps"], None, "need the attribution_target_ids"),
+        (
+            [ids_input([[1, 2]])],
+            ["logits"],
+            {"attribution_target_ids": "1"},
+            "attribution_target_ids needs one of",
+        ),
         ([ids_input([[1, 2]])], [], {"temperature": 0.5}, "parameters"),
         ([ids_input([[1, 9999]])], [], None, "vocab"),
         (
