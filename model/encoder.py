@@ -172,10 +172,12 @@ class Encoder(nn.Module):
             raise ValueError(f"{config.name} has no direct logit attribution: {refusal}")
         H, d_k = config.n_heads, config.head_dim
         unembedding = self.tok_emb if config.unembedding == "tied" else self.lm_head
-        u = unembedding.weight[targets]  # (N, n, D): each target's direction
+        # a lookup, as the token embeddings are: the graph reads the stored table itself
+        u = F.embedding(targets, unembedding.weight)  # (N, n, D): each target's direction
         constant = u.new_zeros(targets.shape)  # (N, n)
         if config.unembedding_bias:
-            constant = constant + self.lm_head.bias[targets]
+            ids = targets.flatten()  # a 1-D lookup: the graph gathers from the stored bias
+            constant = constant + self.lm_head.bias.index_select(0, ids).view_as(constant)
         # The frozen final norm is linear: u . norm(x) = w . x + u . bias, for w the
         # direction times the norm's weight over the scale (centred for LayerNorm, where
         # (x - mean x) . w = x . (w - mean w)).

@@ -6,7 +6,9 @@ import numpy as np
 import onnx
 import torch
 
+from attnserve.export.weights import INLINE_BYTES
 from attnserve.model.artifacts import (
+    ATTRIBUTION_ONNX_FILENAME,
     CONFIG_METADATA_KEY,
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
@@ -44,9 +46,16 @@ def test_default_export_writes_a_checked_model_directory(default_export):
             (mask,) = head_mask
             dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
             assert (mask.name, dims) == ("head_mask", ["batch", config.n_layers, config.n_heads])
-            assert outputs == ["embeddings", "attentions", "residual_stream"]
+            assert outputs == [
+                "embeddings",
+                "attentions",
+                "residual_stream",
+                "head_outputs",
+                "mlp_outputs",
+            ]
         else:  # the served graphs: nothing computed that a plain request does not read
-            assert head_mask == [] and "residual_stream" not in outputs
+            assert head_mask == [] and outputs[0] == "embeddings"
+            assert set(outputs) <= {"embeddings", "attentions"}
     assert f"seq_len={ModelConfig().max_seq_len}" in result.stdout  # parity reached max length
 
     fused = onnx.load(str(out / EMBEDDINGS_ONNX_FILENAME))
@@ -69,19 +78,35 @@ def test_default_export_writes_a_checked_model_directory(default_export):
 
     report = json.loads((out / REPORT_FILENAME).read_text())
     fp32_graphs = {ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME}
-    # the readouts, and the lens: the default model's unembedding is its token table
-    fp32_graphs |= {READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME}
+    # the readouts, the lens and attribution: the default model's unembedding is its token
+    # table, and its norms come before its sublayers
+    fp32_graphs |= {READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME}
     # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
     assert report["precisions"] == ["fp32"]
     assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}
     assert {case["graph"] for case in report["parity"]} == fp32_graphs
     for case in report["parity"]:
-        limit = 1e-3 if case["graph"] == LENS_ONNX_FILENAME else 1e-4  # logits: 1e-3
+        logits = case["graph"] in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME)
+        limit = 1e-3 if logits else 1e-4
         assert all(d <= limit for d in case["max_abs_diff"].values())
     # the lens' Gemm reads the token table as stored: no transposed copy beside it
     lens = onnx.load(str(out / LENS_ONNX_FILENAME), load_external_data=False)
     assert {i.name for i in lens.graph.initializer} >= {"tok_emb.weight"}
     assert not any(i.name.startswith("tok_emb.weight.") for i in lens.graph.initializer)
+    # ... and so does attribution, with the output projections as the full graph stores
+    # them: every weight it reads is one the served graph holds, nothing folded inline
+    attribution = onnx.load(str(out / ATTRIBUTION_ONNX_FILENAME), load_external_data=False)
+    served = onnx.load(str(out / ONNX_FILENAME), load_external_data=False).graph.initializer
+    external = {
+        i.name
+        for i in attribution.graph.initializer
+        if i.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert "tok_emb.weight" in external and external <= {i.name for i in served}
+    inline = [
+        i for i in attribution.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL
+    ]
+    assert all(np.prod(i.dims) * 4 <= INLINE_BYTES for i in inline)
 
 
 def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:
