@@ -5,7 +5,8 @@ Random weights in SmolLM2-135M's shape (Llama: 30 layers, d 576, 9 query / 3 KV 
 serve`. Encode at T = 8 and 128, in alternating blocks: the embeddings alone (a plain
 request); the logit lens of the last position over every state (31 rows, top 5); the
 next-token predictions there; every state's hidden state there; the embeddings with one
-head removed; every attention weight (for scale). Issue 52's target: the lens at T = 128
+head removed; direct logit attribution of one token there; every attention weight (for
+scale). Issue 52's target: the lens at T = 128
 within 1.2x the embeddings alone.
 
 Then a plain request before and after: the same model directory served by `--ref`'s code
@@ -51,6 +52,7 @@ def requests(n_layers: int) -> dict[str, dict]:
         "predictions, last position": {"predictions": last},
         "hidden states, last position": {"hidden_states": last},
         "one head removed": {"head_mask": {(n_layers // 2, 0): 0.0}},
+        "attribution, last position, one target": {"attribution": {**last, "target_ids": [42]}},
         "every attention weight": {"attention": True},
     }
 

@@ -434,7 +434,8 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         return [v[0] for v in values] if kind == "predictions" else values  # one layer: L
     if name in ATTRIBUTION_OUTPUTS:
         part = name.removeprefix("attribution_")
-        return [getattr(r.readouts.attribution, part) for r in results]
+        attributions = [r.readouts.attribution if r.readouts else None for r in results]
+        return [getattr(a, part) for a in attributions]
     fields = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
     return [getattr(r.attention, fields[name]) for r in results]
 
