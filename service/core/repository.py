@@ -6,8 +6,9 @@ Loading runs beside serving. A reload builds and warms the new version beside th
 then switches in one step; a request is looked up and admitted without an await between the
 two, so each request is admitted by exactly one version, and the old version's admitted
 requests finish on it before it is freed. A failed load leaves what was serving serving,
-and says why. Every transport finds its model inside `observed`, which also counts and
-times the request by model and version, whatever the transport.
+and says why. Every call that names a model, on any transport, finds it inside `observed`,
+which also counts and times the call by model and version; calls about the server alone
+(liveness, readiness, its metadata, the index, loads, shared memory) are not counted.
 """
 
 from __future__ import annotations
@@ -113,11 +114,11 @@ class ModelRepository:
 
     @contextlib.contextmanager
     def observed(self, method: str) -> Iterator[Callable[..., DataPlane]]:
-        """Count and time one request of `method` by its outcome; yields `find(name="",
-        version="")`, `get` that also labels the request with the model it found (model ""
+        """Count and time one call of `method` by its outcome; yields `find(name="",
+        version="")`, `get` that also labels the call with the model it found (model ""
         where none was: names from clients never become labels). Find the model right before
-        awaiting its data plane, so that no reload slips in between. Anything unexpected is
-        logged with its traceback; what was raised goes on to the transport, which maps it."""
+        awaiting its data plane, so that no reload slips in between. What was raised goes on
+        to the transport's error wrapper, which logs it if unexpected and maps it."""
         start = time.perf_counter()
         labels = ["", ""]
         error: BaseException | None = None
@@ -131,8 +132,6 @@ class ModelRepository:
             yield find
         except Exception as exc:
             error = exc
-            if not isinstance(exc, AttnserveError):
-                log.exception("%s failed unexpectedly", method)
             raise
         finally:
             self.metrics.requests.labels(method, code_name(error), *labels).inc()

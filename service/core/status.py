@@ -1,7 +1,9 @@
-"""The one place where the service's errors become gRPC status codes and HTTP statuses."""
+"""The one place where the service's errors become gRPC status codes and HTTP statuses, and
+where an unexpected one is logged (by the transports' error wrappers, whatever the call)."""
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 
 import grpc
@@ -33,6 +35,7 @@ STATUS_CODES: dict[type[errors.AttnserveError], tuple[grpc.StatusCode, HTTPStatu
     errors.ModelLoadError: (grpc.StatusCode.FAILED_PRECONDITION, HTTPStatus.BAD_REQUEST),
 }
 _UNEXPECTED = (grpc.StatusCode.INTERNAL, HTTPStatus.INTERNAL_SERVER_ERROR)
+log = logging.getLogger(__name__)
 
 
 def _codes(exc: BaseException) -> tuple[grpc.StatusCode, HTTPStatus]:
@@ -50,6 +53,13 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 def http_status_for(exc: BaseException) -> HTTPStatus:
     """The HTTP status of an error; anything unexpected is 500."""
     return _codes(exc)[1]
+
+
+def log_unexpected(call: str, exc: BaseException) -> None:
+    """Log `exc` with its traceback unless the service raised it on purpose: what each
+    transport's error wrapper does with every error it answers."""
+    if not isinstance(exc, errors.AttnserveError):
+        log.error("%s failed unexpectedly", call, exc_info=exc)
 
 
 def code_name(exc: BaseException | None) -> str:

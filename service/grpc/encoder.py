@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.core.status import status_for
+from attnserve.service.core.status import log_unexpected, status_for
 from attnserve.service.grpc.utils import handle_errors
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -64,11 +64,12 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeStreamResponse:
         """The answer to one request of a stream, or the EncodeError that says why not
-        (anything unexpected is INTERNAL; the data plane has logged it)."""
+        (anything unexpected is INTERNAL, and logged: this is the stream's error wrapper)."""
         try:
             with self.repository.observed("EncodeStream") as find:
                 response = await find(request.model).encode(request, context.time_remaining())
         except Exception as exc:
+            log_unexpected("EncodeStream", exc)
             message = str(exc) or type(exc).__name__
             error = pb.EncodeError(code=status_for(exc).value[0], message=message)
             return pb.EncodeStreamResponse(request_id=request.request_id, error=error)

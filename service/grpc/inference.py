@@ -53,11 +53,12 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelReady(self, request, context) -> oip.ModelReadyResponse:
-        try:
-            model = self.v2.model(request.name, request.version)
-        except ModelNotFoundError:
-            return oip.ModelReadyResponse(ready=False)
-        return oip.ModelReadyResponse(ready=model.ready)
+        with self.v2.observed("ModelReady") as find:
+            try:
+                model = find(request.name, request.version)
+            except ModelNotFoundError:
+                return oip.ModelReadyResponse(ready=False)
+            return oip.ModelReadyResponse(ready=model.ready)
 
     @handle_errors
     async def ServerMetadata(self, request, context) -> oip.ServerMetadataResponse:
@@ -65,18 +66,22 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ModelMetadata(self, request, context) -> oip.ModelMetadataResponse:
-        document = self.v2.model(request.name, request.version).metadata()
-        return json_format.ParseDict(document, oip.ModelMetadataResponse())
+        with self.v2.observed("ModelMetadata") as find:
+            document = find(request.name, request.version).metadata()
+            return json_format.ParseDict(document, oip.ModelMetadataResponse())
 
     @handle_errors
     async def ModelConfig(self, request, context) -> oip.ModelConfigResponse:
-        document = self.v2.model(request.name, request.version).config()
-        return json_format.ParseDict(document, oip.ModelConfigResponse())
+        with self.v2.observed("ModelConfig") as find:
+            document = find(request.name, request.version).config()
+            return json_format.ParseDict(document, oip.ModelConfigResponse())
 
     @handle_errors
     async def ModelStatistics(self, request, context) -> oip.ModelStatisticsResponse:
-        document = self.v2.statistics(request.name, request.version)
-        return json_format.ParseDict(document, oip.ModelStatisticsResponse())
+        with self.v2.observed("ModelStatistics") as find:
+            model = find(request.name, request.version) if request.name else None
+            document = self.v2.statistics(model)
+            return json_format.ParseDict(document, oip.ModelStatisticsResponse())
 
     @handle_errors
     async def RepositoryIndex(self, request, context) -> oip.RepositoryIndexResponse:
@@ -119,9 +124,10 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        with self.v2.observed("ModelInfer") as infer:
-            answer = await infer(infer_request(request), context.time_remaining())
-            return infer_response(answer)
+        with self.v2.observed("ModelInfer") as find:
+            translated = infer_request(request)
+            model = find(translated.model_name, translated.model_version)
+            return infer_response(await model.infer(translated, context.time_remaining()))
 
 
 def infer_request(message: oip.ModelInferRequest) -> InferRequest:

@@ -1,8 +1,8 @@
 """The gRPC transport's one error wrapper: a servicer method's error becomes its status code.
 
 The code comes from the one table (service/core/status.py); the message is the error's own,
-which names the field and the limit. Anything unexpected is INTERNAL (the repository's
-`observed`, around every counted call, has logged it with its traceback).
+which names the field and the limit. Anything unexpected is INTERNAL, logged here with its
+traceback whatever the call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from attnserve.service.core.status import status_for
+from attnserve.service.core.status import log_unexpected, status_for
 
 Response = TypeVar("Response")
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Response]]
@@ -29,6 +29,7 @@ def handle_errors(method: Method[Response]) -> Method[Response]:
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
+            log_unexpected(method.__name__, exc)
             await context.abort(status_for(exc), str(exc) or type(exc).__name__)
             raise  # abort raises; this line is for the type checker
 

@@ -3,7 +3,8 @@ to, with the status of service/core/status.py's one table; and the request-size 
 
 The shape comes from the path: OpenAI's `{"error": {"message", "type", "param", "code"}}`
 (its SDK reads that) everywhere but the Open Inference Protocol's `/v2`, which answers
-`{"error": "..."}`. Routes raise the service's typed errors; `ErrorRoute` answers them, and
+`{"error": "..."}`. Routes raise the service's typed errors; `ErrorRoute` answers them (and
+logs anything unexpected with its traceback), and
 the app's handlers (`add_error_handlers`) answer the framework's own refusals alike.
 """
 
@@ -25,7 +26,7 @@ from attnserve.service.core.errors import (
     ModelNotFoundError,
     RequestTooLargeError,
 )
-from attnserve.service.core.status import http_status_for
+from attnserve.service.core.status import http_status_for, log_unexpected
 
 # OpenAI's error "type" for each HTTP status the API answers with.
 ERROR_TYPES = {
@@ -83,6 +84,7 @@ class ErrorRoute(APIRoute):
             except (RequestValidationError, HTTPException):
                 raise
             except Exception as exc:
+                log_unexpected(f"{request.method} {request.url.path}", exc)
                 return error_response(request.url.path, exc)
 
         return answer

@@ -118,28 +118,33 @@ for _base in ("/models/{name}", "/models/{name}/versions/{version}"):
 
     @router.get(_base, dependencies=protected)
     async def model_metadata(request: Request, name: str, version: str = "") -> dict:
-        return _v2(request).model(name, version).metadata()
+        with _v2(request).observed("GET /v2/metadata") as find:
+            return find(name, version).metadata()
 
     @router.get(_base + "/ready", dependencies=protected)
     async def model_ready(request: Request, name: str, version: str = "") -> JSONResponse:
-        model = _v2(request).model(name, version)
-        if not model.ready:
-            return JSONResponse({"error": model.dataplane.refusal}, 503)
-        return JSONResponse({"name": name, "ready": True})
+        with _v2(request).observed("GET /v2/ready") as find:
+            model = find(name, version)
+            if not model.ready:
+                return JSONResponse({"error": model.dataplane.refusal}, 503)
+            return JSONResponse({"name": name, "ready": True})
 
     @router.get(_base + "/config", dependencies=protected)
     async def model_config(request: Request, name: str, version: str = "") -> dict:
-        return _v2(request).model(name, version).config()["config"]
+        with _v2(request).observed("GET /v2/config") as find:
+            return find(name, version).config()["config"]
 
     @router.get(_base + "/stats", dependencies=protected)
     async def model_stats(request: Request, name: str, version: str = "") -> dict:
-        return _v2(request).statistics(name, version)
+        v2 = _v2(request)
+        with v2.observed("GET /v2/stats") as find:
+            return v2.statistics(find(name, version))
 
     @router.post(_base + "/infer", dependencies=protected)
     async def infer(request: Request, name: str, version: str = "") -> Response:
-        v2 = _v2(request)
-        with v2.observed("POST /v2/infer") as infer:
+        with _v2(request).observed("POST /v2/infer") as find:
             body, binary = split_body(await request.body(), request.headers)
             translated, binary_outputs = infer_request(body, binary, name, version)
-            answer = await infer(translated, deadline(request))
+            model = find(translated.model_name, translated.model_version)
+            answer = await model.infer(translated, deadline(request))
             return infer_response(answer, binary_outputs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -106,35 +106,23 @@ class V2Server:
         version = metadata.version("attnserve")
         return {"name": "attnserve", "version": version, "extensions": self.extensions}
 
-    def model(self, name: str, version: str = "") -> V2Model:
-        """The served model `name` at `version` ("": the one served); ModelNotFoundError."""
-        return self._model(self.repository.get(name, version))
-
     def _model(self, dataplane: DataPlane) -> V2Model:
         stats = self._stats.setdefault((dataplane.name, dataplane.version), _Statistics())
         return V2Model(dataplane, self.shared_memory, stats)
 
-    def statistics(self, name: str = "", version: str = "") -> dict:
-        """Every served model's statistics, or one model's."""
-        served = (
-            [self.model(name, version)]
-            if name
-            else [self._model(d) for d in self.repository.served.values()]
-        )
-        return {"model_stats": [model.statistics() for model in served]}
+    def statistics(self, model: V2Model | None = None) -> dict:
+        """One model's statistics, or (None) every served model's."""
+        served = [model] if model else [self._model(d) for d in self.repository.served.values()]
+        return {"model_stats": [m.statistics() for m in served]}
 
     @contextlib.contextmanager
-    def observed(self, method: str) -> Iterator[Callable[..., Awaitable[InferResponse]]]:
-        """Count and time one ModelInfer of `method` (the repository's `observed`, as every
-        transport's calls are), translation errors included; yields `infer(request,
-        timeout)`, which runs the request on the model it names."""
+    def observed(self, method: str) -> Iterator[Callable[[str, str], V2Model]]:
+        """Count and time one call of `method` that names a model (the repository's
+        `observed`, as every transport's model calls are), translation errors included;
+        yields `find(name, version)`: the served model `name` at `version` ("": the one
+        served), or ModelNotFoundError."""
         with self.repository.observed(method) as find:
-
-            async def infer(request: InferRequest, timeout: float | None) -> InferResponse:
-                dataplane = find(request.model_name, request.model_version)
-                return await self._model(dataplane).infer(request, timeout)
-
-            yield infer
+            yield lambda name, version: self._model(find(name, version))
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Triton's repository index: every model, loaded or not."""

@@ -4,6 +4,7 @@ real repository folder, real servers on port 0."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 
@@ -17,6 +18,9 @@ from openai import OpenAI
 from tritonclient.utils import InferenceServerException
 
 from attnserve.client import ClientOptions, EncoderClient
+from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
+from attnserve.service.inference.model import V2Server
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
 
@@ -86,6 +90,61 @@ def test_series_and_statistics_are_per_model_and_version(two_models):
     assert two_models.metric("attnserve_tokens_total", {"model": "b", "version": "1"}) >= len(IDS)
     stats = httpx.get(f"{two_models.http_url}/v2/models/b/stats").json()["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == [("b", "1")]
+
+
+def test_every_call_that_names_a_model_is_counted_by_it(two_models):
+    """One rule on every transport: a call that names a model is counted under its method
+    with the model and version it found (none: model ""); server-wide calls are not."""
+    requests = two_models.running.metrics.requests
+
+    def count(method: str, code: str = "OK", model: str = "b") -> float:
+        labels = {"method": method, "code": code, "model": model}
+        return two_models.metric("attnserve_requests_total", labels)
+
+    calls = {
+        "ModelMetadata": lambda stub: stub.ModelMetadata(oip.ModelMetadataRequest(name="b")),
+        "ModelConfig": lambda stub: stub.ModelConfig(oip.ModelConfigRequest(name="b")),
+        "ModelReady": lambda stub: stub.ModelReady(oip.ModelReadyRequest(name="b")),
+        "ModelStatistics": lambda stub: stub.ModelStatistics(oip.ModelStatisticsRequest(name="b")),
+    }
+    with grpc.insecure_channel(two_models.address) as channel:
+        stub = oip_grpc.GRPCInferenceServiceStub(channel)
+        for method, call in calls.items():
+            before = count(method)
+            call(stub)
+            assert count(method) == before + 1, method
+        before = count("ModelMetadata", "NOT_FOUND", "")
+        with pytest.raises(grpc.RpcError):
+            stub.ModelMetadata(oip.ModelMetadataRequest(name="nope"))
+        assert count("ModelMetadata", "NOT_FOUND", "") == before + 1
+        stub.ServerLive(oip.ServerLiveRequest())
+        stub.ServerMetadata(oip.ServerMetadataRequest())
+    with httpx.Client(base_url=two_models.http_url) as http:
+        for path, method in (("", "metadata"), ("/ready", "ready"), ("/config", "config")):
+            before = count(f"GET /v2/{method}")
+            assert http.get(f"/v2/models/b{path}").status_code == 200
+            assert count(f"GET /v2/{method}") == before + 1
+        http.get("/v2/health/live")
+        http.get("/v2")
+    counted = {sample.labels["method"] for sample in requests.collect()[0].samples}
+    assert not counted & {"ServerLive", "ServerMetadata", "GET /v2", "GET /v2/health/live"}
+
+
+def test_an_unexpected_error_in_any_call_is_logged_and_internal(two_models, caplog, monkeypatch):
+    """Server-wide calls too (they are not counted): the transports' error wrappers log."""
+
+    def broken(self) -> dict:
+        raise RuntimeError("a bug in the metadata")
+
+    monkeypatch.setattr(V2Server, "server_metadata", broken)
+    with caplog.at_level(logging.ERROR), grpc.insecure_channel(two_models.address) as channel:
+        with pytest.raises(grpc.RpcError) as excinfo:
+            oip_grpc.GRPCInferenceServiceStub(channel).ServerMetadata(oip.ServerMetadataRequest())
+        assert excinfo.value.code() == grpc.StatusCode.INTERNAL
+        assert httpx.get(f"{two_models.http_url}/v2").status_code == 500
+    assert "ServerMetadata failed unexpectedly" in caplog.text
+    assert "GET /v2 failed unexpectedly" in caplog.text
+    assert "a bug in the metadata" in caplog.text
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
