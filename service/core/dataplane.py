@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, WeightsInfo
@@ -24,7 +24,13 @@ from attnserve.service.core.batcher import Batcher, SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
 from attnserve.service.core.errors import DeadlineExceededError, NotReadyError
 from attnserve.service.core.metrics import ModelMetrics
-from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
+from attnserve.service.core.plan import (
+    EncodePlan,
+    Input,
+    check_response_size,
+    inputs_of,
+    plan_request,
+)
 from attnserve.service.core.response import build_response
 from attnserve.v1 import encoder_service_pb2 as pb
 
@@ -107,7 +113,7 @@ class DataPlane:
         """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
         caller will still wait (its deadline); queued work past it is dropped unrun."""
         start = time.perf_counter_ns()
-        async with self.results(request, timeout) as (plan, results):
+        async with self.results(inputs_of(request), request.options, timeout) as (plan, results):
             response = build_response(
                 plan, results, self.tokenizer, self.backend.version, request.request_id
             )
@@ -116,18 +122,22 @@ class DataPlane:
 
     @contextlib.asynccontextmanager
     async def results(
-        self, request: pb.EncodeRequest, timeout: float | None = None
+        self,
+        inputs: Sequence[Input],
+        options: pb.EncodeOptions,
+        timeout: float | None = None,
     ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
-        """Refuse or admit, plan and run a request; yields the plan and each sequence's
-        arrays, which stay counted in the memory budget until the caller has built its
-        answer from them (Encode's protobuf, or the V2 protocol's outputs)."""
+        """Refuse or admit, plan and run a request (texts or numpy ids, and its options);
+        yields the plan and each sequence's arrays, which stay counted in the memory budget
+        until the caller has built its answer from them (Encode's protobuf, V2's outputs,
+        OpenAI's vectors)."""
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1
         self._idle.clear()
         try:
             config = self.backend.config
-            plan = plan_request(request, config, self.tokenizer, self.backend.readouts)
+            plan = plan_request(inputs, options, config, self.tokenizer, self.backend.readouts)
             check_response_size(plan, config, self.max_message_bytes)
             reserved = request_bytes(plan, config)
             self._cancel_release()  # not idle after all

@@ -1,12 +1,14 @@
-"""EncodeRequest -> EncodePlan: every input decoded, tokenized and validated, once.
+"""Inputs and EncodeOptions -> EncodePlan: every input tokenized and validated, once.
 
-Every check names the request field and the limit it breaks; nothing here
-touches the transport, the queue or the model. What passes here is what the
-batcher and the backend may trust.
+The inputs are texts or token ids as numpy arrays, whatever the transport (attnserve.v1's
+EncodeRequest through `inputs_of`, V2's tensors and OpenAI's lists directly). Every check
+names the request field and the limit it breaks; nothing here touches the transport, the
+queue or the model. What passes here is what the batcher and the backend may trust.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,6 +26,8 @@ from attnserve.v1.wire import HEAD_REDUCTIONS, packed_length
 # Room for everything in a response besides tensor bytes (ids, shapes, framing).
 _OVERHEAD_BYTES_PER_TOKEN = 16
 _OVERHEAD_BYTES = 4096
+
+Input = str | np.ndarray  # a text, or its token ids (1-D, int64)
 
 
 @dataclass(frozen=True)
@@ -44,33 +48,44 @@ class EncodePlan:
         return self.readouts or self.attention
 
 
+def inputs_of(request: pb.EncodeRequest) -> list[Input]:
+    """attnserve.v1's inputs as the plan takes them: each text, or its ids as int64."""
+    inputs: list[Input] = []
+    for index, item in enumerate(request.inputs):
+        kind = item.WhichOneof("content")
+        if kind == "text":
+            inputs.append(item.text)
+        elif kind == "token_ids":
+            inputs.append(np.array(list(item.token_ids.ids), dtype=np.int64))
+        else:
+            raise InvalidInputError(f"inputs[{index}]: set either text or token_ids")
+    return inputs
+
+
 def plan_request(
-    request: pb.EncodeRequest,
+    inputs: Sequence[Input],
+    options: pb.EncodeOptions,
     config: ModelConfig,
     tokenizer: Tokenizer,
     readable: frozenset[str] = frozenset(),
 ) -> EncodePlan:
     """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
     the readouts the backend computes (Backend.readouts)."""
-    if not request.inputs:
+    if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")
-    options = request.options
     truncation = enum_field(
         "options.truncation", options.truncation, pb.Truncation, default=pb.TRUNCATION_NONE
     )
     pooling = enum_field("options.pooling", options.pooling, pb.Pooling, default=pb.POOLING_NONE)
     sequences, truncated = [], []
-    for index, item in enumerate(request.inputs):
+    for index, item in enumerate(inputs):
         field = f"inputs[{index}]"
-        kind = item.WhichOneof("content")
-        if kind == "text":
-            ids = tokenizer.encode(item.text)
-        elif kind == "token_ids":
-            ids = list(item.token_ids.ids)
-            field += ".token_ids"
+        if isinstance(item, str):
+            ids: list[int] | np.ndarray = tokenizer.encode(item)
         else:
-            raise InvalidInputError(f"{field}: set either text or token_ids")
-        if not ids:
+            ids = item
+            field += ".token_ids"
+        if not len(ids):
             raise InvalidInputError(f"{field}: the sequence is empty")
         cut = len(ids) > config.max_seq_len
         if cut and truncation != pb.TRUNCATION_RIGHT:

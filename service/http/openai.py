@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 from typing import Literal, cast
 
+import numpy as np
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import INT64
+from attnserve.service.core.plan import Input
 from attnserve.service.core.response import pooled
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
@@ -53,9 +55,12 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
     with s.repository.observed("POST /v1/embeddings") as find:
         dataplane = find(body.model or "")
         config = dataplane.backend.config
-        encode = _encode_request(body, config.embedding_dim, s.settings.embeddings_pooling)
+        inputs = _inputs(body, config.embedding_dim)
+        options = pb.EncodeOptions(
+            pooling=POOLINGS[s.settings.embeddings_pooling], skip_token_embeddings=True
+        )
         data = []
-        async with dataplane.results(encode, deadline(request)) as (plan, results):
+        async with dataplane.results(inputs, options, deadline(request)) as (plan, results):
             for index, result in enumerate(results):
                 vector = pooled(result.embeddings, plan.pooling)
                 embedding = (
@@ -69,7 +74,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
         return {"object": "list", "data": data, "model": dataplane.name, "usage": usage}
 
 
-def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.EncodeRequest:
+def _inputs(body: EmbeddingsRequest, d_model: int) -> list[Input]:
     if body.dimensions is not None and body.dimensions != d_model:
         raise InvalidInputError(
             f"dimensions: this model's embeddings have {d_model} dimensions, "
@@ -80,17 +85,15 @@ def _encode_request(body: EmbeddingsRequest, d_model: int, pooling: str) -> pb.E
     items = cast(list[str | list[int]], [given] if single else given)
     if not items:
         raise InvalidInputError("input: at least one input is required")
-    request = pb.EncodeRequest()
+    inputs: list[Input] = []
     for i, item in enumerate(items):
         if isinstance(item, str):
-            request.inputs.add(text=item)
+            inputs.append(item)
             continue
         token = next((t for t in item if t not in INT64), None)
         if token is not None:
             raise InvalidInputError(
                 f"input[{i}]: token id {token} is out of range (token ids are int64)"
             )
-        request.inputs.add(token_ids=pb.TokenIds(ids=item))
-    request.options.pooling = POOLINGS[pooling]
-    request.options.skip_token_embeddings = True
-    return request
+        inputs.append(np.array(item, dtype=np.int64))
+    return inputs

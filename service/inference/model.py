@@ -41,7 +41,7 @@ from attnserve.service.inference.tensors import (
     output_rows,
     stack_into,
     stacked_shape,
-    to_encode_request,
+    translate,
 )
 
 PLATFORM = "onnxruntime_onnx"
@@ -69,7 +69,7 @@ class _Statistics:
     fail: int = 0
     fail_ns: int = 0
     queue_ns: int = 0
-    input_ns: int = 0  # reading the inputs and translating them into an Encode request
+    input_ns: int = 0  # reading the inputs and translating them for the data plane
     infer_ns: int = 0
     output_ns: int = 0  # writing the outputs (into the answer or shared memory)
     sequences: int = 0
@@ -244,9 +244,10 @@ class V2Model:
         try:
             for i, tensor in enumerate(request.inputs):
                 self._read_input(i, tensor)
-            plan = to_encode_request(request, self.dataplane.backend.config)
+            plan = translate(request, self.dataplane.backend.config)
             translated = time.perf_counter_ns()
-            async with self.dataplane.results(plan.encode, timeout) as (encode_plan, results):
+            run = self.dataplane.results(plan.inputs, plan.options, timeout)
+            async with run as (encode_plan, results):
                 answering = time.perf_counter_ns()
                 requested = {o.name: o for o in request.outputs}
                 outputs = [

@@ -1,9 +1,10 @@
 """The encoder as Open Inference Protocol (KServe V2) tensors: ModelInfer <-> Encode.
 
-A ModelInfer request becomes one attnserve.v1 EncodeRequest, so it runs through the
-same data plane, plan, memory budget and batcher as Encode (V2, v1 and HTTP requests
-batch together and get the same numbers); the EncodeResponse becomes named tensors.
-Transport-free: the gRPC servicer (service/inference/model.py) and tests call these functions.
+A ModelInfer request becomes the data plane's inputs (its rows of ids as numpy arrays, or
+its texts) and attnserve.v1's EncodeOptions, so it runs through the same plan, memory
+budget and batcher as Encode (V2, v1 and HTTP requests batch together and get the same
+numbers); the data plane's arrays become named tensors. Transport-free: V2Model
+(service/inference/model.py) and tests call these functions.
 
 Inputs (one of input_ids or text):
   input_ids      INT64 [batch, seq]   right-padded rows; input_lengths gives each row's
@@ -53,7 +54,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.oip.wire import BYTES, Parameter
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.plan import EncodePlan
+from attnserve.service.core.plan import EncodePlan, Input
 from attnserve.service.core.response import pooled
 from attnserve.service.inference.messages import InferRequest, InputTensor
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -156,9 +157,10 @@ _DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
 
 @dataclass(frozen=True)
 class InferPlan:
-    """What a ModelInfer request asks: the Encode request and the outputs, in order."""
+    """What a ModelInfer request asks of the data plane, and the outputs, in order."""
 
-    encode: pb.EncodeRequest
+    inputs: list[Input]  # texts, or rows of ids (int64)
+    options: pb.EncodeOptions
     outputs: list[str]
 
 
@@ -188,35 +190,33 @@ def check_input(index: int, tensor: InputTensor) -> None:
         )
 
 
-def to_encode_request(request: InferRequest, config: ModelConfig) -> InferPlan:
+def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
     """Translate a request whose inputs hold their data (the ids themselves are checked by
     the data plane's plan, as Encode's are); InvalidInputError names the field."""
-    inputs = _read_inputs(request)
-    head_mask = inputs.pop("head_mask", None)
+    values = _read_inputs(request)
+    head_mask = values.pop("head_mask", None)
     params = _read_parameters(request.parameters)
     outputs = _requested_outputs(request, params)
 
-    encode = pb.EncodeRequest(request_id=request.id)
-    if "input_ids" in inputs and not any(inputs.get("text", [b""])):
-        inputs.pop("text", None)  # texts all empty: what perf_analyzer sends for "no text"
-    if "text" in inputs:
-        if "input_ids" in inputs or "input_lengths" in inputs:
+    inputs: list[Input]
+    if "input_ids" in values and not any(values.get("text", [b""])):
+        values.pop("text", None)  # texts all empty: what perf_analyzer sends for "no text"
+    if "text" in values:
+        if "input_ids" in values or "input_lengths" in values:
             raise InvalidInputError("inputs: give either text or input_ids, not both")
-        for value in inputs["text"]:
-            try:
-                encode.inputs.add(text=value.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise InvalidInputError(f"inputs: text is not UTF-8 ({exc.reason})") from None
-    elif "input_ids" in inputs:
-        for row in _rows(inputs["input_ids"], inputs.get("input_lengths")):
-            encode.inputs.add(token_ids=pb.TokenIds(ids=row.tolist()))
+        try:
+            inputs = [value.decode("utf-8") for value in values["text"]]
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(f"inputs: text is not UTF-8 ({exc.reason})") from None
+    elif "input_ids" in values:
+        inputs = _rows(values["input_ids"], values.get("input_lengths"))
     else:
         raise InvalidInputError(
             "inputs: give input_ids (INT64 [batch, seq], with input_lengths INT64 [batch] "
             "for ragged rows) or text (BYTES [batch])"
         )
 
-    options = encode.options
+    options = pb.EncodeOptions()
     options.skip_token_embeddings = "embeddings" not in outputs
     if params.get("truncate"):
         options.truncation = pb.TRUNCATION_RIGHT
@@ -238,7 +238,7 @@ def to_encode_request(request: InferRequest, config: ModelConfig) -> InferPlan:
     _fill_readouts(options, params, outputs)
     if head_mask is not None:
         _fill_head_mask(options, head_mask, config)
-    return InferPlan(encode, outputs)
+    return InferPlan(inputs, options, outputs)
 
 
 def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) -> None:
@@ -313,7 +313,7 @@ def _read_inputs(request: InferRequest) -> dict:
     return values
 
 
-def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[np.ndarray]:
+def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[Input]:
     batch, seq = ids.shape
     if lengths is None:
         return list(ids)

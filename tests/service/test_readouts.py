@@ -10,7 +10,7 @@ from attnserve.client import ClientOptions, EncoderClient, build_request
 from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.errors import UnsupportedError
-from attnserve.service.core.plan import plan_request
+from attnserve.service.core.plan import inputs_of, plan_request
 from tests.conftest import SMALL_CONFIG
 
 L, H = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads
@@ -247,11 +247,21 @@ def test_a_model_without_readout_graphs_refuses_them_by_name():
     request = build_request("abc", logit_lens=True)
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.logit_lens: .*\(re-export it"):
-        plan_request(request, config, ByteTokenizer(config), frozenset({"stream"}))
+        plan_request(
+            inputs_of(request),
+            request.options,
+            config,
+            ByteTokenizer(config),
+            frozenset({"stream"}),
+        )
     request = build_request("abc", head_mask={(0, 0): 0.0})
     with pytest.raises(UnsupportedError, match=r"options.head_mask: "):
-        plan_request(request, config, ByteTokenizer(config), frozenset())
-    assert plan_request(request, config, ByteTokenizer(config), frozenset({"stream"})).readouts
+        plan_request(
+            inputs_of(request), request.options, config, ByteTokenizer(config), frozenset()
+        )
+    assert plan_request(
+        inputs_of(request), request.options, config, ByteTokenizer(config), frozenset({"stream"})
+    ).readouts
 
 
 def test_attribution_is_refused_where_the_parts_would_not_add_up():
@@ -264,8 +274,18 @@ def test_attribution_is_refused_where_the_parts_would_not_add_up():
         with pytest.raises(
             UnsupportedError, match=rf"options.attribution: .*its {placement} norms"
         ):
-            plan_request(request, config, ByteTokenizer(config), readable)
+            plan_request(
+                inputs_of(request), request.options, config, ByteTokenizer(config), readable
+            )
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
-        plan_request(request, config, ByteTokenizer(config), frozenset({"stream", "lens"}))
-    assert plan_request(request, config, ByteTokenizer(config), readable).readouts
+        plan_request(
+            inputs_of(request),
+            request.options,
+            config,
+            ByteTokenizer(config),
+            frozenset({"stream", "lens"}),
+        )
+    assert plan_request(
+        inputs_of(request), request.options, config, ByteTokenizer(config), readable
+    ).readouts

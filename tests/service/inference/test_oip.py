@@ -24,7 +24,7 @@ from attnserve.service.inference.tensors import (
     output_rows,
     stack_into,
     stacked_shape,
-    to_encode_request,
+    translate,
 )
 from attnserve.service.process import spawn_server
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -353,9 +353,9 @@ def test_ragged_rows_become_one_input_each():
     request = _request(
         input_ids=("INT64", [[1, 2, 3], [4, 5, 256]]), input_lengths=("INT64", [3, 2])
     )
-    plan = to_encode_request(infer_request(request), SMALL_CONFIG)
-    assert [list(i.token_ids.ids) for i in plan.encode.inputs] == [[1, 2, 3], [4, 5]]
-    assert plan.encode.request_id == "r1"
+    plan = translate(infer_request(request), SMALL_CONFIG)
+    assert [i.tolist() for i in plan.inputs] == [[1, 2, 3], [4, 5]]
+    assert all(i.dtype == np.int64 for i in plan.inputs)
     # "Optional, if not specified all outputs produced by the model will be returned"
     # (attention_indices only with top_k, the readouts only when named)
     assert plan.outputs == [
@@ -367,8 +367,8 @@ def test_text_elements_use_the_protocols_length_prefixed_bytes():
     request = oip.ModelInferRequest(model_name=MODEL)
     request.inputs.add(name="text", datatype="BYTES", shape=[2])
     request.raw_input_contents.append(b"\x02\x00\x00\x00hi\x03\x00\x00\x00you")
-    plan = to_encode_request(infer_request(request), SMALL_CONFIG)
-    assert [i.text for i in plan.encode.inputs] == ["hi", "you"]
+    plan = translate(infer_request(request), SMALL_CONFIG)
+    assert plan.inputs == ["hi", "you"]
 
 
 @pytest.mark.parametrize(
@@ -380,7 +380,7 @@ def test_input_lengths_are_checked_against_the_rows(lengths, message):
         input_ids=("INT64", [[1, 2, 3], [4, 5, 6]]), input_lengths=("INT64", lengths)
     )
     with pytest.raises(InvalidInputError, match=message.replace("[", r"\[")):
-        to_encode_request(infer_request(request), SMALL_CONFIG)
+        translate(infer_request(request), SMALL_CONFIG)
 
 
 def test_outputs_are_stacked_with_ragged_rows_zero_padded():
