@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
+from attnserve.export.hf_config import HFConfig, HFImportError
 from attnserve.export.hf_families import (
     FAMILIES,
     IGNORED_NAMES,
     IGNORED_SUFFIXES,
     REFUSED_TYPES,
     UNEMBEDDING_NAMES,
-    HFConfig,
-    HFImportError,
     refuse_unsupported,
     unembedding_switches,
 )

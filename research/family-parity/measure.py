@@ -1,6 +1,6 @@
 """How close each imported family comes to transformers' eager implementation, per path.
 
-For every family, the tiny checkpoint the tests build (tests/conftest.py FAMILY_SHAPES),
+For every family, the tiny checkpoint the tests build (tests/export/families.py FAMILY_SHAPES),
 a right-padded batch of 3 at 40, 23 and 9 tokens (past every sliding window), and the
 largest absolute difference of the last hidden state and of the attention probabilities
 on real positions: the PyTorch import, then the exported graphs in ONNX Runtime (the
@@ -21,7 +21,7 @@ from attnserve.export.hf_import import load_hf
 from attnserve.export.model_dir import write_model_dir
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import build_checkpoint, reference_outputs
-from tests.conftest import FAMILY_SHAPES
+from tests.export.families import FAMILY_SHAPES
 from tests.export.test_hf_families import padded_batch
 
 

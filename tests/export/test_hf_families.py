@@ -23,7 +23,8 @@ from attnserve.model.encoder import encoder_from_weights
 from attnserve.model.footprint import parameter_count
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
-from tests.conftest import FAMILY_SHAPES, ServerThread, run_cli
+from tests.conftest import ServerThread, run_cli
+from tests.export.families import FAMILY_SHAPES
 
 FAMILIES = sorted(FAMILY_SHAPES)
 TOLERANCE = 1e-4  # docs/model.md: fp32, PyTorch or ONNX Runtime against the reference

@@ -11,7 +11,7 @@ import torch
 from attnserve.export.hf_import import load_hf
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import build_checkpoint
-from tests.conftest import FAMILY_SHAPES
+from tests.export.families import FAMILY_SHAPES
 from tests.export.test_hf_families import padded_batch
 
 FAMILIES = sorted(FAMILY_SHAPES)
