@@ -37,30 +37,29 @@ with top_k; the readouts, from hidden_states on, only when named):
   attribution_constants         FP32 [batch, positions, targets]
                                 (parameter attribution_target_ids)
 Options are request parameters named as in attnserve.v1's AttentionRequest,
-HiddenStatesRequest, TokenPredictionsRequest and LogitAttributionRequest (PARAMETERS).
+HiddenStatesRequest, TokenPredictionsRequest and LogitAttributionRequest
+(service/inference/parameters.py).
 Ragged results are zero-padded to the longest row (-1 for token ids predicted and
 attention_indices).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.oip.wire import BYTES, Parameter
+from attnserve.oip.wire import BYTES
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan, Input
 from attnserve.service.core.response import pooled
 from attnserve.service.inference.messages import InferRequest, InputTensor
+from attnserve.service.inference.parameters import PARAMETERS, choice, read_parameters
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, POOLINGS
 
-Choice = TypeVar("Choice")  # an enum value of the .proto
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
     "input_lengths": ("INT64", 1),
@@ -117,41 +116,6 @@ _PREDICTION_FIELDS = {
     "lens_probabilities": ("lens", "top_probabilities"),
     "lens_target_probabilities": ("lens", "target_probabilities"),
 }
-# Parameters that clients of the protocol send on their own (Triton reserves the prefix
-# "triton_"; perf_analyzer sends triton_enable_empty_final_response); they change nothing.
-IGNORED_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start"})
-IGNORED_PARAMETERS |= {"sequence_end", "binary_data_output"}
-IGNORED_PREFIX = "triton_"
-
-
-@dataclass(frozen=True)
-class ParameterSpec:
-    kind: type  # bool, int, str, or list (comma-separated ints, or one int)
-    help: str
-
-
-PARAMETERS = {
-    "pooling": ParameterSpec(str, "none | mean | last (the pooled output; default last)"),
-    "truncate": ParameterSpec(bool, "cut text or ids longer than max_seq_len instead of refusing"),
-    "attention_layers": ParameterSpec(list, "layers, comma-separated (default all)"),
-    "attention_heads": ParameterSpec(list, "heads, comma-separated (default all)"),
-    "attention_rows": ParameterSpec(list, "query positions, comma-separated; -1 is the last"),
-    "attention_dtype": ParameterSpec(str, "FP32 (default) | FP16"),
-    "attention_layout": ParameterSpec(str, "full (default) | causal_packed"),
-    "head_reduction": ParameterSpec(str, "none | mean | max"),
-    "rollout": ParameterSpec(bool, "attention rollout over the selected layers"),
-    "top_k": ParameterSpec(int, "keep the k largest weights per row"),
-    "hidden_layers": ParameterSpec(list, "hidden states 0..L, comma-separated (default all)"),
-    "hidden_positions": ParameterSpec(list, "their positions; -1 is the last (default all)"),
-    "prediction_positions": ParameterSpec(list, "positions predicted from (default all)"),
-    "lens_layers": ParameterSpec(list, "logit-lens states 0..L, comma-separated (default all)"),
-    "lens_positions": ParameterSpec(list, "logit-lens positions; -1 is the last (default all)"),
-    "top_tokens": ParameterSpec(int, "how many most probable tokens (default 5)"),
-    "target_ids": ParameterSpec(list, "token ids whose probabilities to return"),
-    "attribution_positions": ParameterSpec(list, "positions attributed; -1 is the last (all)"),
-    "attribution_target_ids": ParameterSpec(list, "token ids whose logits to attribute"),
-    "attribution_contrast_ids": ParameterSpec(list, "one per target: attribute the difference"),
-}
 _DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
 
 
@@ -195,7 +159,7 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
     the data plane's plan, as Encode's are); InvalidInputError names the field."""
     values = _read_inputs(request)
     head_mask = values.pop("head_mask", None)
-    params = _read_parameters(request.parameters)
+    params = read_parameters(request.parameters)
     outputs = _requested_outputs(request, params)
 
     inputs: list[Input]
@@ -222,7 +186,7 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
         options.truncation = pb.TRUNCATION_RIGHT
     if "pooled" in outputs:
         pooling = params.get("pooling", "last")
-        options.pooling = _choice("pooling", pooling, POOLINGS)
+        options.pooling = choice("pooling", pooling, POOLINGS)
         if options.pooling == pb.POOLING_NONE:
             raise InvalidInputError("parameters: pooling=none, but the pooled output was asked")
     if any(name in outputs for name in ATTENTION_OUTPUTS):
@@ -329,50 +293,6 @@ def _rows(ids: np.ndarray, lengths: np.ndarray | None) -> list[Input]:
     return [row[:n] for row, n in zip(ids, lengths, strict=True)]
 
 
-def _read_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in parameters.items():
-        if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):
-            continue
-        spec = PARAMETERS.get(name)
-        if spec is None:
-            raise InvalidInputError(
-                f"parameters: unknown parameter {name!r}; known: {', '.join(PARAMETERS)}"
-            )
-        out[name] = _parameter_value(name, value, spec.kind)
-    return out
-
-
-def _parameter_value(name: str, value: Parameter, kind: type) -> object:
-    """`value` if it is of the parameter's type; never coerced (a bool is not an integer)."""
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if kind is bool and isinstance(value, bool):
-        return value
-    if kind is int and is_int:
-        return value
-    if kind is str and isinstance(value, str):
-        return value
-    if kind is list:
-        if is_int:
-            return [value]
-        if isinstance(value, str):
-            try:
-                return [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                pass
-    expected = {bool: "a bool", int: "an integer", str: "a string", list: "comma-separated ints"}
-    raise InvalidInputError(
-        f"parameters.{name}: must be {expected[kind]}, got {type(value).__name__} {value!r}"
-    )
-
-
-def _choice(name: str, value: str, choices: Mapping[str, Choice]) -> Choice:
-    key = value.lower() if name != "attention_dtype" else value.upper()
-    if key not in choices:
-        raise InvalidInputError(f"parameters: {name} must be one of {list(choices)}, got {value!r}")
-    return choices[key]
-
-
 def _requested_outputs(request: InferRequest, params: dict[str, object]) -> list[str]:
     """The outputs asked for, or, as the protocol says of "outputs": "Optional, if not
     specified all outputs produced by the model will be returned" (attention_indices is
@@ -399,10 +319,10 @@ def _fill_attention(attention: pb.AttentionRequest, params: dict, outputs: list[
     attention.layers[:] = params.get("attention_layers", [])
     attention.heads[:] = params.get("attention_heads", [])
     attention.query_positions[:] = params.get("attention_rows", [])
-    attention.dtype = _choice("attention_dtype", params.get("attention_dtype", "FP32"), _DTYPE)
-    attention.layout = _choice("attention_layout", params.get("attention_layout", "full"), LAYOUTS)
+    attention.dtype = choice("attention_dtype", params.get("attention_dtype", "FP32"), _DTYPE)
+    attention.layout = choice("attention_layout", params.get("attention_layout", "full"), LAYOUTS)
     if "head_reduction" in params:
-        attention.head_reduction = _choice(
+        attention.head_reduction = choice(
             "head_reduction", params["head_reduction"], HEAD_REDUCTIONS
         )
     attention.rollout = bool(params.get("rollout", False))
