@@ -138,6 +138,7 @@ def build_request(
     logit_lens: bool | Mapping = False,
     attribution: Mapping | None = None,
     head_mask: np.ndarray | Mapping[tuple[int, int], float] | None = None,
+    head_means: Mapping[tuple[int, int], Sequence[float] | np.ndarray] | None = None,
     request_id: str = "",
     model: str = "",
 ) -> pb.EncodeRequest:
@@ -151,8 +152,9 @@ def build_request(
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
     [-1], "top_k": 3}`). `attribution`: the fields of LogitAttributionRequest as a dict
     (`{"target_ids": [id], "positions": [-1]}`). `head_mask`: (n_layers, n_heads) scales,
-    or {(layer, head): scale}; 0 removes a head. `model` names a served model (empty: the
-    server's default).
+    or {(layer, head): scale}; 0 removes a head. `head_means`: {(layer, head): head_dim
+    floats} added to those heads' outputs after their scale (with scale 0: mean-ablation).
+    `model` names a served model (empty: the server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
     items = [inputs] if single else list(cast(Sequence[Input], inputs))
@@ -194,25 +196,35 @@ def build_request(
                 getattr(options, name).MergeFrom(type(getattr(options, name))(**value))
     if attribution is not None:
         options.attribution.MergeFrom(pb.LogitAttributionRequest(**attribution))
-    if head_mask is not None:
-        options.head_mask.extend(_head_scales(head_mask))
+    if head_mask is not None or head_means:
+        options.head_mask.extend(_head_scales(head_mask, head_means or {}))
     return request
 
 
-def _head_scales(head_mask: np.ndarray | Mapping[tuple[int, int], float]) -> list[pb.HeadScale]:
-    """The heads a mask changes: every entry of a mapping, the entries of an array that are
-    not 1."""
-    items: Iterable[tuple[tuple[int, int], float]]
+def _head_scales(
+    head_mask: np.ndarray | Mapping[tuple[int, int], float] | None,
+    head_means: Mapping[tuple[int, int], Sequence[float] | np.ndarray],
+) -> list[pb.HeadScale]:
+    """The heads a mask changes (every entry of a mapping, the entries of an array that are
+    not 1) or moves by a mean (their scale 1 unless the mask says otherwise)."""
+    items: Iterable[tuple[tuple[int, int], float]] = ()
     if isinstance(head_mask, Mapping):
         items = head_mask.items()
-    else:
+    elif head_mask is not None:
         mask = np.asarray(head_mask, dtype=np.float32)
         if mask.ndim != 2:
             raise ValueError(f"head_mask must be (n_layers, n_heads), got shape {mask.shape}")
         changed = np.argwhere(mask != 1)
         items = (((int(layer), int(head)), mask[layer, head]) for layer, head in changed)
+    scales = {head: float(scale) for head, scale in items}
     return [
-        pb.HeadScale(layer=layer, head=head, scale=float(scale)) for (layer, head), scale in items
+        pb.HeadScale(
+            layer=layer,
+            head=head,
+            scale=scales.get((layer, head), 1.0),
+            mean=[float(v) for v in head_means.get((layer, head), ())],
+        )
+        for layer, head in {**scales, **dict.fromkeys(head_means)}
     ]
 
 

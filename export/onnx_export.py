@@ -29,6 +29,7 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_OUTPUTS,
     CONFIG_METADATA_KEY,
     HEAD_MASK_NAME,
+    HEAD_MEANS_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
     PARTS_NAMES,
@@ -53,10 +54,12 @@ class _FullGraph(Encoder):
     added to it, under a head mask; model.onnx once they are taken out (_without_readouts)."""
 
     def forward(  # type: ignore[override]
-        self, input_ids: torch.Tensor, head_mask: torch.Tensor
+        self, input_ids: torch.Tensor, head_mask: torch.Tensor, head_means: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         taps: list[torch.Tensor] = []  # heads, MLP, heads, MLP, ...: each (B, T, .)
-        stream, attentions = self.residual_stream(input_ids, True, head_mask, taps=taps)
+        stream, attentions = self.residual_stream(
+            input_ids, True, head_mask, taps=taps, head_means=head_means
+        )
         assert attentions is not None
         heads = torch.stack(taps[0::2], dim=1)  # (B, L, T, H*d_k)
         mlps = torch.stack(taps[1::2], dim=1)  # (B, L, T, D)
@@ -106,7 +109,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     device)."""
     names: dict[str, tuple[list[str], list[str]]] = {
         "full": (
-            [config.input_name, HEAD_MASK_NAME],
+            [config.input_name, HEAD_MASK_NAME, HEAD_MEANS_NAME],
             [config.embeddings_name, config.attentions_name, RESIDUAL_STREAM_NAME, *PARTS_NAMES],
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
@@ -142,8 +145,10 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
         example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
         dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
         if kind == "full":
-            example += (torch.ones(2, config.n_layers, config.n_heads, device="meta"),)
-            dynamic_shapes["head_mask"] = {0: batch}
+            heads = (config.n_layers, config.n_heads)
+            example += (torch.ones(2, *heads, device="meta"),)
+            example += (torch.zeros(2, *heads, config.head_dim, device="meta"),)
+            dynamic_shapes |= {HEAD_MASK_NAME: {0: batch}, HEAD_MEANS_NAME: {0: batch}}
     inputs, outputs = names[kind]
     # The dynamo exporter logs missing optional torchvision ops at WARNING, and the graph
     # passes each rewrite at INFO (hundreds of lines for a 1B model): irrelevant here.
@@ -265,21 +270,28 @@ def _save(graph: ir.Model, config: ModelConfig, path: str | Path) -> Path:
 
 def _without_readouts(model: ir.Model, config: ModelConfig) -> None:
     """The readouts graph made model.onnx: every head kept (the mask made of ones inside,
-    in the batch's shape, which the traced graph reads its batch size from too) and no
-    residual stream or parts (what only fed them goes with them)."""
+    the means of zeros, in the batch's shape, which the traced graph reads its batch size
+    from too) and no residual stream or parts (what only fed them goes with them)."""
     graph = model.graph
     for output in [v for v in graph.outputs if v.name in (RESIDUAL_STREAM_NAME, *PARTS_NAMES)]:
         graph.outputs.remove(output)
-    mask = next(v for v in graph.inputs if v.name == HEAD_MASK_NAME)
     input_ids = next(v for v in graph.inputs if v.name == config.input_name)
-    heads = ir.tensor(np.array([config.n_layers, config.n_heads], dtype=np.int64))
     batch = ir.node("Shape", [input_ids], attributes={"end": 1})
-    dims = ir.node("Constant", [], attributes={"value": heads})
-    shape = ir.node("Concat", [batch.outputs[0], dims.outputs[0]], attributes={"axis": 0})
-    one = ir.tensor(np.ones(1, dtype=np.float32))
-    ones = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": one})
-    ones.outputs[0].name = f"{HEAD_MASK_NAME}_ones"
-    graph.insert_before(graph.node(0), [batch, dims, shape, ones])
-    mask.replace_all_uses_with(ones.outputs[0])
-    graph.inputs.remove(mask)
+    graph.insert_before(graph.node(0), [batch])
+    heads = [config.n_layers, config.n_heads]
+    for name, dims, value in (
+        (HEAD_MASK_NAME, heads, 1.0),
+        (HEAD_MEANS_NAME, [*heads, config.head_dim], 0.0),
+    ):
+        given = next(v for v in graph.inputs if v.name == name)
+        constant = ir.node(
+            "Constant", [], attributes={"value": ir.tensor(np.array(dims, dtype=np.int64))}
+        )
+        shape = ir.node("Concat", [batch.outputs[0], constant.outputs[0]], attributes={"axis": 0})
+        fill = ir.tensor(np.full(1, value, dtype=np.float32))
+        filled = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": fill})
+        filled.outputs[0].name = f"{name}_constant"
+        graph.insert_after(batch, [constant, shape, filled])
+        given.replace_all_uses_with(filled.outputs[0])
+        graph.inputs.remove(given)
     ir.passes.common.RemoveUnusedNodesPass()(model)  # optimised already: only drop the stream

@@ -19,6 +19,7 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_INPUTS,
     ATTRIBUTION_OUTPUTS,
     HEAD_MASK_NAME,
+    HEAD_MEANS_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
     PARTS_NAMES,
@@ -97,7 +98,12 @@ def reference_outputs(
             embeddings = model.finish(stream[-1])
         assert attentions is not None
         parts = (torch.stack(taps[i::2], dim=1).numpy() for i in range(2))
-        inputs: dict[str, np.ndarray] = {config.input_name: ids, HEAD_MASK_NAME: mask}
+        means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
+        inputs: dict[str, np.ndarray] = {
+            config.input_name: ids,
+            HEAD_MASK_NAME: mask,
+            HEAD_MEANS_NAME: means,
+        }
         outputs = {
             config.embeddings_name: embeddings.numpy(),
             config.attentions_name: attentions.numpy(),

@@ -11,6 +11,9 @@ ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer 
 # (a graph of its own: ONNX Runtime computes every output, asked for or not).
 READOUTS_ONNX_FILENAME = "model_readouts.onnx"
 HEAD_MASK_NAME = "head_mask"  # input, float32 [batch, layers, heads]: 1 keeps a head
+# input, float32 [batch, layers, heads, head_dim]: added to each head's output after its
+# scale (0 keeps it; mean-ablation: scale 0 and the head's mean output)
+HEAD_MEANS_NAME = "head_means"
 RESIDUAL_STREAM_NAME = "residual_stream"  # output, float32 [batch, layers + 1, seq, d_model]
 # The logit lens: any layer's residual rows through the final norm (with the last layer's
 # scale frozen) and the unembedding; written where the model has an unembedding.

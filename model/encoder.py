@@ -62,10 +62,13 @@ class Encoder(nn.Module):
         head_mask: torch.Tensor | None = None,
         keep: bool = True,
         taps: list[torch.Tensor] | None = None,
+        head_means: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """The residual stream x_0 (what the first block reads) .. x_L (what the last one
         wrote), each (B, T, D), only x_L unless keep; and the attentions as forward's.
-        taps: where given, receives each block's parts (Block.forward's taps) in order."""
+        taps: where given, receives each block's parts (Block.forward's taps) in order.
+        head_means (L, H, d_k), or (B, L, H, d_k): added to each head's output after the
+        head mask's scale (mean-ablation: scale 0 and the head's mean output)."""
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
@@ -88,7 +91,10 @@ class Encoder(nn.Module):
             if sliding_rotary is not None and config.window(layer) is not None:
                 positions = sliding_rotary
             heads = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
-            x, weights = block(x, need_weights, positions, heads, taps)  # (B, T, D), (B, H, T, T)
+            means = None if head_means is None else head_means[..., layer, :, :]  # (.., H, d_k)
+            x, weights = block(
+                x, need_weights, positions, heads, taps, means
+            )  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
             stream = [*stream, x] if keep else [x]
         if not need_weights:

@@ -171,11 +171,14 @@ class MultiHeadAttention(nn.Module):
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         heads: torch.Tensor | None = None,
         taps: list[torch.Tensor] | None = None,
+        means: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """heads (H,) or per sequence (B, H): each head's output times this before the
         output projection (after the concatenation, where the fused kernel's graph keeps
-        its layout). taps: where given, the heads' outputs (B, T, H*d_k) are appended to
-        it, as the output projection reads them (direct logit attribution)."""
+        its layout); means (H, d_k) or (B, H, d_k), added after that scale (mean-ablation:
+        scale 0 and the head's mean output). taps: where given, the heads' outputs
+        (B, T, H*d_k) are appended to it, as the output projection reads them (direct
+        logit attribution)."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
@@ -211,6 +214,8 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
         if heads is not None:  # ablation: each head's output removed (0) or scaled
             y = y * heads.repeat_interleave(d_k, dim=-1).unsqueeze(-2)  # (B or 1, 1, H*d_k)
+        if means is not None:  # each head's output moved by a vector of its own
+            y = y + means.flatten(-2).unsqueeze(-2)  # (B or 1, 1, H*d_k)
         if taps is not None:
             taps.append(y)
         return self.proj(y), weights  # (B, T, D), (B, H, T, T)
@@ -274,17 +279,19 @@ class Block(nn.Module):
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         heads: torch.Tensor | None = None,
         taps: list[torch.Tensor] | None = None,
+        means: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.attn(h, need_weights, positions, heads, taps, means)
+
         if self.residual == "parallel":
-            a, weights = self.attn(self.ln1(x), need_weights, positions, heads, taps)
+            a, weights = attn(self.ln1(x))
             return x + self._scaled(a + self._mlp(self.ln2(x), taps)), weights
         if self.residual == "parallel_one_norm":
             h = self.ln1(x)
-            a, weights = self.attn(h, need_weights, positions, heads, taps)
+            a, weights = attn(h)
             return x + self._scaled(a + self._mlp(h, taps)), weights
-        x, weights = self._sublayer(
-            x, 1, lambda h: self.attn(h, need_weights, positions, heads, taps)
-        )
+        x, weights = self._sublayer(x, 1, attn)
         x, _ = self._sublayer(x, 2, lambda h: (self._mlp(h, taps), None))
         return x, weights
 

@@ -79,6 +79,7 @@ class ReadoutSelection:
     stream, predictions. Everything it asks is computed under the head mask."""
 
     head_mask: np.ndarray | None = None  # float32 (L, H); None: every head kept
+    head_means: np.ndarray | None = None  # float32 (L, H, d_k) added after; None: zeros
     attention: AttentionSelection | None = None
     hidden_states: HiddenStatesSelection | None = None
     predictions: PredictionsSelection | None = None

@@ -78,13 +78,16 @@ def plan_readouts(
                 + (", of a model with an unembedding" if graph != STREAM else "")
                 + " (re-export it with `attnserve export`; serve it with --precision fp32)"
             )
-    head_mask = _head_mask(options.head_mask, config) if options.head_mask else None
+    head_mask, head_means = (
+        _head_mask(options.head_mask, config) if options.head_mask else (None, None)
+    )
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
         selections.append(
             ReadoutSelection(
                 head_mask=head_mask,
+                head_means=head_means,
                 attention=attention[index] if attention else None,
                 hidden_states=_hidden_states(options.hidden_states, config, length, index)
                 if options.HasField("hidden_states")
@@ -105,9 +108,11 @@ def plan_readouts(
     return selections
 
 
-def _head_mask(entries, config: ModelConfig) -> np.ndarray:
-    """(L, H) float32: 1 but for the heads listed."""
+def _head_mask(entries, config: ModelConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    """The scales (L, H), 1 but for the heads listed, and the means (L, H, d_k) if any
+    entry has one (zeros elsewhere), float32."""
     mask = np.ones((config.n_layers, config.n_heads), dtype=np.float32)
+    means = None
     seen = set()
     for i, entry in enumerate(entries):
         field = f"options.head_mask[{i}]"
@@ -125,7 +130,19 @@ def _head_mask(entries, config: ModelConfig) -> np.ndarray:
             )
         seen.add((entry.layer, entry.head))
         mask[entry.layer, entry.head] = entry.scale
-    return mask
+        if entry.mean:
+            if len(entry.mean) != config.head_dim:
+                raise InvalidInputError(
+                    f"{field}.mean: {len(entry.mean)} floats; a head's output has "
+                    f"head_dim={config.head_dim}"
+                )
+            mean = np.asarray(entry.mean, dtype=np.float32)
+            if not np.isfinite(mean).all():
+                raise InvalidInputError(f"{field}.mean: not every value is a finite number")
+            if means is None:
+                means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
+            means[entry.layer, entry.head] = mean
+    return mask, means
 
 
 def _hidden_states(

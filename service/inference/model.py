@@ -316,8 +316,9 @@ class V2Model:
         return OutputTensor(name, datatype, shape, None, where)
 
     def _inputs(self) -> dict[str, tuple[str, list[int]]]:
-        """The inputs metadata and config list: not head_mask, which perf_analyzer would
-        fill with random scales (it sends every listed input; docs/api.md names it)."""
+        """The inputs metadata and config list: not head_mask or head_means, which
+        perf_analyzer would fill with random values (it sends every listed input;
+        docs/api.md names them)."""
         shapes = {"input_ids": [-1, -1], "input_lengths": [-1], "text": [-1]}
         return {
             name: (datatype, shapes[name])

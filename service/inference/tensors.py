@@ -12,6 +12,8 @@ Inputs (one of input_ids or text):
   text           BYTES [batch]        UTF-8, tokenized by the model's tokenizer
   head_mask      FP32 [layers, heads] each head's output times its entry (0 removes it),
                                       in everything the request returns
+  head_means     FP32 [layers, heads, head_dim]  added to each head's output after
+                                      that (mean-ablation: scale 0 and the mean)
 Outputs (by name; none asked for means all of the first seven, attention_indices only
 with top_k; the readouts, from hidden_states on, only when named):
   embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
@@ -65,8 +67,10 @@ INPUTS = {  # name: (datatype, rank)
     "input_lengths": ("INT64", 1),
     "text": (BYTES, 1),
     "head_mask": ("FP32", 2),
+    "head_means": ("FP32", 3),
 }
 _INPUT_SHAPES = {1: "[batch]", 2: "[batch, seq]"}
+_HEAD_SHAPES = {"head_mask": "[layers, heads]", "head_means": "[layers, heads, head_dim]"}
 OUTPUT_DATATYPES = {
     "embeddings": "FP32",
     "pooled": "FP32",
@@ -143,7 +147,7 @@ def check_input(index: int, tensor: InputTensor) -> None:
         )
     shape = tensor.shape
     if len(shape) != rank or any(d < 1 for d in shape):
-        dims = "[layers, heads]" if tensor.name == "head_mask" else _INPUT_SHAPES[rank]
+        dims = _HEAD_SHAPES.get(tensor.name) or _INPUT_SHAPES[rank]
         raise InvalidInputError(
             f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
             f"({dims}), got {list(shape)}"
@@ -158,7 +162,7 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
     """Translate a request whose inputs hold their data (the ids themselves are checked by
     the data plane's plan, as Encode's are); InvalidInputError names the field."""
     values = _read_inputs(request)
-    head_mask = values.pop("head_mask", None)
+    head_mask, head_means = values.pop("head_mask", None), values.pop("head_means", None)
     params = read_parameters(request.parameters)
     outputs = _requested_outputs(request, params)
 
@@ -200,8 +204,8 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
             f"(outputs: one of {', '.join(ATTENTION_OUTPUTS)})"
         )
     _fill_readouts(options, params, outputs)
-    if head_mask is not None:
-        _fill_head_mask(options, head_mask, config)
+    if head_mask is not None or head_means is not None:
+        _fill_head_mask(options, head_mask, head_means, config)
     return InferPlan(inputs, options, outputs)
 
 
@@ -256,15 +260,29 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         )
 
 
-def _fill_head_mask(options: pb.EncodeOptions, mask: np.ndarray, config: ModelConfig) -> None:
-    shape = (config.n_layers, config.n_heads)
-    if mask.shape != shape:
-        raise InvalidInputError(
-            f"inputs: head_mask has shape {list(mask.shape)}, this model's is "
-            f"[{shape[0]}, {shape[1]}] (layers, heads)"
-        )
-    for layer, head in np.argwhere(mask != 1):
-        options.head_mask.add(layer=layer, head=head, scale=mask[layer, head])
+def _fill_head_mask(
+    options: pb.EncodeOptions,
+    mask: np.ndarray | None,
+    means: np.ndarray | None,
+    config: ModelConfig,
+) -> None:
+    """A HeadScale for each head whose scale is not 1 or whose mean is not zero."""
+    heads = (config.n_layers, config.n_heads)
+    for name, values, shape in (
+        ("head_mask", mask, heads),
+        ("head_means", means, (*heads, config.head_dim)),
+    ):
+        if values is not None and values.shape != shape:
+            raise InvalidInputError(
+                f"inputs: {name} has shape {list(values.shape)}, this model's is "
+                f"{list(shape)} ({_HEAD_SHAPES[name][1:-1]})"
+            )
+    mask = np.ones(heads, np.float32) if mask is None else mask
+    moved = np.zeros(heads, bool) if means is None else (means != 0).any(-1)
+    for layer, head in np.argwhere((mask != 1) | moved):
+        entry = options.head_mask.add(layer=layer, head=head, scale=mask[layer, head])
+        if means is not None and moved[layer, head]:
+            entry.mean[:] = means[layer, head].tolist()
 
 
 def _read_inputs(request: InferRequest) -> dict:

@@ -25,6 +25,7 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_ONNX_FILENAME,
     ATTRIBUTION_OUTPUTS,
     HEAD_MASK_NAME,
+    HEAD_MEANS_NAME,
     LENS_INPUTS,
     LENS_ONNX_FILENAME,
     LOGITS_NAME,
@@ -118,17 +119,21 @@ class ReadoutGraphs:
         head_mask: np.ndarray,
         attentions: bool = True,
         parts: bool = False,
+        head_means: np.ndarray | None = None,
     ) -> StreamRun:
         """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) -> the
-        readouts graph's run, every head's output times its entry in the mask: the
-        attentions only with `attentions`, the parts only with `parts` (what is not asked
-        for is not copied out of ONNX Runtime)."""
+        readouts graph's run, every head's output times its entry in the mask, plus its
+        entry of head_means (B, L, H, d_k; None: zeros): the attentions only with
+        `attentions`, the parts only with `parts` (what is not asked for is not copied out
+        of ONNX Runtime)."""
         c = self.config
         session = self._session(STREAM)
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
         names += list(PARTS_NAMES) if parts else []
-        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask}
+        if head_means is None:
+            head_means = np.zeros((*head_mask.shape, c.head_dim), dtype=np.float32)
+        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask, HEAD_MEANS_NAME: head_means}
         try:
             values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors

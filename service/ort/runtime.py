@@ -185,14 +185,18 @@ class OrtRuntime:
         positions (attention through the same reducer as `attend`)."""
         c = self.config
         mask = np.ones((len(lengths), c.n_layers, c.n_heads), dtype=np.float32)
+        means = np.zeros((*mask.shape, c.head_dim), dtype=np.float32)
         for row, selection in enumerate(selections):
             if selection.head_mask is not None:
                 mask[row] = selection.head_mask
+            if selection.head_means is not None:
+                means[row] = selection.head_means
         run = self.readout_graphs.stream(
             input_ids,
             mask,
             attentions=any(selection.attention is not None for selection in selections),
             parts=any(selection.attribution is not None for selection in selections),
+            head_means=means,
         )
         outputs = []
         try:

@@ -43,9 +43,12 @@ def test_default_export_writes_a_checked_model_directory(default_export):
         assert [d.dim_param for d in input_ids.type.tensor_type.shape.dim] == ["batch", "seq"]
         outputs = [o.name for o in proto.graph.output]
         if filename == READOUTS_ONNX_FILENAME:  # the readouts' inputs and outputs
-            (mask,) = head_mask
+            mask, means = head_mask
+            heads = ["batch", config.n_layers, config.n_heads]
             dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
-            assert (mask.name, dims) == ("head_mask", ["batch", config.n_layers, config.n_heads])
+            assert (mask.name, dims) == ("head_mask", heads)
+            dims = [d.dim_param or d.dim_value for d in means.type.tensor_type.shape.dim]
+            assert (means.name, dims) == ("head_means", [*heads, config.head_dim])
             assert outputs == [
                 "embeddings",
                 "attentions",

@@ -131,6 +131,42 @@ def test_head_mask_equals_scaling_the_output_projections_input(families, family)
     assert not torch.allclose(attentions[:, -1], plain_attentions[:, -1])
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_mean_ablation_equals_replacing_the_output_projections_input(families, family):
+    """A head's slice of the output projection's input replaced by a vector (GQA, parallel
+    blocks): head_mask 0 and head_means that vector."""
+    directory, reference = families.checkpoint(family)
+    model, _ = load_hf(directory, log=lambda _: None)
+    config = model.config
+    d_k = config.head_dim
+    mean = torch.from_numpy(np.random.default_rng(8).normal(size=d_k).astype(np.float32))
+    layer, head = config.n_layers - 1, config.n_heads - 1
+    module = reference.base_model.layers[layer].get_submodule(OUTPUT_PROJECTIONS[family])
+
+    def replace(_module, args):
+        (x,) = args  # (B, T, H * d_k)
+        x = x.clone()
+        x[..., head * d_k : (head + 1) * d_k] = mean
+        return (x,)
+
+    ids, lengths = padded_batch(config.vocab_size, seed=9)
+    handle = module.register_forward_pre_hook(replace)
+    try:
+        want_logits, _ = transformers_readouts(reference, ids)
+    finally:
+        handle.remove()
+    mask = torch.ones(config.n_layers, config.n_heads)
+    mask[layer, head] = 0.0
+    means = torch.zeros(config.n_layers, config.n_heads, d_k)
+    means[layer, head] = mean
+    with torch.no_grad():
+        stream, _ = model.residual_stream(torch.from_numpy(ids), False, mask, head_means=means)
+        logits = model.unembed(model.finish(stream[-1])).numpy()
+    assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
+    plain, _ = transformers_readouts(reference, ids)
+    assert np.abs(plain - want_logits).max() > 100 * LOGITS_TOLERANCE  # the mean matters
+
+
 def numpy_lens(model, ids: np.ndarray) -> np.ndarray:
     """The logit lens written out in numpy from the model's weights: each layer's residual,
     centred (LayerNorm), divided by the last residual's norm scale, times the final norm's

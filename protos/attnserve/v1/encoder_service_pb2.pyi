@@ -143,14 +143,16 @@ class LogitAttributionRequest(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[int]] = ..., target_ids: _Optional[_Iterable[int]] = ..., contrast_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeadScale(_message.Message):
-    __slots__ = ("layer", "head", "scale")
+    __slots__ = ("layer", "head", "scale", "mean")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
     layer: int
     head: int
     scale: float
-    def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
+    mean: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
     __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution")

@@ -142,6 +142,14 @@ INVALID = {
         build_request("abc", attribution={"target_ids": [1], "positions": [4]}),
         "options.attribution.positions: 4 is outside [-4, 4) for inputs[0], which has 4",
     ),
+    "a mean of the wrong width": (
+        build_request("abc", head_means={(0, 0): [0.0] * 3}),
+        "options.head_mask[0].mean: 3 floats; a head's output has head_dim=16",
+    ),
+    "a mean that is not finite": (
+        build_request("abc", head_means={(1, 3): [float("inf")] * 16}),
+        "options.head_mask[0].mean: not every value is a finite number",
+    ),
     "masked layer": (
         build_request("abc", head_mask={(2, 0): 0.0}),
         "options.head_mask[0].layer: 2 is outside [0, 2)",

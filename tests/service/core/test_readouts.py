@@ -184,6 +184,34 @@ def test_attribution_of_a_contrast_and_under_a_head_mask(client, small_model):
     np.testing.assert_allclose(a.total, masked.predictions.logits[0][:, [5]], atol=1e-4)
 
 
+def test_mean_ablation_replaces_a_heads_output_by_the_mean_given(client, small_model):
+    """Scale 0 and a mean: the head's output is that vector, in everything returned."""
+    d_k = SMALL_CONFIG.head_dim
+    mean = np.random.default_rng(5).normal(size=d_k).astype(np.float32)
+    out = client.encode(
+        TEXTS,
+        head_mask={(0, 2): 0.0},
+        head_means={(0, 2): mean, (1, 1): -mean},  # (1, 1): scale 1, moved by -mean
+        predictions={"positions": [-1], "logits": True},
+        attribution={"target_ids": [5], "positions": [-1]},
+    )
+    mask = torch.ones(L, H)
+    mask[0, 2] = 0.0
+    means = torch.zeros(L, H, d_k)
+    means[0, 2], means[1, 1] = torch.from_numpy(mean), -torch.from_numpy(mean)
+    for encoding in out:
+        ids = torch.tensor([encoding.token_ids.tolist()])
+        with torch.inference_mode():
+            stream, _ = small_model.residual_stream(ids, False, mask, head_means=means)
+            embeddings = small_model.finish(stream[-1])[0]
+            logits = small_model.unembed(embeddings[-1:])
+        np.testing.assert_allclose(encoding.embeddings, embeddings.numpy(), atol=1e-4)
+        np.testing.assert_allclose(encoding.predictions.logits[0], logits.numpy(), atol=1e-4)
+        np.testing.assert_allclose(encoding.attribution.total, logits[:, [5]].numpy(), atol=1e-4)
+    plain = client.encode(TEXTS[0], head_mask={(0, 2): 0.0})[0]
+    assert np.abs(plain.embeddings - out[0].embeddings).max() > 1e-3  # the mean matters
+
+
 def test_a_mask_of_ones_changes_nothing(client):
     masked = client.encode(TEXTS, head_mask=np.ones((L, H), np.float32), attention=True)
     kept = client.encode(TEXTS, head_mask={(0, 0): 1.0}, attention=True)

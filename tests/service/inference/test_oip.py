@@ -251,6 +251,37 @@ def test_attribution_through_tritonclient(triton, v2_server):
         assert not got[1, 2:].any()  # past the second row's length: zeros
 
 
+def test_mean_ablation_through_tritonclient(triton, v2_server):
+    """head_mask and head_means as V2 inputs equal Encode's HeadScale entries."""
+    L, H, d_k = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads, SMALL_CONFIG.head_dim
+    mask = np.ones((L, H), np.float32)
+    mask[0, 3] = 0.0
+    means = np.zeros((L, H, d_k), np.float32)
+    means[0, 3] = np.linspace(-1, 1, d_k)
+    means[1, 0] = 0.5  # scale 1, moved
+    inputs = [ids_input([[5, 6, 7, 8]])]
+    for name, values in (("head_mask", mask), ("head_means", means)):
+        inputs.append(
+            {
+                "name": name,
+                "datatype": "FP32",
+                "shape": list(values.shape),
+                "data": values.ravel().tolist(),
+            }
+        )
+    answer = triton.infer(inputs, outputs=["embeddings"])
+    with EncoderClient(v2_server.address) as client:
+        (expected,) = client.encode(
+            [5, 6, 7, 8],
+            head_mask={(0, 3): 0.0},
+            head_means={(0, 3): means[0, 3], (1, 0): means[1, 0]},
+        )
+        (plain,) = client.encode([5, 6, 7, 8], head_mask={(0, 3): 0.0})
+    embeddings = array(answer["outputs"]["embeddings"])[0]
+    np.testing.assert_allclose(embeddings, expected.embeddings, atol=1e-6)
+    assert np.abs(embeddings - plain.embeddings).max() > 1e-3
+
+
 @pytest.mark.parametrize(
     ("inputs", "outputs", "parameters", "field"),
     [
@@ -281,6 +312,15 @@ def test_attribution_through_tritonclient(triton, v2_server):
             [],
             None,
             "head_mask has shape [4, 2], this model's is [2, 4]",
+        ),
+        (
+            [
+                ids_input([[1, 2]]),
+                {"name": "head_means", "datatype": "FP32", "shape": [2, 4, 3], "data": [0] * 24},
+            ],
+            [],
+            None,
+            "head_means has shape [2, 4, 3], this model's is [2, 4, 16]",
         ),
         ([ids_input([[1, 2]])], ["target_probabilities"], None, "needs the target_ids"),
         ([ids_input([[1, 2]])], ["logits"], {"lens_layers": "0"}, "lens_layers needs one of"),
