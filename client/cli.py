@@ -14,6 +14,7 @@ import numpy as np
 from attnserve.client.client import ClientOptions, EncoderClient
 from attnserve.client.codec import LogitAttribution, TokenPredictions
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
+from attnserve.v1.wire import ATTRIBUTION_PARTS
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -305,10 +306,7 @@ def _attribution_json(a: LogitAttribution | None) -> dict | None:
         "target_ids": a.target_ids,
         "contrast_ids": a.contrast_ids,
         "total": a.total.tolist(),
-        **{
-            name: getattr(a, name).tolist()
-            for name in ("heads", "attention_biases", "mlps", "embeddings", "constants")
-        },
+        **{name: getattr(a, name).tolist() for name in ATTRIBUTION_PARTS},
     }
 
 

@@ -9,7 +9,14 @@ from typing import TypeVar, cast
 import numpy as np
 
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, POOLINGS, from_tensor, unpack_causal
+from attnserve.v1.wire import (
+    ATTRIBUTION_PARTS,
+    HEAD_REDUCTIONS,
+    LAYOUTS,
+    POOLINGS,
+    from_tensor,
+    unpack_causal,
+)
 
 Input = str | Sequence[int] | np.ndarray  # text, or token ids
 Choice = TypeVar("Choice")  # an enum value of the .proto
@@ -287,10 +294,7 @@ def _attribution(result: pb.EncodeResult) -> LogitAttribution | None:
         list(a.positions),
         list(a.target_ids),
         list(a.contrast_ids),
-        *(
-            from_tensor(getattr(a, name))
-            for name in ("heads", "attention_biases", "mlps", "embeddings", "constants")
-        ),
+        *(from_tensor(getattr(a, name)) for name in ATTRIBUTION_PARTS),
     )
 
 

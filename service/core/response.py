@@ -14,7 +14,7 @@ from attnserve.service.core.backend import (
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import fill_tensor
+from attnserve.v1.wire import ATTRIBUTION_PARTS, fill_tensor
 
 
 def build_response(
@@ -95,7 +95,7 @@ def _fill_readouts(
         a.positions[:] = asked_attribution.positions
         a.target_ids[:] = asked_attribution.targets
         a.contrast_ids[:] = asked_attribution.contrasts
-        for name in ("heads", "attention_biases", "mlps", "embeddings", "constants"):
+        for name in ATTRIBUTION_PARTS:
             fill_tensor(getattr(a, name), getattr(attribution, name))
 
 

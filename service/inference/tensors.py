@@ -60,7 +60,7 @@ from attnserve.service.core.response import pooled
 from attnserve.service.inference.messages import InferRequest, InputTensor
 from attnserve.service.inference.parameters import PARAMETERS, choice, read_parameters
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, POOLINGS
+from attnserve.v1.wire import ATTRIBUTION_PARTS, HEAD_REDUCTIONS, LAYOUTS, POOLINGS
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -104,10 +104,7 @@ PREDICTION_OUTPUTS = (
 )
 LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
 # attribution_<field> is the field of the data plane's Attribution
-ATTRIBUTION_OUTPUTS = tuple(
-    f"attribution_{part}"
-    for part in ("heads", "attention_biases", "mlps", "embeddings", "constants")
-)
+ATTRIBUTION_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS)
 READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_OUTPUTS
 _INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids")  # padded with -1
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").

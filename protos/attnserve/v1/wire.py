@@ -31,6 +31,12 @@ HEAD_REDUCTIONS = cast(  # none, mean, max
 LAYOUTS = cast(  # full, causal_packed
     dict[str, pb.AttentionLayout], choices(pb.AttentionLayout, "ATTENTION_LAYOUT_")
 )
+# LogitAttribution's tensors in the .proto's order: the parts that add up to a logit
+ATTRIBUTION_PARTS = tuple(
+    field.name
+    for field in pb.LogitAttribution.DESCRIPTOR.fields
+    if field.message_type is pb.Tensor.DESCRIPTOR
+)
 NUMPY_DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
     pb.DTYPE_FLOAT16: np.dtype("<f2"),

@@ -11,6 +11,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.plan import inputs_of, plan_request
+from attnserve.v1.wire import ATTRIBUTION_PARTS
 from tests.conftest import SMALL_CONFIG
 
 L, H = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads
@@ -158,9 +159,7 @@ def test_attribution_parts_add_up_to_the_logits(client, small_model):
     logits = encoding.predictions.logits[0][:, targets]  # (positions, targets)
     np.testing.assert_allclose(got.total, logits, rtol=0, atol=1e-4)
     want = attribution_reference(small_model, encoding.token_ids.tolist(), targets)
-    for name, part in zip(
-        ("heads", "attention_biases", "mlps", "embeddings", "constants"), want, strict=True
-    ):
+    for name, part in zip(ATTRIBUTION_PARTS, want, strict=True):
         np.testing.assert_allclose(getattr(got, name), part[[T - 1, 2]], rtol=0, atol=1e-5)
 
 
@@ -271,49 +270,33 @@ def test_an_answer_too_large_for_a_message_names_the_readouts(small_model_dir, s
         small.stop()
 
 
+def plan(request, config: ModelConfig, readable: set[str]):
+    return plan_request(
+        inputs_of(request), request.options, config, ByteTokenizer(config), frozenset(readable)
+    )
+
+
 def test_a_model_without_readout_graphs_refuses_them_by_name():
     request = build_request("abc", logit_lens=True)
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.logit_lens: .*\(re-export it"):
-        plan_request(
-            inputs_of(request),
-            request.options,
-            config,
-            ByteTokenizer(config),
-            frozenset({"stream"}),
-        )
+        plan(request, config, {"stream"})
     request = build_request("abc", head_mask={(0, 0): 0.0})
     with pytest.raises(UnsupportedError, match=r"options.head_mask: "):
-        plan_request(
-            inputs_of(request), request.options, config, ByteTokenizer(config), frozenset()
-        )
-    assert plan_request(
-        inputs_of(request), request.options, config, ByteTokenizer(config), frozenset({"stream"})
-    ).readouts
+        plan(request, config, set())
+    assert plan(request, config, {"stream"}).readouts
 
 
 def test_attribution_is_refused_where_the_parts_would_not_add_up():
-    readable = frozenset({"stream", "lens", "attribution"})
+    readable = {"stream", "lens", "attribution"}
     request = build_request("abc", attribution={"target_ids": [1]})
     for placement in ("sandwich", "output"):
         config = ModelConfig(
             n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16, norm_placement=placement
         )
-        with pytest.raises(
-            UnsupportedError, match=rf"options.attribution: .*its {placement} norms"
-        ):
-            plan_request(
-                inputs_of(request), request.options, config, ByteTokenizer(config), readable
-            )
+        with pytest.raises(UnsupportedError, match=rf"options.attribution: .*its {placement}"):
+            plan(request, config, readable)
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
-        plan_request(
-            inputs_of(request),
-            request.options,
-            config,
-            ByteTokenizer(config),
-            frozenset({"stream", "lens"}),
-        )
-    assert plan_request(
-        inputs_of(request), request.options, config, ByteTokenizer(config), readable
-    ).readouts
+        plan(request, config, {"stream", "lens"})
+    assert plan(request, config, readable).readouts
