@@ -2,7 +2,7 @@
 
 from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.client.codec import EncodeOutput, Encoding, build_request
-from attnserve.client.inference import InferenceClient
+from attnserve.client.oip import InferenceClient
 
 __all__ = [
     "AsyncEncoderClient",

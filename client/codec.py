@@ -183,7 +183,8 @@ def build_request(
         a.layers.extend(layers)
         a.heads.extend(heads)
         a.dtype = _choice("attention_dtype", attention_dtype, DTYPES)
-        # "causal-packed" as the CLI spells it, or "causal_packed" as V2's parameter does
+        # "causal-packed" as the CLI spells it, or "causal_packed" as the Open Inference
+        # Protocol's parameter does
         a.layout = _choice("attention_layout", attention_layout.replace("-", "_"), LAYOUTS)
         a.query_positions.extend(rows)
         if head_reduction != "none":  # left unspecified: rollout then averages the heads

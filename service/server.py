@@ -1,5 +1,5 @@
-"""Builds and runs the server: the models, the gRPC services (attnserve.v1, V2, health,
-reflection), the HTTP app and metrics. The one place that composes them.
+"""Builds and runs the server: the models, the gRPC services (attnserve.v1, the Open
+Inference Protocol, health, reflection), the HTTP app and metrics. The one place that composes them.
 
 Lifecycle: load the models -> listen (health NOT_SERVING) -> warm up -> SERVING
 (and the ready file, if asked for) -> on SIGTERM/SIGINT: NOT_SERVING, refuse
@@ -38,13 +38,13 @@ from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
 from attnserve.service.grpc.auth import BearerTokenInterceptor
 from attnserve.service.grpc.encoder import EncoderServicer
-from attnserve.service.grpc.inference import SERVICE_NAME as OIP_SERVICE_NAME
-from attnserve.service.grpc.inference import InferenceServicer
+from attnserve.service.grpc.oip import SERVICE_NAME as OIP_SERVICE_NAME
+from attnserve.service.grpc.oip import InferenceServicer
 from attnserve.service.grpc.reflection import enable_reflection
 from attnserve.service.http.app import create_app
 from attnserve.service.http.server import HttpServer
-from attnserve.service.inference.model import V2Server
-from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
@@ -142,7 +142,7 @@ class Services:
     models, and the transport-free protocol and servicers each API mounts."""
 
     repository: ModelRepository
-    v2: V2Server
+    oip_server: OipServer
     encoder: EncoderServicer
     inference: InferenceServicer
 
@@ -156,8 +156,10 @@ async def compose(
     """The models of `settings` built (with --model, `backend` if given; not yet warm) and
     the services over them. `repository_api` False: no loads or unloads (Ray Serve)."""
     repository = await load_models(settings, backend)
-    v2 = V2Server(repository, shared_memory or SharedMemoryRegistry(), repository_api)
-    return Services(repository, v2, EncoderServicer(repository), InferenceServicer(v2))
+    oip_server = OipServer(repository, shared_memory or SharedMemoryRegistry(), repository_api)
+    return Services(
+        repository, oip_server, EncoderServicer(repository), InferenceServicer(oip_server)
+    )
 
 
 async def start_server(
@@ -168,7 +170,7 @@ async def start_server(
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
     services = await compose(settings, backend)
-    repository, v2 = services.repository, services.v2
+    repository, oip_server = services.repository, services.oip_server
     metrics = repository.metrics
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -205,7 +207,7 @@ async def start_server(
     )
     http = None
     if settings.http_port >= 0:
-        http = HttpServer(create_app(repository, settings, v2), settings)
+        http = HttpServer(create_app(repository, settings, oip_server), settings)
     await server.start()
     if http:
         http.start()

@@ -50,7 +50,8 @@ class Settings:
         metadata=_opt(
             Path,
             "a repository of models, DIR/<name>/<version>/ (Triton's layout): the newest "
-            "version of each is served; load, reload and unload through the V2 repository API",
+            "version of each is served; load, reload and unload through the Open Inference "
+            "Protocol's repository API",
         ),
     )
     default_model: str | None = field(

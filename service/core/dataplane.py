@@ -129,8 +129,8 @@ class DataPlane:
     ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
         """Refuse or admit, plan and run a request (texts or numpy ids, and its options);
         yields the plan and each sequence's arrays, which stay counted in the memory budget
-        until the caller has built its answer from them (Encode's protobuf, V2's outputs,
-        OpenAI's vectors)."""
+        until the caller has built its answer from them (Encode's protobuf, the Open
+        Inference Protocol's outputs, OpenAI's vectors)."""
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1

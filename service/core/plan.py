@@ -1,9 +1,10 @@
 """Inputs and EncodeOptions -> EncodePlan: every input tokenized and validated, once.
 
 The inputs are texts or token ids as numpy arrays, whatever the transport (attnserve.v1's
-EncodeRequest through `inputs_of`, V2's tensors and OpenAI's lists directly). Every check
-names the request field and the limit it breaks; nothing here touches the transport, the
-queue or the model. What passes here is what the batcher and the backend may trust.
+EncodeRequest through `inputs_of`, the Open Inference Protocol's tensors and OpenAI's lists
+directly). Every check names the request field and the limit it breaks; nothing here
+touches the transport, the queue or the model. What passes here is what the batcher and
+the backend may trust.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The HTTP app: OpenAI-compatible embeddings, the JSON mirror of Encode, the Open Inference
 Protocol's /v2, health, the explorer and the API docs, over the one data plane.
 
-Each API is a module-level router (openai.py, encode.py, v2.py, health.py) whose routes
+Each API is a module-level router (openai.py, encode.py, oip.py, health.py) whose routes
 take the models from the app's state (state.py) and raise the service's typed errors;
 errors.py answers them in the API's shape with the status of the one table.
 """
@@ -15,16 +15,16 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.http import encode, health, openai, v2
+from attnserve.service.http import encode, health, oip, openai
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
-from attnserve.service.inference.model import V2Server
+from attnserve.service.oip.model import OipServer
 from attnserve.service.settings import Settings
 
 
-def create_app(repository: ModelRepository, settings: Settings, v2_server: V2Server) -> FastAPI:
-    """The HTTP app over the served models; `v2_server` is shared with the gRPC transport."""
+def create_app(repository: ModelRepository, settings: Settings, oip_server: OipServer) -> FastAPI:
+    """The HTTP app over the served models; `oip_server` is shared with the gRPC transport."""
     app = FastAPI(
         title="attnserve",
         description="Contextual embeddings and attention weights of a causal self-attention "
@@ -33,7 +33,7 @@ def create_app(repository: ModelRepository, settings: Settings, v2_server: V2Ser
         docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from a CDN: see pages.py
         redoc_url=None,
     )
-    app.state.attnserve = AppState(repository, settings, v2_server, int(time.time()))
+    app.state.attnserve = AppState(repository, settings, oip_server, int(time.time()))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -43,7 +43,7 @@ def create_app(repository: ModelRepository, settings: Settings, v2_server: V2Ser
         )
     app.add_middleware(BodyLimit, limit=settings.max_message_bytes)
     add_error_handlers(app)
-    for module in (health, openai, encode, v2):
+    for module in (health, openai, encode, oip):
         app.include_router(module.router)
     add_pages(app)
     return app

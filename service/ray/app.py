@@ -24,7 +24,7 @@ from ray.serve import Application
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.service.core.errors import NotReadyError
 from attnserve.service.http.app import create_app
-from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.server import compose
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -78,12 +78,12 @@ class Encoder:
         # No shared memory (a region lives on one host) and no loads (they would reach one
         # replica of many).
         services = await compose(self.settings, None, SharedMemoryRegistry(root=None), False)
-        self.repository, self.v2 = services.repository, services.v2
+        self.repository, self.oip_server = services.repository, services.oip_server
         self.encoder, self.inference = services.encoder, services.inference
         await self.repository.warm_up()
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.repository, self.settings, self.v2)
+        return create_app(self.repository, self.settings, self.oip_server)
 
     async def check_health(self) -> None:
         """Ray's health check: a replica whose models are not all serving is unhealthy."""

@@ -13,15 +13,15 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 IMPORTS = {
-    "attnserve client first": ["attnserve.client.inference", "tritonclient.grpc"],
-    "tritonclient first": ["tritonclient.grpc", "attnserve.client.inference"],
+    "attnserve client first": ["attnserve.client.oip", "tritonclient.grpc"],
+    "tritonclient first": ["tritonclient.grpc", "attnserve.client.oip"],
     "attnserve server first": ["attnserve.service.server", "tritonclient.grpc"],
     "tritonclient before the server": ["tritonclient.grpc", "attnserve.service.server"],
 }
 CALLS = """
 import numpy as np
 import tritonclient.grpc as triton
-from attnserve.client.inference import InferenceClient
+from attnserve.client.oip import InferenceClient
 
 ids = np.array([[3, 1, 4, 1, 5]], dtype=np.int64)
 with InferenceClient(ADDRESS, shared_memory=False) as ours:

@@ -145,6 +145,7 @@ FAMILY_SHAPES = {
         partial_rotary_factor=0.5,
         qk_layernorm=True,
     ),
+    "gpt2": dict(n_embd=48, n_head=4, n_layer=2, n_positions=64),
     "gptj": dict(n_embd=48, n_head=4, n_layer=2, rotary_dim=6, n_positions=64),
     "opt": dict(
         hidden_size=48,

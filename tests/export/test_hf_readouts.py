@@ -76,9 +76,10 @@ def test_a_checkpoint_without_its_head_imports_without_logits(families, tmp_path
 
 
 # head_mask on the layouts that differ: GQA (Llama), parallel blocks with two norms
-# (GPT-NeoX) and one (Phi), sandwich norms (Gemma 2)
-MASKED = ("llama", "gpt_neox", "phi", "gemma2")
+# (GPT-NeoX) and one (Phi), sandwich norms (Gemma 2), GPT-2's Conv1D
+MASKED = ("llama", "gpt_neox", "phi", "gemma2", "gpt2")
 OUTPUT_PROJECTIONS = {  # the module whose input is the heads' concatenated outputs
+    "gpt2": "attn.c_proj",
     "llama": "self_attn.o_proj",
     "gpt_neox": "attention.dense",
     "phi": "self_attn.dense",
@@ -86,11 +87,17 @@ OUTPUT_PROJECTIONS = {  # the module whose input is the heads' concatenated outp
 }
 
 
+def blocks(reference) -> list:
+    """transformers' decoder layers, under either name (GPT-2's `h`)."""
+    base = reference.base_model
+    return list(base.layers if hasattr(base, "layers") else base.h)
+
+
 def zero_heads(reference, family: str, mask: torch.Tensor) -> list:
     """Hooks on transformers' model scaling each head's slice of the output projection's
     input by mask[layer, head] (what issue 52 defines head_mask to be)."""
     handles = []
-    for i, layer in enumerate(reference.base_model.layers):
+    for i, layer in enumerate(blocks(reference)):
         module = layer.get_submodule(OUTPUT_PROJECTIONS[family])
 
         def scale(_module, args, row=mask[i]):
@@ -141,7 +148,7 @@ def test_mean_ablation_equals_replacing_the_output_projections_input(families, f
     d_k = config.head_dim
     mean = torch.from_numpy(np.random.default_rng(8).normal(size=d_k).astype(np.float32))
     layer, head = config.n_layers - 1, config.n_heads - 1
-    module = reference.base_model.layers[layer].get_submodule(OUTPUT_PROJECTIONS[family])
+    module = blocks(reference)[layer].get_submodule(OUTPUT_PROJECTIONS[family])
 
     def replace(_module, args):
         (x,) = args  # (B, T, H * d_k)
@@ -247,8 +254,9 @@ def test_exported_readouts_match_transformers(families, family):
 
 # Direct logit attribution on the layouts whose parts differ: GQA with a tied unembedding
 # (Llama), parallel blocks with LayerNorm (GPT-NeoX), one norm with biases everywhere
-# (Phi), and Granite's residual and logit scales.
+# (Phi), Granite's residual and logit scales, GPT-2's learned positions and Conv1D.
 ATTRIBUTED = {  # family -> its blocks' output projection, as in OUTPUT_PROJECTIONS
+    "gpt2": "attn.c_proj",
     "llama": "self_attn.o_proj",
     "gpt_neox": "attention.dense",
     "phi": "self_attn.dense",
@@ -264,7 +272,7 @@ def transformers_attribution(reference, family: str, ids: np.ndarray, targets: l
     each part is read along the targets' unembedding rows. Returns (heads (T, n, L, H),
     biases (T, n, L), MLPs (T, n, L), embeddings (T, n), constant (T, n)), float64."""
     config = reference.config
-    layers = reference.base_model.layers
+    layers = blocks(reference)
     captured: dict[tuple[str, int], torch.Tensor] = {}
 
     def keep(key):
@@ -291,7 +299,7 @@ def transformers_attribution(reference, family: str, ids: np.ndarray, targets: l
     base = reference.base_model
     norm = next(
         getattr(base, n)
-        for n in ("norm", "final_layer_norm", "final_layernorm")
+        for n in ("norm", "final_layer_norm", "final_layernorm", "ln_f")
         if hasattr(base, n)
     )
     head = reference.get_output_embeddings()
@@ -314,7 +322,8 @@ def transformers_attribution(reference, family: str, ids: np.ndarray, targets: l
     for i, layer in enumerate(layers):
         projection = layer.get_submodule(ATTRIBUTED[family])
         z = captured[i, 0].unflatten(-1, (H, -1))  # (T, H, d)
-        weight = projection.weight.double().unflatten(-1, (H, -1))  # (D, H, d)
+        weight = projection.weight.double()  # (D, H*d); GPT-2's Conv1D keeps (H*d, D)
+        weight = (weight.t() if family == "gpt2" else weight).unflatten(-1, (H, -1))  # (D, H, d)
         by_head = torch.einsum("thd,ehd->the", z, weight)  # (T, H, D)
         heads.append(torch.einsum("tne,the->tnh", w, by_head))
         bias = projection.bias

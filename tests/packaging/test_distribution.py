@@ -135,7 +135,7 @@ def test_imports_resolve_without_an_import_hook():
     code = (
         "import sys\n"
         "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-        "import attnserve.service.core.batcher, attnserve.client.inference, attnserve.v1.wire\n"
+        "import attnserve.service.core.batcher, attnserve.client.oip, attnserve.v1.wire\n"
         "print(attnserve.service.core.batcher.__file__)\n"
     )
     result = subprocess.run(

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 SERVICE = REPO_ROOT / "service"
-TRANSPORTS = ("grpc", "http", "inference", "ray")
+TRANSPORTS = ("grpc", "http", "oip", "ray")
 ENGINE = ("attnserve.service.ort", "onnxruntime", "onnx", "torch")
 RULES = {  # folder -> module prefixes it must not import
     "core": (*(f"attnserve.service.{t}" for t in TRANSPORTS), *ENGINE, "fastapi", "starlette"),

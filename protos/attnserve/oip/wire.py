@@ -1,7 +1,7 @@
 """The Open Inference Protocol's tensors and parameters on the wire, written once.
 
-The server (attnserve.service) and attnserve's client (attnserve.client.inference) read and
-write V2 tensors with these functions, as tritonclient's `utils` module does for Triton:
+The server (attnserve.service) and attnserve's client (attnserve.client.oip) read and
+write the protocol's tensors with these functions, as tritonclient's `utils` module does for Triton:
 the datatype table, the BYTES layout, sizes computed without overflow,
 and parameters as Python values. A `WireError` names the field and what was wrong.
 """

@@ -2,10 +2,10 @@
 
 A JSON body (or JSON and binary tensors, the binary data extension: the
 `Inference-Header-Content-Length` header says how many bytes of the body are JSON) becomes
-the model's Python request (service/inference/messages.py): numpy arrays straight from the
+the model's Python request (service/oip/messages.py): numpy arrays straight from the
 JSON numbers or the binary bytes, no protobuf in between. Every field is checked against
 the type the protocol gives it; nothing is coerced. The gRPC twin is
-service/grpc/inference.py's infer_request and infer_response.
+service/grpc/oip.py's infer_request and infer_response.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from attnserve.oip.wire import (
 )
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import INT64
-from attnserve.service.inference.messages import (
+from attnserve.service.oip.messages import (
     InferRequest,
     InferResponse,
     InputTensor,

@@ -2,9 +2,9 @@
 
 A ModelInfer request becomes the data plane's inputs (its rows of ids as numpy arrays, or
 its texts) and attnserve.v1's EncodeOptions, so it runs through the same plan, memory
-budget and batcher as Encode (V2, v1 and HTTP requests batch together and get the same
-numbers); the data plane's arrays become named tensors. Transport-free: V2Model
-(service/inference/model.py) and tests call these functions.
+budget and batcher as Encode (its requests, attnserve.v1's and HTTP's batch together and get
+the same numbers); the data plane's arrays become named tensors. Transport-free: OipModel
+(service/oip/model.py) and tests call these functions.
 
 Inputs (one of input_ids or text):
   input_ids      INT64 [batch, seq]   right-padded rows; input_lengths gives each row's
@@ -40,7 +40,7 @@ with top_k; the readouts, from hidden_states on, only when named):
                                 (parameter attribution_target_ids)
 Options are request parameters named as in attnserve.v1's AttentionRequest,
 HiddenStatesRequest, TokenPredictionsRequest and LogitAttributionRequest
-(service/inference/parameters.py).
+(service/oip/parameters.py).
 Ragged results are zero-padded to the longest row (-1 for token ids predicted and
 attention_indices).
 """
@@ -57,8 +57,8 @@ from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan, Input
 from attnserve.service.core.response import pooled
-from attnserve.service.inference.messages import InferRequest, InputTensor
-from attnserve.service.inference.parameters import PARAMETERS, choice, read_parameters
+from attnserve.service.oip.messages import InferRequest, InputTensor
+from attnserve.service.oip.parameters import PARAMETERS, choice, read_parameters
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import ATTRIBUTION_PARTS, HEAD_REDUCTIONS, LAYOUTS, POOLINGS
 

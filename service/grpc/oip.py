@@ -1,8 +1,8 @@
-"""The Open Inference Protocol over gRPC: inference.GRPCInferenceService over the V2 model.
+"""The Open Inference Protocol over gRPC: inference.GRPCInferenceService over OipServer.
 
 Served on the same port as attnserve.v1, so that tritonclient, perf_analyzer and KServe's
 platform talk to attnserve unmodified. This module only translates protobuf to and from
-the model's Python values (service/inference/messages.py); errors become status codes
+the model's Python values (service/oip/messages.py); errors become status codes
 through handle_errors, and an unknown model is NOT_FOUND.
 """
 
@@ -26,13 +26,13 @@ from attnserve.oip.wire import (
 )
 from attnserve.service.core.errors import InvalidInputError, ModelNotFoundError
 from attnserve.service.grpc.utils import handle_errors
-from attnserve.service.inference.messages import (
+from attnserve.service.oip.messages import (
     InferRequest,
     InferResponse,
     InputTensor,
     RequestedOutput,
 )
-from attnserve.service.inference.model import V2Server
+from attnserve.service.oip.model import OipServer
 
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # InferTensorContents' typed list of each numeric datatype the model reads.
@@ -40,8 +40,8 @@ CONTENTS_FIELDS = {"INT64": "int64_contents", "INT32": "int_contents", BYTES: "b
 
 
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, v2: V2Server) -> None:
-        self.v2 = v2
+    def __init__(self, oip_server: OipServer) -> None:
+        self.oip_server = oip_server
 
     @handle_errors
     async def ServerLive(self, request, context) -> oip.ServerLiveResponse:
@@ -49,11 +49,11 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ServerReady(self, request, context) -> oip.ServerReadyResponse:
-        return oip.ServerReadyResponse(ready=self.v2.ready)
+        return oip.ServerReadyResponse(ready=self.oip_server.ready)
 
     @handle_errors
     async def ModelReady(self, request, context) -> oip.ModelReadyResponse:
-        with self.v2.observed("ModelReady") as find:
+        with self.oip_server.observed("ModelReady") as find:
             try:
                 model = find(request.name, request.version)
             except ModelNotFoundError:
@@ -62,57 +62,59 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ServerMetadata(self, request, context) -> oip.ServerMetadataResponse:
-        return json_format.ParseDict(self.v2.server_metadata(), oip.ServerMetadataResponse())
+        return json_format.ParseDict(
+            self.oip_server.server_metadata(), oip.ServerMetadataResponse()
+        )
 
     @handle_errors
     async def ModelMetadata(self, request, context) -> oip.ModelMetadataResponse:
-        with self.v2.observed("ModelMetadata") as find:
+        with self.oip_server.observed("ModelMetadata") as find:
             document = find(request.name, request.version).metadata()
             return json_format.ParseDict(document, oip.ModelMetadataResponse())
 
     @handle_errors
     async def ModelConfig(self, request, context) -> oip.ModelConfigResponse:
-        with self.v2.observed("ModelConfig") as find:
+        with self.oip_server.observed("ModelConfig") as find:
             document = find(request.name, request.version).config()
             return json_format.ParseDict(document, oip.ModelConfigResponse())
 
     @handle_errors
     async def ModelStatistics(self, request, context) -> oip.ModelStatisticsResponse:
-        with self.v2.observed("ModelStatistics") as find:
+        with self.oip_server.observed("ModelStatistics") as find:
             model = find(request.name, request.version) if request.name else None
-            document = self.v2.statistics(model)
+            document = self.oip_server.statistics(model)
             return json_format.ParseDict(document, oip.ModelStatisticsResponse())
 
     @handle_errors
     async def RepositoryIndex(self, request, context) -> oip.RepositoryIndexResponse:
-        document = {"models": self.v2.index(request.ready)}
+        document = {"models": self.oip_server.index(request.ready)}
         return json_format.ParseDict(document, oip.RepositoryIndexResponse())
 
     @handle_errors
     async def RepositoryModelLoad(self, request, context) -> oip.RepositoryModelLoadResponse:
-        await self.v2.load(request.model_name, read_parameters(request.parameters))
+        await self.oip_server.load(request.model_name, read_parameters(request.parameters))
         return oip.RepositoryModelLoadResponse()
 
     @handle_errors
     async def RepositoryModelUnload(self, request, context) -> oip.RepositoryModelUnloadResponse:
-        await self.v2.unload(request.model_name, read_parameters(request.parameters))
+        await self.oip_server.unload(request.model_name, read_parameters(request.parameters))
         return oip.RepositoryModelUnloadResponse()
 
     @handle_errors
     async def SystemSharedMemoryRegister(self, request, context):
-        registry = self.v2.shared_memory
+        registry = self.oip_server.shared_memory
         registry.register(request.name, request.key, request.offset, request.byte_size)
         return oip.SystemSharedMemoryRegisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.v2.shared_memory.unregister(request.name)
+        self.oip_server.shared_memory.unregister(request.name)
         return oip.SystemSharedMemoryUnregisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryStatus(self, request, context):
         response = oip.SystemSharedMemoryStatusResponse()
-        for r in self.v2.shared_memory.status(request.name):
+        for r in self.oip_server.shared_memory.status(request.name):
             response.regions[r.name].CopyFrom(
                 oip.SystemSharedMemoryStatusResponse.RegionStatus(
                     name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
@@ -124,7 +126,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        with self.v2.observed("ModelInfer") as find:
+        with self.oip_server.observed("ModelInfer") as find:
             translated = infer_request(request)
             model = find(translated.model_name, translated.model_version)
             return infer_response(await model.infer(translated, context.time_remaining()))

@@ -14,7 +14,7 @@ import pytest
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.inference.shared_memory import SharedMemoryRegistry
+from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from tests.conftest import SMALL_CONFIG
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from attnserve.oip.wire import Parameter
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
-from attnserve.service.inference.messages import SHM_OFFSET, SHM_REGION, SHM_SIZE
+from attnserve.service.oip.messages import SHM_OFFSET, SHM_REGION, SHM_SIZE
 
 SHM_ROOT = Path("/dev/shm")
 

@@ -1,5 +1,6 @@
-"""A V2 inference request and response as Python values: what both transports translate to
-and from (protobuf on gRPC, JSON and binary on HTTP), so nothing in between is protobuf.
+"""An Open Inference Protocol request and response as Python values: what both transports
+translate to and from (protobuf on gRPC, JSON and binary on HTTP), so nothing in between
+is protobuf.
 
 Numeric tensors are numpy arrays, BYTES tensors lists of bytes; a tensor in a client's
 shared-memory region has no data (its parameters say where it is).

@@ -1,12 +1,12 @@
 """The Open Inference Protocol, transport-free: what /v2 over HTTP and
-inference.GRPCInferenceService over gRPC both call (service/http/v2.py, service/grpc/inference.py).
+inference.GRPCInferenceService over gRPC both call (service/http/oip.py, service/grpc/oip.py).
 
-`V2Server` is the protocol's view of the server (its metadata, the repository extension,
-the shared-memory regions, statistics per model version); `V2Model` that of one served
-model version. Requests and answers are Python values (service/inference/messages.py);
+`OipServer` is the protocol's view of the server (its metadata, the repository extension,
+the shared-memory regions, statistics per model version); `OipModel` that of one served
+model version. Requests and answers are Python values (service/oip/messages.py);
 metadata, config, statistics and the index are the protocol's JSON documents, which the
 gRPC transport parses into its messages. A request runs through its model's data plane, as
-Encode does (service/inference/tensors.py translates it), so V2, attnserve.v1 and HTTP
+Encode does (service/oip/tensors.py translates it), so its requests, attnserve.v1's and HTTP's
 requests batch together. Inputs and outputs may sit in a client's shared-memory region.
 Errors are the service's typed ones.
 """
@@ -25,7 +25,7 @@ from attnserve.oip.wire import BYTES, Parameter, WireError, from_bytes, unpack_b
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.inference.messages import (
+from attnserve.service.oip.messages import (
     SHM_PARAMETERS,
     InferRequest,
     InferResponse,
@@ -33,8 +33,8 @@ from attnserve.service.inference.messages import (
     OutputTensor,
     RequestedOutput,
 )
-from attnserve.service.inference.shared_memory import SharedMemoryRegistry
-from attnserve.service.inference.tensors import (
+from attnserve.service.oip.shared_memory import SharedMemoryRegistry
+from attnserve.service.oip.tensors import (
     INPUTS,
     OUTPUT_DATATYPES,
     check_input,
@@ -76,7 +76,7 @@ class _Statistics:
     last_ms: int = 0
 
 
-class V2Server:
+class OipServer:
     """The protocol's view of the server: every served model, by name and version."""
 
     def __init__(
@@ -106,17 +106,17 @@ class V2Server:
         version = metadata.version("attnserve")
         return {"name": "attnserve", "version": version, "extensions": self.extensions}
 
-    def _model(self, dataplane: DataPlane) -> V2Model:
+    def _model(self, dataplane: DataPlane) -> OipModel:
         stats = self._stats.setdefault((dataplane.name, dataplane.version), _Statistics())
-        return V2Model(dataplane, self.shared_memory, stats)
+        return OipModel(dataplane, self.shared_memory, stats)
 
-    def statistics(self, model: V2Model | None = None) -> dict:
+    def statistics(self, model: OipModel | None = None) -> dict:
         """One model's statistics, or (None) every served model's."""
         served = [model] if model else [self._model(d) for d in self.repository.served.values()]
         return {"model_stats": [m.statistics() for m in served]}
 
     @contextlib.contextmanager
-    def observed(self, method: str) -> Iterator[Callable[[str, str], V2Model]]:
+    def observed(self, method: str) -> Iterator[Callable[[str, str], OipModel]]:
         """Count and time one call of `method` that names a model (the repository's
         `observed`, as every transport's model calls are), translation errors included;
         yields `find(name, version)`: the served model `name` at `version` ("": the one
@@ -162,7 +162,7 @@ def _check_parameters(parameters: dict[str, Parameter], known: dict[str, type]) 
             raise InvalidInputError(f"parameters.{key}: must be a {kind.__name__}, got {value!r}")
 
 
-class V2Model:
+class OipModel:
     """One served model version as the protocol sees it."""
 
     def __init__(

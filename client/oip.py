@@ -63,8 +63,9 @@ class _Region:
 
 
 class InferenceClient:
-    """Blocking V2 client of attnserve's `inference.GRPCInferenceService`. Not thread-safe
-    (one region per client): give each thread its own."""
+    """Blocking Open Inference Protocol client of attnserve's
+    `inference.GRPCInferenceService`. Not thread-safe (one region per client): give each
+    thread its own."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
-"""The request parameters of the encoder's V2 model: their names, types and help, and how a
-request's are read (each of its type, never converted; unknown ones refused, the ones
-clients send on their own ignored)."""
+"""The request parameters of the encoder's Open Inference Protocol model: their names, types
+and help, and how a request's are read (each of its type, never converted; unknown ones
+refused, the ones clients send on their own ignored)."""
 
 from __future__ import annotations
 
