@@ -92,9 +92,8 @@ class Encoder(nn.Module):
                 positions = sliding_rotary
             heads = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
             means = None if head_means is None else head_means[..., layer, :, :]  # (.., H, d_k)
-            x, weights = block(
-                x, need_weights, positions, heads, taps, means
-            )  # (B, T, D), (B, H, T, T)
+            # (B, T, D), (B, H, T, T)
+            x, weights = block(x, need_weights, positions, heads, taps, means)
             attentions.append(weights)
             stream = [*stream, x] if keep else [x]
         if not need_weights:
@@ -206,7 +205,7 @@ class Encoder(nn.Module):
             written = F.linear(by_head, projection.weight)  # (N, H, D)
             head_parts.append(w @ written.transpose(1, 2))  # (N, n, H)
             bias = projection.bias
-            bias_parts.append(constant * 0 if bias is None else w @ bias)  # (N, n)
+            bias_parts.append(torch.zeros_like(constant) if bias is None else w @ bias)  # (N, n)
             mlp_parts.append((w * mlps[:, layer, None]).sum(-1))  # (N, n)
         scale = config.residual_scale  # Granite scales what each sublayer adds
         return (

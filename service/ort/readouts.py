@@ -163,13 +163,11 @@ class ReadoutGraphs:
             targets = np.zeros((len(residual), 0), dtype=np.int64)
         names = [LOGITS_NAME, *PREDICTION_OUTPUTS] if logits else list(PREDICTION_OUTPUTS)
         k_input = np.array([k], dtype=np.int64)
-        values = self._run_rows(
-            LENS,
-            names,
-            (*LENS_INPUTS, *PREDICTION_INPUTS),
-            (residual, last, k_input, targets),
-            lens_chunk_rows(self.config.vocab_size),
+        rows = dict(
+            zip((*LENS_INPUTS, PREDICTION_INPUTS[1]), (residual, last, targets), strict=True)
         )
+        step = lens_chunk_rows(self.config.vocab_size)
+        values = self._run_rows(LENS, names, rows, step, {PREDICTION_INPUTS[0]: k_input})
         return LensOutput(*values) if logits else LensOutput(None, *values)
 
     def attribution(
@@ -186,25 +184,26 @@ class ReadoutGraphs:
         the constant (N, n). Large N runs in chunks of bounded memory."""
         step = attribution_chunk_rows(self.config, targets.shape[1])
         inputs = (heads, mlps, first, last, targets)
-        return self._run_rows(ATTRIBUTION, ATTRIBUTION_OUTPUTS, ATTRIBUTION_INPUTS, inputs, step)
+        rows = dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True))
+        return self._run_rows(ATTRIBUTION, ATTRIBUTION_OUTPUTS, rows, step)
 
     def _run_rows(
         self,
         kind: str,
         names: Sequence[str],
-        input_names: Sequence[str],
-        inputs: Sequence[np.ndarray],
+        rows: dict[str, np.ndarray],
         step: int,
+        shared: dict[str, np.ndarray] | None = None,
     ) -> list[np.ndarray]:
-        """Run the graph of `kind` over the rows of `inputs` `step` rows at a time (an
-        input of one row, like the lens' k, goes to every chunk) and join the outputs."""
+        """Run the graph of `kind` over the `rows` inputs (as many rows each) `step` rows
+        at a time, the `shared` inputs (the lens' k) in every chunk, and join the outputs."""
         session = self._session(kind)
-        rows = len(inputs[0])
+        count = len(next(iter(rows.values())))
         runs = []
-        for start in range(0, max(rows, 1), step):
-            chunk = [x if len(x) != rows else x[start : start + step] for x in inputs]
+        for start in range(0, max(count, 1), step):
+            feeds = {name: x[start : start + step] for name, x in rows.items()} | (shared or {})
             try:
-                runs.append(session.run(list(names), dict(zip(input_names, chunk, strict=True))))
+                runs.append(session.run(list(names), feeds))
             except Exception as exc:  # ORT raises its own untyped errors
                 raise InferenceError(f"ONNX Runtime failed on the {kind} graph: {exc}") from exc
         return [
