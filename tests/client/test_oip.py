@@ -1,5 +1,6 @@
-"""InferenceClient (V2) against the real in-process server: through a shared-memory region on
-this host, over the wire when the server cannot open the region, the same numbers as Encode."""
+"""InferenceClient (the Open Inference Protocol) against the real in-process server: through a
+shared-memory region on this host, over the wire when the server cannot open the region, the
+same numbers as Encode."""
 
 from __future__ import annotations
 
