@@ -37,7 +37,7 @@ from attnserve.service.core.memory import keep_freed_heap
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
 from attnserve.service.grpc.auth import BearerTokenInterceptor
-from attnserve.service.grpc.encoder import EncoderServicer
+from attnserve.service.grpc.encoder import EncoderServicer, add_encoder_service
 from attnserve.service.grpc.oip import SERVICE_NAME as OIP_SERVICE_NAME
 from attnserve.service.grpc.oip import InferenceServicer
 from attnserve.service.grpc.reflection import enable_reflection
@@ -49,7 +49,6 @@ from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 # Copies of a model's weights beyond the first (session_layout) are made only while
@@ -178,7 +177,7 @@ async def start_server(
     ]
     interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
     server = grpc.aio.server(options=limits, interceptors=interceptors)
-    pb_grpc.add_EncoderServiceServicer_to_server(services.encoder, server)
+    add_encoder_service(services.encoder, server)
     # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same models.
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(services.inference, server)
     health_servicer = health.aio.HealthServicer()

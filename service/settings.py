@@ -117,6 +117,12 @@ class Settings:
         default=0.25,
         metadata=_opt(float, "a sequence joins a batch only while padding stays this share"),
     )
+    inline_max_ms: float = field(
+        default=50.0,
+        metadata=_opt(
+            float, "a lone request expected to run this long or less runs on the event loop"
+        ),
+    )
     instances: int = field(
         default=0,
         metadata=_opt(
@@ -236,6 +242,7 @@ class Settings:
             max_batch_size=self.max_batch_size,
             max_batched_seq_len=self.max_batched_seq_len,
             max_padding=self.max_padding,
+            inline_max_s=self.inline_max_ms / 1e3,
         )
 
 

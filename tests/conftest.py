@@ -140,10 +140,13 @@ class ServerThread:
     """A real grpc.aio server on port 0, its event loop on a background thread."""
 
     def __init__(self, model_dir: Path | None, backend=None, warm_up: bool = True, **overrides):
-        """model_dir None: give model_repository=DIR among the overrides."""
+        """model_dir None: give model_repository=DIR among the overrides. A fake `backend`
+        runs on the worker threads only: its gate, held on the event loop, would stall it."""
         from attnserve.service.server import start_server
         from attnserve.service.settings import Settings
 
+        if backend is not None:
+            overrides = {"inline_max_ms": 0.0, **overrides}
         self.settings = Settings(
             model=model_dir,
             host="127.0.0.1",

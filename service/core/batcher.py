@@ -69,6 +69,12 @@ class BatcherOptions:
     max_batched_seq_len: int = 32
     # A sequence joins a batch only while padding stays within this share of the real tokens.
     max_padding: float = 0.25
+    # A lone request (every lane idle, nothing queued) that the last runs of its kind say
+    # takes at most this long runs on the event loop itself: the hand-off to a worker
+    # thread and back costs 3-13% of a run here, and with the main lane busy nothing else
+    # could run meanwhile anyway. The bound keeps the loop (health checks, admission)
+    # responsive under a large model. 0: never.
+    inline_max_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.max_batched_seq_len < 1:
@@ -153,6 +159,9 @@ class Batcher:
         self.metrics = metrics
         self.clock = clock or MonotonicClock()
         self._pending: list[_Item] = []
+        # Each kind's recent backend seconds per real token (a moving average): the cost
+        # model of inline runs.
+        self._seconds_per_token: dict[type | None, float] = {}
         self._arrived = asyncio.Event()
         self._lane_freed = asyncio.Event()
         self._closing = False
@@ -222,6 +231,16 @@ class Batcher:
         (DeadlineExceededError).
         """
         items = self._admit(sequences, selections, timeout)
+        if self._runs_inline(items):
+            lane = self._wide
+            lane.busy = True
+            try:  # no await inside: nothing can cancel it halfway
+                await self._run_batch(items, lane.backend, None)
+            finally:
+                self._free(lane)
+            return [item.future.result() for item in items]
+        self._pending += items
+        self._arrived.set()
         try:
             return list(await asyncio.gather(*(item.future for item in items)))
         except BaseException:
@@ -252,9 +271,15 @@ class Batcher:
             _Item(ids, selection, deadline, now, loop.create_future(), request)
             for ids, selection in zip(sequences, chosen, strict=True)
         ]
-        self._pending += items
-        self._arrived.set()
         return items
+
+    def _runs_inline(self, items: list[_Item]) -> bool:
+        """Whether a request runs at once on the event loop: one sequence, nothing queued or
+        running (so no batch could form and no lane waits on the loop), expected to be short."""
+        if len(items) != 1 or self._pending or any(lane.busy for lane in self._lanes):
+            return False
+        per_token = self._seconds_per_token.get(items[0].kind)
+        return per_token is not None and items[0].length * per_token <= self.options.inline_max_s
 
     async def _loop(self) -> None:
         while self._pending or not self._closing:
@@ -362,8 +387,10 @@ class Batcher:
             self._free(lane)
 
     async def _run_batch(
-        self, batch: list[_Item], backend: Backend, executor: ThreadPoolExecutor
+        self, batch: list[_Item], backend: Backend, executor: ThreadPoolExecutor | None
     ) -> None:
+        """Run one batch (on `executor`'s thread; None: here, on the event loop) and answer
+        its sequences."""
         config = backend.config
         longest = max(item.length for item in batch)
         ids = np.full((len(batch), longest), config.pad_id, dtype=np.int64)
@@ -378,9 +405,12 @@ class Batcher:
             call = backend.read if kind is ReadoutSelection else backend.attend
             run = partial(call, ids, lengths, selections)
         try:
-            outputs, inference_s = await asyncio.get_running_loop().run_in_executor(
-                executor, _timed, run
-            )
+            if executor is None:
+                outputs, inference_s = _timed(run)
+            else:
+                outputs, inference_s = await asyncio.get_running_loop().run_in_executor(
+                    executor, _timed, run
+                )
         except Exception as exc:
             if isinstance(exc, AttnserveError):
                 log.error("batch of %d sequences %s failed: %s", len(batch), ids.shape, exc)
@@ -399,12 +429,16 @@ class Batcher:
             return
         embeddings, extras = outputs if kind is not None else (outputs, [None] * len(batch))
 
+        tokens = sum(item.length for item in batch)
+        last = self._seconds_per_token.get(kind)
+        now = inference_s / tokens
+        self._seconds_per_token[kind] = now if last is None else 0.8 * last + 0.2 * now
         m = self.metrics
         m.inference_time.observe(inference_s)
         m.batch_size.observe(len(batch))
         m.batch_tokens.observe(ids.size)
         m.sequences.inc(len(batch))
-        m.tokens.inc(sum(item.length for item in batch))
+        m.tokens.inc(tokens)
         for row, item in enumerate(batch):
             n = item.length
             queue_s = start - item.enqueued

@@ -31,7 +31,7 @@ from attnserve.service.core.plan import (
     inputs_of,
     plan_request,
 )
-from attnserve.service.core.response import build_response
+from attnserve.service.core.response import EncodeAnswer, build_response
 from attnserve.v1 import encoder_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -107,18 +107,16 @@ class DataPlane:
             return False
         return True
 
-    async def encode(
-        self, request: pb.EncodeRequest, timeout: float | None = None
-    ) -> pb.EncodeResponse:
+    async def encode(self, request: pb.EncodeRequest, timeout: float | None = None) -> EncodeAnswer:
         """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
         caller will still wait (its deadline); queued work past it is dropped unrun."""
         start = time.perf_counter_ns()
         async with self.results(inputs_of(request), request.options, timeout) as (plan, results):
-            response = build_response(
+            answer = build_response(
                 plan, results, self.tokenizer, self.backend.version, request.request_id
             )
-        response.timings.total_ns = time.perf_counter_ns() - start
-        return response
+        answer.message.timings.total_ns = time.perf_counter_ns() - start
+        return answer
 
     @contextlib.asynccontextmanager
     async def results(

@@ -3,7 +3,8 @@
 Between requests the heap should keep what an answer freed for the next one:
 glibc by default maps each large buffer fresh and trims the heap as soon as its
 free top is twice the last such buffer, so every copy of an 8 MB answer faults
-its pages in again (4 ms instead of 1.3). After a burst, freed buffers should go
+its pages in again (4 ms instead of 1.3; 30 ms instead of 3.8 to copy a 32 MiB attention
+map into its answer). After a burst, freed buffers should go
 back to the OS: ONNX Runtime's CPU arena keeps its chunks for the next run (the
 backend empties it, service/ort/runtime.py) and glibc its heap pages (trimmed here).
 """
@@ -13,9 +14,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it accepts.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 * 2**20
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
 
 def _load_glibc() -> ctypes.CDLL | None:
@@ -31,14 +31,14 @@ _GLIBC = _load_glibc()
 
 
 def keep_freed_heap(trim_threshold: int = 256 * 2**20) -> bool:
-    """Serve buffers up to 32 MiB from the heap and keep up to `trim_threshold` bytes of
-    freed heap for the next request (give_back_memory still returns all of it); False
-    where this is not glibc."""
+    """Serve every buffer from the heap (no mapping of its own, however large: glibc maps
+    no more than 32 MiB from the heap otherwise) and keep up to `trim_threshold` bytes of
+    freed heap for the next request (give_back_memory still returns all of it, pages in
+    the middle of the heap included); False where this is not glibc."""
     if _GLIBC is None:
         return False
     return bool(
-        _GLIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-        and _GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+        _GLIBC.mallopt(_M_MMAP_MAX, 0) and _GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
     )
 
 

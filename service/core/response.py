@@ -1,4 +1,5 @@
-"""Results -> EncodeResponse: the whole answer (tensors, tokens, timings) built in one place."""
+"""Results -> EncodeResponse: the whole answer (tensors, tokens, timings) built in one place,
+its large tensors spliced into the bytes it is sent as (v1/wire.py SplicedMessage)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,44 @@ from attnserve.service.core.backend import (
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import ATTRIBUTION_PARTS, fill_tensor
+from attnserve.v1.wire import ATTRIBUTION_PARTS, SplicedMessage, nested
+
+_RESULTS = pb.EncodeResponse.DESCRIPTOR.fields_by_name["results"].number
+_STREAM_RESPONSE = pb.EncodeStreamResponse.DESCRIPTOR.fields_by_name["response"].number
+
+
+class EncodeAnswer:
+    """An EncodeResponse whose results' large tensors are spliced in when it is serialized."""
+
+    def __init__(self, message: pb.EncodeResponse, results: list[SplicedMessage]) -> None:
+        self.message = message
+        self.results = results  # one per message.results, in order
+
+    def parts(self) -> list[bytes | memoryview]:
+        if not any(result.spliced for result in self.results):
+            return [self.message.SerializeToString()]
+        head = pb.EncodeResponse()
+        head.CopyFrom(self.message)  # cheap: the large bytes are not in it
+        head.ClearField("results")
+        parts: list[bytes | memoryview] = [head.SerializeToString()]
+        for result in self.results:
+            parts += nested((_RESULTS,), result.parts())
+        return parts
+
+    def serialize(self) -> bytes:
+        """The EncodeResponse's bytes, each large tensor copied once, into them."""
+        return b"".join(self.parts())
+
+    def serialize_in_stream(self, request_id: str) -> bytes:
+        """The bytes of EncodeStreamResponse(request_id, response=this answer)."""
+        head = pb.EncodeStreamResponse(request_id=request_id).SerializeToString()
+        return b"".join([head, *nested((_STREAM_RESPONSE,), self.parts())])
+
+    def filled(self) -> pb.EncodeResponse:
+        """The EncodeResponse message itself, large tensors copied in (for JSON)."""
+        for result in self.results:
+            result.filled()
+        return self.message
 
 
 def build_response(
@@ -23,20 +61,22 @@ def build_response(
     tokenizer: Tokenizer,
     model_version: str,
     request_id: str,
-) -> pb.EncodeResponse:
+) -> EncodeAnswer:
     """One result per planned sequence, in order; timings.total_ns is left to the caller,
     who alone knows when the request arrived."""
     response = pb.EncodeResponse(model_version=model_version, request_id=request_id)
+    spliced = []
     for index, result in enumerate(results):
-        out = response.results.add()
+        out = SplicedMessage(response.results.add())
         _fill_result(out, index, result, plan)
         if plan.return_tokens:
-            out.tokens[:] = tokenizer.token_strings(out.token_ids)
+            out.message.tokens[:] = tokenizer.token_strings(out.message.token_ids)
         if plan.readouts and result.readouts:
             _fill_readouts(out, plan.readouts[index], result.readouts, tokenizer)
+        spliced.append(out)
     response.timings.queue_ns = max(r.queue_ns for r in results)
     response.timings.inference_ns = max(r.inference_ns for r in results)
-    return response
+    return EncodeAnswer(response, spliced)
 
 
 def pooled(embeddings: np.ndarray, pooling: int) -> np.ndarray:
@@ -45,72 +85,75 @@ def pooled(embeddings: np.ndarray, pooling: int) -> np.ndarray:
     return embeddings.mean(axis=0) if pooling == pb.POOLING_MEAN else embeddings[-1]
 
 
-def _fill_result(
-    out: pb.EncodeResult, index: int, result: SequenceResult, plan: EncodePlan
-) -> None:
-    """Write input `index`'s result into `out` (built in place: no copies of large bytes)."""
-    out.token_ids[:] = plan.sequences[index].tolist()
-    out.truncated = plan.truncated[index]
+def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: EncodePlan) -> None:
+    """Write input `index`'s result into `out` (an EncodeResult)."""
+    message = out.message
+    message.token_ids[:] = plan.sequences[index].tolist()
+    message.truncated = plan.truncated[index]
     if plan.token_embeddings:
-        fill_tensor(out.embeddings, result.embeddings)
+        out.put("embeddings", result.embeddings)
     if plan.pooling != pb.POOLING_NONE:
-        fill_tensor(out.pooled, pooled(result.embeddings, plan.pooling))
+        out.put("pooled", pooled(result.embeddings, plan.pooling))
     if result.attention is not None and plan.attention is not None:
         selection, a = plan.attention[index], result.attention
         if a.weights is not None:
             dtype = pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32
-            fill_tensor(out.attention, a.weights, dtype)
+            out.put("attention", a.weights, dtype)
         if a.indices is not None:
-            fill_tensor(out.attention_indices, a.indices, pb.DTYPE_INT32)
+            out.put("attention_indices", a.indices, pb.DTYPE_INT32)
         if a.entropy is not None:
-            fill_tensor(out.head_entropy, a.entropy)
-        out.attention_layers[:] = selection.layers
-        out.attention_heads[:] = selection.heads
-        out.attention_rows[:] = a.rows.tolist()
+            out.put("head_entropy", a.entropy)
+        message.attention_layers[:] = selection.layers
+        message.attention_heads[:] = selection.heads
+        message.attention_rows[:] = a.rows.tolist()
 
 
 def _fill_readouts(
-    out: pb.EncodeResult,
+    out: SplicedMessage,
     selection: ReadoutSelection,
     readouts: ReadoutOutput,
     tokenizer: Tokenizer,
 ) -> None:
+    message = out.message
     hidden = selection.hidden_states
     if hidden is not None:
         if readouts.hidden_states is not None:
-            fill_tensor(out.hidden_states, readouts.hidden_states)
+            out.put("hidden_states", readouts.hidden_states)
         if readouts.hidden_state_norms is not None:
-            fill_tensor(out.hidden_state_norms, readouts.hidden_state_norms)
-        out.hidden_state_layers[:] = hidden.layers
-        out.hidden_state_positions[:] = hidden.positions
+            out.put("hidden_state_norms", readouts.hidden_state_norms)
+        message.hidden_state_layers[:] = hidden.layers
+        message.hidden_state_positions[:] = hidden.positions
     for field, asked, got in (
         ("predictions", selection.predictions, readouts.predictions),
         ("logit_lens", selection.lens, readouts.lens),
     ):
         if asked is not None and got is not None:
-            _fill_predictions(getattr(out, field), asked, got, tokenizer)
+            _fill_predictions(out, field, asked, got, tokenizer)
     asked_attribution, attribution = selection.attribution, readouts.attribution
     if asked_attribution is not None and attribution is not None:
-        a = out.attribution
+        a = message.attribution
         a.positions[:] = asked_attribution.positions
         a.target_ids[:] = asked_attribution.targets
         a.contrast_ids[:] = asked_attribution.contrasts
         for name in ATTRIBUTION_PARTS:
-            fill_tensor(getattr(a, name), getattr(attribution, name))
+            out.put(f"attribution.{name}", getattr(attribution, name))
 
 
 def _fill_predictions(
-    out: pb.TokenPredictions,
+    out: SplicedMessage,
+    field: str,
     asked: PredictionsSelection,
     got: Predictions,
     tokenizer: Tokenizer,
 ) -> None:
-    out.layers[:] = asked.layers
-    out.positions[:] = asked.positions
-    fill_tensor(out.top_ids, got.top_ids, pb.DTYPE_INT32)
-    fill_tensor(out.top_probabilities, got.top_probabilities)
-    out.top_tokens[:] = tokenizer.token_strings(got.top_ids.ravel().tolist())
+    """The TokenPredictions at `field` of `out`'s EncodeResult."""
+    message: pb.TokenPredictions = getattr(out.message, field)
+    message.layers[:] = asked.layers
+    message.positions[:] = asked.positions
+    out.put(f"{field}.top_ids", got.top_ids, pb.DTYPE_INT32)
+    out.put(f"{field}.top_probabilities", got.top_probabilities)
+    message.top_tokens[:] = tokenizer.token_strings(got.top_ids.ravel().tolist())
     if got.target_probabilities is not None:
-        fill_tensor(out.target_probabilities, got.target_probabilities)
+        out.put(f"{field}.target_probabilities", got.target_probabilities)
     if got.logits is not None:
-        fill_tensor(out.logits, got.logits)
+        out.put(f"{field}.logits", got.logits)

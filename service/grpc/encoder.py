@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from attnserve.service.core.repository import ModelRepository
+from attnserve.service.core.response import EncodeAnswer
 from attnserve.service.core.status import log_unexpected, status_for
 from attnserve.service.grpc.utils import handle_errors
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -27,7 +28,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     @handle_errors
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeResponse:
+    ) -> EncodeAnswer:
         with self.repository.observed("Encode") as find:
             return await find(request.model).encode(request, context.time_remaining())
 
@@ -35,10 +36,10 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self,
         request_iterator: AsyncIterator[pb.EncodeStreamRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.EncodeStreamResponse]:
+    ) -> AsyncIterator[bytes]:
         """Pipelined: up to STREAM_WINDOW requests run at once (so they batch together),
-        answers go back in request order; a failed request gets an EncodeError and the
-        stream goes on."""
+        answers (serialized EncodeStreamResponses) go back in request order; a failed request
+        gets an EncodeError and the stream goes on."""
         window: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def read() -> None:
@@ -62,18 +63,19 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
 
     async def _stream_answer(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeStreamResponse:
+    ) -> bytes:
         """The answer to one request of a stream, or the EncodeError that says why not
         (anything unexpected is INTERNAL, and logged: this is the stream's error wrapper)."""
         try:
             with self.repository.observed("EncodeStream") as find:
-                response = await find(request.model).encode(request, context.time_remaining())
+                answer = await find(request.model).encode(request, context.time_remaining())
         except Exception as exc:
             log_unexpected("EncodeStream", exc)
             message = str(exc) or type(exc).__name__
             error = pb.EncodeError(code=status_for(exc).value[0], message=message)
-            return pb.EncodeStreamResponse(request_id=request.request_id, error=error)
-        return pb.EncodeStreamResponse(request_id=request.request_id, response=response)
+            response = pb.EncodeStreamResponse(request_id=request.request_id, error=error)
+            return response.SerializeToString()
+        return answer.serialize_in_stream(request.request_id)
 
     @handle_errors
     async def GetModelInfo(
@@ -81,3 +83,29 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     ) -> pb.GetModelInfoResponse:
         with self.repository.observed("GetModelInfo") as find:
             return find(request.model).model_info()
+
+
+def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+    """The generated add_EncoderServiceServicer_to_server, but Encode's and EncodeStream's
+    answers arrive with their large tensors spliced in (EncodeAnswer), not as messages."""
+    rpc_method_handlers = {
+        "Encode": grpc.unary_unary_rpc_method_handler(
+            servicer.Encode,
+            request_deserializer=pb.EncodeRequest.FromString,
+            response_serializer=EncodeAnswer.serialize,
+        ),
+        "EncodeStream": grpc.stream_stream_rpc_method_handler(
+            servicer.EncodeStream,
+            request_deserializer=pb.EncodeStreamRequest.FromString,
+            response_serializer=None,  # the servicer yields the bytes
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo,
+            request_deserializer=pb.GetModelInfoRequest.FromString,
+            response_serializer=pb.GetModelInfoResponse.SerializeToString,
+        ),
+    }
+    service = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+    generic = grpc.method_handlers_generic_handler(service, rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(service, rpc_method_handlers)

@@ -48,8 +48,8 @@ async def encode(
     with state(request).repository.observed("POST /v1/encode") as find:
         encode_request, as_lists = _encode_request(body)
         timeout = deadline(request)
-        response = await find(encode_request.model).encode(encode_request, timeout)
-        return _encode_response(response, as_lists)
+        answer = await find(encode_request.model).encode(encode_request, timeout)
+        return _encode_response(answer.filled(), as_lists)
 
 
 def _encode_request(body: dict[str, Any]) -> tuple[pb.EncodeRequest, bool]:

@@ -92,14 +92,17 @@ class Encoder:
 
     # attnserve.v1.EncoderService (EncodeStream too: Ray's proxy streams both ways).
 
+    # Ray's proxy serializes messages itself: the answers the servicer leaves spliced for
+    # grpc (service/core/response.py) are handed over as messages.
+
     async def Encode(self, request: pb.EncodeRequest, grpc_context: Any) -> pb.EncodeResponse:
-        return await self.encoder.Encode(request, RayContext(grpc_context))
+        return (await self.encoder.Encode(request, RayContext(grpc_context))).filled()
 
     async def EncodeStream(
         self, request_iterator: AsyncIterator[pb.EncodeStreamRequest], grpc_context: Any
     ) -> AsyncIterator[pb.EncodeStreamResponse]:
         async for answer in self.encoder.EncodeStream(request_iterator, RayContext(grpc_context)):
-            yield answer
+            yield pb.EncodeStreamResponse.FromString(answer)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, grpc_context: Any

@@ -3,7 +3,10 @@ import pytest
 
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import (
+    SplicedMessage,
+    fill_tensor,
     from_tensor,
+    nested,
     pack_causal,
     packed_length,
     to_tensor,
@@ -52,3 +55,45 @@ def test_malformed_tensors_are_refused():
         from_tensor(pb.Tensor(shape=[1], dtype=pb.DTYPE_UNSPECIFIED, data=b"\0" * 4))
     with pytest.raises(ValueError, match="a length of 4 needs 10"):
         unpack_causal(np.zeros((1, 9)), 4)
+
+
+def spliced_result(rng: np.random.Generator) -> tuple[SplicedMessage, pb.EncodeResult]:
+    """The same EncodeResult twice: its tensors put through SplicedMessage, and filled in
+    the plain way (the reference). Large tensors at each depth, a small one, float16."""
+    tensors = {
+        "embeddings": (rng.standard_normal((4, 8)), pb.DTYPE_FLOAT32),  # small: inline
+        "attention": (rng.random((2, 3, 128, 128)), pb.DTYPE_FLOAT16),
+        "attribution.heads": (rng.standard_normal((1, 2, 64, 128)), pb.DTYPE_FLOAT32),
+        "logit_lens.logits": (rng.standard_normal((3, 1, 9000)), pb.DTYPE_FLOAT32),
+    }
+    spliced, plain = SplicedMessage(pb.EncodeResult(token_ids=[5, 6])), pb.EncodeResult()
+    plain.CopyFrom(spliced.message)
+    for path, (array, dtype) in tensors.items():
+        spliced.put(path, array, dtype)
+        *parents, name = path.split(".")
+        message = plain
+        for parent in parents:
+            message = getattr(message, parent)
+        fill_tensor(getattr(message, name), array, dtype)
+    return spliced, plain
+
+
+def test_spliced_tensors_parse_as_the_message_with_them_filled_in():
+    spliced, plain = spliced_result(np.random.default_rng(2))
+    # the large ones are not in the message ...
+    assert spliced.message.attention.data == b"" and spliced.message.embeddings.data
+    assert spliced.message.attention.shape == plain.attention.shape
+    # ... but in its bytes, where protobuf's own parser finds them
+    parsed = pb.EncodeResult.FromString(b"".join(spliced.parts()))
+    assert parsed == plain
+    np.testing.assert_array_equal(
+        from_tensor(parsed.logit_lens.logits), from_tensor(plain.logit_lens.logits)
+    )
+    assert spliced.filled() == plain
+
+
+def test_nested_fields_are_framed_as_the_encoding_guide_shows():
+    # field 1 holding field 2 holding "abc": key 0x0a, length 5, key 0x12, length 3
+    assert b"".join(nested((1, 2), [b"abc"])) == bytes.fromhex("0a051203") + b"abc"
+    # 300 as a varint is ac 02 (the guide's own example)
+    assert b"".join(nested((1,), [b"x" * 300])) == bytes.fromhex("0aac02") + b"x" * 300

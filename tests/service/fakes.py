@@ -37,6 +37,7 @@ class FakeBackend:
         self.config = config
         self.fail_on = fail_on
         self.calls: list[tuple[str, np.ndarray]] = []  # (method, input_ids), in call order
+        self.threads: list[str] = []  # the thread each call ran on, in call order
         self.gate = threading.Event()
         self.gate.set()
         self.released = threading.Event()  # set once release_memory was called
@@ -85,6 +86,7 @@ class FakeBackend:
     def _enter(self, method: str, input_ids: np.ndarray) -> None:
         with self._called:
             self.calls.append((method, input_ids.copy()))
+            self.threads.append(threading.current_thread().name)
             self._called.notify_all()
         self.gate.wait()
         if self.fail_on is not None and (input_ids == self.fail_on).any():

@@ -39,7 +39,9 @@ class Scenario:
     ) -> None:
         self.backend = backend or FakeBackend()
         self.metrics = Metrics()
-        options = BatcherOptions(**{"max_batch_tokens": 64, "max_batched_seq_len": 64, **options})
+        # No inline runs unless a test asks: a gated call on the event loop would stall it.
+        defaults = {"max_batch_tokens": 64, "max_batched_seq_len": 64, "inline_max_s": 0.0}
+        options = BatcherOptions(**{**defaults, **options})
         model_metrics = self.metrics.for_model("fake", "1")
         self.batcher = Batcher(self.backend, options, model_metrics, clock, instances)
         self.batcher.start()
@@ -387,3 +389,35 @@ def test_stop_finishes_queued_work_then_refuses_new():
 
     _, queued = run(scenario)
     assert queued[0].embeddings.shape == (4, 4)
+
+
+def test_a_lone_request_known_to_be_short_runs_on_the_event_loop():
+    async def scenario():
+        s = Scenario(inline_max_s=60.0)
+        await s.batcher.encode([ids(4)])  # its kind's cost is not known yet: the worker
+        await s.batcher.encode([ids(4)])  # alone and known to be short: here
+        await s.batcher.encode([ids(4)], [ALL_HEADS])  # attention's cost is not known yet
+        assert s.backend.threads == ["backend_0", "MainThread", "backend_0"]
+
+    run(scenario)
+
+
+def test_requests_that_could_batch_or_run_long_keep_to_the_worker():
+    async def scenario():
+        s = Scenario(inline_max_s=60.0)
+        await s.batcher.encode([ids(4)])
+        await s.batcher.encode([ids(4), ids(4)])  # two sequences: a batch may form
+        s.backend.gate.clear()
+        blocker = s.queue(ids(4), attention=True)  # attention's cost is not known: the worker
+        await asyncio.to_thread(s.backend.wait_calls, 3)
+        queued = s.queue(ids(4))  # known to be short, but the model is busy: it queues
+        await s.settle()
+        s.release()
+        await asyncio.gather(blocker, queued)
+        quick = Scenario(inline_max_s=1e-12)  # no run is that short
+        await quick.batcher.encode([ids(4)])
+        await quick.batcher.encode([ids(4)])
+        assert s.backend.threads == ["backend_0"] * 4
+        assert quick.backend.threads == ["backend_0"] * 2
+
+    run(scenario)
