@@ -19,8 +19,12 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
     peers = commands.add_parser(
         "peers",
-        help="attnserve beside KServe's model server on the same graphs: latency, "
-        "saturated mixed lengths, an open loop",
+        help="attnserve beside KServe's model server, MLServer and PyTriton on the same graphs: "
+        "latency, full maps against the runtime plus an echo, saturated mixed lengths, an "
+        "open loop, SmolLM2-135M's 1024-token map",
+    )
+    peers.add_argument(
+        "--no-big-map", action="store_true", help="skip SmolLM2-135M's map (a minute to import)"
     )
     peers.add_argument("--duration", type=float, default=10.0, help="seconds per loaded run")
     peers.add_argument("--rounds", type=int, default=3, help="saturation rounds (medians)")
@@ -135,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.peers import run_peers
 
             run_peers(
-                args.out, model_dir, PEERS_VENV, args.duration, args.blocks, args.rounds, progress
+                args.out,
+                model_dir,
+                duration=args.duration,
+                blocks=args.blocks,
+                rounds=args.rounds,
+                log=progress,
+                big_map=not args.no_big_map,
             )
         elif args.command == "ray":
             from benchmarks.ray_serve import run_ray

@@ -1,15 +1,20 @@
-"""The peers' own environment: KServe's model server and tritonclient, run by
-kserve_peer.py in a virtual environment of their own (their pins differ from the
-project's), and driven from here one JSON line at a time.
+"""The peers' own environments: KServe's model server and tritonclient (kserve_peer.py),
+MLServer (mlserver_peer.py) and PyTriton (pytriton_peer.py), each in a virtual environment
+of its own (their pins differ from the project's and from each other's), with the
+project's ONNX Runtime. tritonclient, from KServe's environment, measures every one of
+them over the Open Inference Protocol, driven from here one JSON line at a time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -17,16 +22,43 @@ from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, session_se
 
 PEERS_VENV = Path(".venv-peers")  # made once, beside the project's .venv
 KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")
-PEER_SCRIPT = Path(__file__).with_name("kserve_peer.py")  # the only code that runs there
+PEER_SCRIPT = Path(__file__).with_name("kserve_peer.py")  # the tritonclient driver too
 
 
-def peer_venv(path: Path, log: Callable[[str], None]) -> Path:
-    """KServe, tritonclient and this environment's ONNX Runtime in a virtual environment of
-    their own (made once; a stamp file names what it holds). Returns its python."""
+@dataclass(frozen=True)
+class PeerKind:
+    """A server a user would pick instead: its name, environment, pins and serving script
+    (`serve --model-dir --port --http-port --session`)."""
+
+    name: str
+    venv: Path  # relative: beside the project's .venv
+    pins: tuple[str, ...]
+    script: Path
+
+
+KSERVE = PeerKind("KServe", PEERS_VENV, KSERVE_PINS, PEER_SCRIPT)
+MLSERVER = PeerKind(
+    "MLServer",
+    Path(".venv-mlserver"),
+    ("mlserver==1.7.1",),
+    PEER_SCRIPT.with_name("mlserver_peer.py"),
+)
+PYTRITON = PeerKind(
+    "PyTriton",
+    Path(".venv-pytriton"),
+    ("nvidia-pytriton==0.7.0",),
+    PEER_SCRIPT.with_name("pytriton_peer.py"),
+)
+PEERS = (KSERVE, MLSERVER, PYTRITON)
+
+
+def peer_venv(path: Path, log: Callable[[str], None], pins: tuple[str, ...] = KSERVE_PINS) -> Path:
+    """`pins` and this environment's ONNX Runtime in a virtual environment of their own
+    (made once; a stamp file names what it holds). Returns its python."""
     ort = ort_distribution()
-    pins = [*KSERVE_PINS, f"{ort}=={metadata.version(ort)}"]
+    pins = (*pins, f"{ort}=={metadata.version(ort)}")
     python, stamp = path / "bin" / "python", path / "pins.txt"
-    if stamp.is_file() and stamp.read_text().split() == pins:
+    if stamp.is_file() and stamp.read_text().split() == list(pins):
         return python
     log(f"peers: installing {' '.join(pins)} into {path} (a minute or two)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
@@ -44,6 +76,15 @@ def ort_distribution() -> str:
             continue
         return distribution
     raise RuntimeError("no ONNX Runtime installed: pip install 'attnserve[cpu]'")
+
+
+def _with_this_libpython() -> dict[str, str]:
+    """This environment, with this Python's own libpython first on the loader's path: Triton's
+    Python backend stub (PyTriton) links libpython3.X dynamically, and the system's copy may be
+    older than the standard library of the venv it runs (a pyenv Python, say)."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    paths = [libdir, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+    return {**os.environ, "LD_LIBRARY_PATH": ":".join(paths)}
 
 
 def _free_port() -> int:
@@ -77,10 +118,20 @@ class TritonDriver:
         self.process.wait(30)
 
 
-class KServePeer:
-    """KServe serving `model_dir`, and a tritonclient process that measures it on command."""
+class Peer:
+    """A peer (`kind`, run by its environment's `python`) serving `model_dir`, and a
+    tritonclient process (`driver`: the python of KServe's environment) that measures it
+    on command."""
 
-    def __init__(self, python: Path, model_dir: Path, runtime: OrtRuntime) -> None:
+    def __init__(
+        self,
+        kind: PeerKind,
+        python: Path,
+        model_dir: Path,
+        runtime: OrtRuntime,
+        driver: Path | None = None,
+    ) -> None:
+        self.kind = kind
         port = _free_port()
         session = {
             **session_settings(RuntimeOptions(provider="cpu")),
@@ -89,14 +140,15 @@ class KServePeer:
         serve = ["serve", "--model-dir", str(model_dir), "--port", str(port)]
         serve += ["--http-port", str(_free_port()), "--session", json.dumps(session)]
         self.server = subprocess.Popen(
-            [str(python), str(PEER_SCRIPT), *serve],
+            [str(python), str(kind.script), *serve],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=_with_this_libpython(),
         )
-        self.client = TritonDriver(python, port)
+        self.client = TritonDriver(driver or python, port)
         if not self.client.ready():
             self.close()
-            raise RuntimeError("KServe's model server did not become ready in 120 s")
+            raise RuntimeError(f"{kind.name} did not become ready in 120 s")
 
     def ask(self, op: str, **arguments) -> dict:
         return self.client.ask(op, **arguments)

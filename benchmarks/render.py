@@ -34,11 +34,13 @@ SECTIONS = [
     ),
     (
         "peers",
-        "Against KServe's model server",
-        "KServe's Python model server (its own environment, `.venv-peers`) serving the same "
-        "graphs with the same session settings, each server through its usual client. The "
-        'saturated rows run the same draws; "previous policy" is the batching of the last '
-        "release (`--max-batched-seq-len 100000 --max-padding 1e9 --instances 1`).",
+        "Against KServe, MLServer and PyTriton",
+        "KServe's Python model server, MLServer and PyTriton (each in its own environment, "
+        "`.venv-peers`, `.venv-mlserver`, `.venv-pytriton`) serving the same graphs with the "
+        "same session settings, the peers through tritonclient, attnserve through its own "
+        "client; every server in turn within each block. The maps also against their floor: "
+        "ONNX Runtime's run in the benchmark's process plus a bare gRPC echo of the answer's "
+        "bytes. The saturated rows run the same draws.",
         "python -m benchmarks peers",
     ),
     (

@@ -29,8 +29,8 @@ def run_suite(out: Path, quick: bool = False) -> None:
     with model_dir_or_default(None, progress) as model_dir:
         run_endpoints(out, model_dir, 5 if quick else 40, progress)
         run_batching(out, model_dir, 2.0 if quick else 10.0, progress)
-        peers = {"duration": 1.0, "blocks": 1, "rounds": 1} if quick else {}
-        run_peers(out, model_dir, PEERS_VENV, log=progress, **peers)
+        peers = {"duration": 1.0, "blocks": 1, "rounds": 1, "big_map": False} if quick else {}
+        run_peers(out, model_dir, log=progress, **peers)
         run_oip(out, model_dir, PEERS_VENV, blocks=1 if quick else 5, log=progress)
         run_perf_analyzer(out, model_dir, TOOLS, progress, quick)
         run_attention(out, model_dir, quick)

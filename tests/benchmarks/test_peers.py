@@ -1,6 +1,6 @@
-"""`python -m benchmarks peers`: KServe's model server on the same graph and session
-settings, measured by its own client. The peer runs for real, in its own virtual environment
-(made once, in .venv-peers at the repository's root, as the benchmark makes it)."""
+"""`python -m benchmarks peers`: KServe's model server, MLServer and PyTriton on the same
+graphs and session settings, measured by tritonclient. The peers run for real, each in its
+own virtual environment (made once, at the repository's root, as the benchmark makes them)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from attnserve.service.ort.runtime import (
     session_settings,
 )
 from benchmarks import kserve_peer
-from benchmarks.peer_env import KServePeer
-from benchmarks.peers import run_peers, table
-from tests.conftest import SMALL_CONFIG
+from benchmarks.peer_env import PEERS, Peer, peer_venv
+from benchmarks.peers import F16_PACKED, F32, run_peers, table
+from tests.conftest import REPO_ROOT, SMALL_CONFIG
 
 
 @pytest.mark.parametrize("options", [RuntimeOptions(), RuntimeOptions(intra_op_threads=1)])
@@ -36,9 +36,11 @@ def test_the_peer_opens_its_sessions_with_the_servers_settings(options):
         assert theirs.get_session_config_entry(key) == ours.get_session_config_entry(key), key
 
 
-def test_kserve_serves_the_same_numbers_as_attnserve(peer_python, small_model_dir):
+@pytest.mark.parametrize("kind", PEERS, ids=lambda kind: kind.name)
+def test_each_peer_serves_the_same_numbers_as_attnserve(kind, peer_python, small_model_dir):
     runtime = OrtRuntime(small_model_dir, RuntimeOptions(provider="cpu"))
-    peer = KServePeer(peer_python, small_model_dir, runtime)
+    python = peer_venv(REPO_ROOT / kind.venv, print, kind.pins)
+    peer = Peer(kind, python, small_model_dir, runtime, driver=peer_python)
     try:
         ids = list(range(1, 40))
         theirs = np.array(peer.ask("embed", ids=ids)["embeddings"], dtype=np.float32)
@@ -54,11 +56,12 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
     result = run_peers(
         tmp_path,
         small_model_dir,
-        peer_python.parents[1],
+        REPO_ROOT,
         duration=0.5,
         blocks=1,
         rounds=1,
         log=lambda _: None,
+        big_map=False,
     )
     longest = SMALL_CONFIG.max_seq_len  # under 512: the rows stop at the model's limit
     assert [(r["seq_len"], r["attention"]) for r in result["latency"]] == [
@@ -66,27 +69,37 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
         (32, "none"),
         (128, "none"),
         (longest, "none"),
-        (longest, "all, float32"),
+        (longest, F32),
+        (longest, F16_PACKED),
     ]
     assert result["saturation"]["lengths"] == [8, longest]
+    names = {"attnserve", *(kind.name for kind in PEERS)}
     for row in result["latency"]:
-        for server in ("attnserve", "kserve"):
-            assert 0 < row[server]["p50_ms"] <= row[server]["p99_ms"]
-        assert row["p50_ratio"] == pytest.approx(
-            row["attnserve"]["p50_ms"] / row["kserve"]["p50_ms"], rel=1e-2
-        )
+        servers = row["servers"]
+        # the peers have no causal-packed answer: that row is attnserve against its floor
+        assert set(servers) == (names if row["attention"] != F16_PACKED else {"attnserve"})
+        for times in servers.values():
+            assert 0 < times["p50_ms"] <= times["p99_ms"]
+        if row["attention"] != F16_PACKED:
+            best = min(servers[n]["p50_ms"] for n in names - {"attnserve"})
+            assert row["p50_ratio"] == pytest.approx(
+                servers["attnserve"]["p50_ms"] / best, rel=1e-2
+            )
+        if row["attention"] != "none":  # the maps' floor: ORT here plus the echo of its bytes
+            floor = row["floor"]
+            assert floor["bytes"] > 0 and floor["runtime"]["p50_ms"] > 0
+            assert floor["p50_ms"] == pytest.approx(
+                floor["runtime"]["p50_ms"] + floor["echo"]["p50_ms"]
+            )
     engines = result["saturation"]["engines"]
-    assert set(engines) == {
-        "attnserve",
-        "attnserve, previous policy",
-        "attnserve, no batching",
-        "KServe",
-        "ORT in process, one at a time",
-        "ORT in process, batcher",
-    }
+    assert set(engines) == names | {"ORT in process, one at a time", "ORT in process, batcher"}
     assert all(e["tokens_per_s"] > 0 and e["errors"] == 0 for e in engines.values())
-    assert result["open_loop"]["attnserve"]["errors"] == 0
-    assert result["open_loop"]["kserve"]["errors"] == 0
+    assert result["saturation"]["best_peer"] == max(
+        (kind.name for kind in PEERS), key=lambda n: engines[n]["tokens_per_s"]
+    )
+    open_loop = result["open_loop"]
+    assert open_loop["peer"] == result["saturation"]["best_peer"]
+    assert open_loop["attnserve"]["errors"] == 0 and open_loop["theirs"]["errors"] == 0
     saved = json.loads((tmp_path / "peers.json").read_text())
     assert saved == json.loads(json.dumps(result))
     assert (tmp_path / "peers.md").read_text() == table(result) + "\n"
