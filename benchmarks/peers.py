@@ -348,7 +348,9 @@ def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dic
         echo_server() as echo_address,
         _attnserve(model_dir, *limits) as address,
     ):
-        client = AsyncEncoderClient(address, ClientOptions(timeout_s=600))
+        client = AsyncEncoderClient(
+            address, ClientOptions(timeout_s=600, max_message_bytes=2**31 - 1)
+        )
         ids = list(range(3, 3 + BIG_MAP_LENGTH))
         size = runner.run(client.encode([ids], **MAP_OPTIONS[F16_PACKED])).wire_bytes
         echo = Echo(echo_address)

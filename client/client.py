@@ -23,11 +23,13 @@ from types import ModuleType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.client.codec import EncodeOutput, Input, build_request, decode_response
+from attnserve.client.codec import EncodeOutput, Input, build_request, parse_response
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Encode's answer arrives as bytes (parse_response reads its large tensors in place).
+ENCODE = f"/{pb.DESCRIPTOR.services_by_name['EncoderService'].full_name}/Encode"
 # Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
 RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 
@@ -113,13 +115,16 @@ class EncoderClient:
         self.options = options or ClientOptions()
         self.channel = self.options.open_channel(target, grpc)
         self._stub = pb_grpc.EncoderServiceStub(self.channel)
+        self._encode = self.channel.unary_unary(
+            ENCODE, request_serializer=pb.EncodeRequest.SerializeToString
+        )
 
     def encode(
         self, inputs: Input | list[Input], timeout: float | None = None, **options
     ) -> EncodeOutput:
         """Encode texts or token-id sequences; see attnserve.client.codec.build_request."""
         request = build_request(inputs, **options)
-        return decode_response(self._call(self._stub.Encode, request, timeout))
+        return parse_response(self._call(self._encode, request, timeout))
 
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
@@ -176,12 +181,15 @@ class AsyncEncoderClient:
         self.options = options or ClientOptions()
         self.channel = self.options.open_channel(target, grpc.aio)
         self._stub = pb_grpc.EncoderServiceStub(self.channel)
+        self._encode = self.channel.unary_unary(
+            ENCODE, request_serializer=pb.EncodeRequest.SerializeToString
+        )
 
     async def encode(
         self, inputs: Input | list[Input], timeout: float | None = None, **options
     ) -> EncodeOutput:
         request = build_request(inputs, **options)
-        return decode_response(await self._call(self._stub.Encode, request, timeout))
+        return parse_response(await self._call(self._encode, request, timeout))
 
     async def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None

@@ -15,6 +15,7 @@ from attnserve.v1.wire import (
     LAYOUTS,
     POOLINGS,
     from_tensor,
+    tensor_data,
     unpack_causal,
 )
 
@@ -240,35 +241,64 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int | np.integer)
 
 
-def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
+_RESULTS = pb.EncodeResponse.DESCRIPTOR.fields_by_name["results"].number
+
+
+def parse_response(raw: bytes) -> EncodeOutput:
+    """The bytes of an EncodeResponse -> numpy, the large tensors read in place (no copy)."""
+    return decode_response(pb.EncodeResponse.FromString(raw), raw)
+
+
+class _Tensors:
+    """The arrays of one message's Tensor fields: large ones read in place from the bytes
+    received (tensor_data), small ones from the parsed message."""
+
+    def __init__(self, message, found: dict[tuple[int, ...], memoryview], path: tuple) -> None:
+        self.message, self.found, self.path = message, found, path
+
+    def child(self, name: str) -> _Tensors:
+        number = self.message.DESCRIPTOR.fields_by_name[name].number
+        return _Tensors(getattr(self.message, name), self.found, (*self.path, number))
+
+    def array(self, name: str) -> np.ndarray:
+        number = self.message.DESCRIPTOR.fields_by_name[name].number
+        return from_tensor(getattr(self.message, name), self.found.get((*self.path, number)))
+
+    def optional(self, name: str) -> np.ndarray | None:
+        return self.array(name) if self.message.HasField(name) else None
+
+
+def decode_response(response: pb.EncodeResponse, raw: bytes | None = None) -> EncodeOutput:
+    """`response` -> numpy; `raw`, the bytes it was parsed from, spares a copy of each large
+    tensor."""
+    found = tensor_data(raw, pb.EncodeResponse) if raw is not None else {}
     encodings = []
-    for result in response.results:
+    for index, result in enumerate(response.results):
+        tensors = _Tensors(result, found, (_RESULTS, index))
         ids = np.array(list(result.token_ids), dtype=np.int64)  # 2x faster than from the field
-        attention = None
-        if result.HasField("attention"):
-            weights = from_tensor(result.attention)
-            packed = weights.ndim == 3  # (L, H, T (T + 1) / 2)
-            attention = unpack_causal(weights, len(ids)) if packed else weights
+        attention = tensors.optional("attention")
+        if attention is not None and attention.ndim == 3:  # (L, H, T (T + 1) / 2)
+            attention = unpack_causal(attention, len(ids))
         encodings.append(
             Encoding(
                 token_ids=ids,
-                embeddings=_optional(result, "embeddings"),
-                pooled=_optional(result, "pooled"),
+                embeddings=tensors.optional("embeddings"),
+                pooled=tensors.optional("pooled"),
                 attention=attention,
                 layers=list(result.attention_layers),
                 heads=list(result.attention_heads),
                 truncated=result.truncated,
                 tokens=list(result.tokens),
                 rows=list(result.attention_rows),
-                indices=_optional(result, "attention_indices"),
-                head_entropy=_optional(result, "head_entropy"),
-                hidden_states=_optional(result, "hidden_states"),
-                hidden_state_norms=_optional(result, "hidden_state_norms"),
+                indices=tensors.optional("attention_indices"),
+                head_entropy=tensors.optional("head_entropy"),
+                hidden_states=tensors.optional("hidden_states"),
+                hidden_state_norms=tensors.optional("hidden_state_norms"),
                 hidden_state_layers=list(result.hidden_state_layers),
                 hidden_state_positions=list(result.hidden_state_positions),
-                predictions=_predictions(result, "predictions"),
-                logit_lens=_predictions(result, "logit_lens"),
-                attribution=_attribution(result),
+                predictions=_predictions(tensors, "predictions"),
+                logit_lens=_predictions(tensors, "logit_lens"),
+                attribution=_attribution(tensors),
             )
         )
     t = response.timings
@@ -283,33 +313,30 @@ def decode_response(response: pb.EncodeResponse) -> EncodeOutput:
     )
 
 
-def _optional(result: pb.EncodeResult | pb.TokenPredictions, name: str) -> np.ndarray | None:
-    return from_tensor(getattr(result, name)) if result.HasField(name) else None
-
-
-def _attribution(result: pb.EncodeResult) -> LogitAttribution | None:
-    if not result.HasField("attribution"):
+def _attribution(result: _Tensors) -> LogitAttribution | None:
+    if not result.message.HasField("attribution"):
         return None
-    a = result.attribution
+    a = result.child("attribution")
     return LogitAttribution(
-        list(a.positions),
-        list(a.target_ids),
-        list(a.contrast_ids),
-        *(from_tensor(getattr(a, name)) for name in ATTRIBUTION_PARTS),
+        list(a.message.positions),
+        list(a.message.target_ids),
+        list(a.message.contrast_ids),
+        *(a.array(name) for name in ATTRIBUTION_PARTS),
     )
 
 
-def _predictions(result: pb.EncodeResult, name: str) -> TokenPredictions | None:
-    if not result.HasField(name):
+def _predictions(result: _Tensors, name: str) -> TokenPredictions | None:
+    if not result.message.HasField(name):
         return None
-    message = getattr(result, name)
-    top_ids = from_tensor(message.top_ids)
+    tensors = result.child(name)
+    message = tensors.message
+    top_ids = tensors.array("top_ids")
     return TokenPredictions(
         layers=list(message.layers),
         positions=list(message.positions),
         top_ids=top_ids,
-        top_probabilities=from_tensor(message.top_probabilities),
+        top_probabilities=tensors.array("top_probabilities"),
         top_tokens=np.array(list(message.top_tokens), dtype=object).reshape(top_ids.shape),
-        target_probabilities=_optional(message, "target_probabilities"),
-        logits=_optional(message, "logits"),
+        target_probabilities=tensors.optional("target_probabilities"),
+        logits=tensors.optional("logits"),
     )

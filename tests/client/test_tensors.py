@@ -9,6 +9,7 @@ from attnserve.v1.wire import (
     nested,
     pack_causal,
     packed_length,
+    tensor_data,
     to_tensor,
     unpack_causal,
 )
@@ -97,3 +98,24 @@ def test_nested_fields_are_framed_as_the_encoding_guide_shows():
     assert b"".join(nested((1, 2), [b"abc"])) == bytes.fromhex("0a051203") + b"abc"
     # 300 as a varint is ac 02 (the guide's own example)
     assert b"".join(nested((1,), [b"x" * 300])) == bytes.fromhex("0aac02") + b"x" * 300
+
+
+def test_tensor_data_finds_the_large_tensors_bytes_in_place():
+    spliced, plain = spliced_result(np.random.default_rng(3))
+    number = {name: f.number for name, f in pb.EncodeResult.DESCRIPTOR.fields_by_name.items()}
+    attribution = pb.LogitAttribution.DESCRIPTOR.fields_by_name["heads"].number
+    lens = pb.TokenPredictions.DESCRIPTOR.fields_by_name["logits"].number
+    for raw in (b"".join(spliced.parts()), plain.SerializeToString()):  # spliced or not
+        found = tensor_data(raw, pb.EncodeResult)
+        assert set(found) == {
+            (number["attention"],),
+            (number["attribution"], attribution),
+            (number["logit_lens"], lens),
+        }  # the small embeddings stay with the parsed message
+        for path, message in (
+            ((number["attention"],), plain.attention),
+            ((number["attribution"], attribution), plain.attribution.heads),
+            ((number["logit_lens"], lens), plain.logit_lens.logits),
+        ):
+            assert found[path].obj is raw  # a view of the received bytes: nothing copied
+            np.testing.assert_array_equal(from_tensor(message, found[path]), from_tensor(message))

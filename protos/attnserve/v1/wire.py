@@ -147,16 +147,69 @@ def to_tensor(array: np.ndarray, dtype: pb.Dtype = pb.DTYPE_FLOAT32) -> pb.Tenso
     return tensor
 
 
-def from_tensor(tensor: pb.Tensor) -> np.ndarray:
-    """The array a Tensor carries, in its own dtype; ValueError if the bytes do not fit."""
+def from_tensor(tensor: pb.Tensor, data: bytes | memoryview | None = None) -> np.ndarray:
+    """The array a Tensor carries, in its own dtype; ValueError if the bytes do not fit.
+    `data`: its bytes found in place in the received message (tensor_data), uncopied."""
     if tensor.dtype not in NUMPY_DTYPES:
         raise ValueError(f"unsupported tensor dtype {tensor.dtype}")
     dtype = NUMPY_DTYPES[tensor.dtype]
     shape = tuple(tensor.shape)
+    data = tensor.data if data is None else data
     expected = math.prod(shape) * dtype.itemsize  # math.prod: exact, and no numpy call
-    if len(tensor.data) != expected:
-        raise ValueError(f"tensor of shape {shape} needs {expected} bytes, has {len(tensor.data)}")
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    if len(data) != expected:
+        raise ValueError(f"tensor of shape {shape} needs {expected} bytes, has {len(data)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def tensor_data(
+    raw: bytes, message: type[Message], min_bytes: int = SPLICE_MIN_BYTES
+) -> dict[tuple[int, ...], memoryview]:
+    """Where the large Tensors' bytes lie in `raw` (a serialized `message`), by the path of
+    field numbers down to each Tensor (a repeated field's element index after its number):
+    what reading `.data` off the parsed message would copy once more, in place. A field
+    given twice counts as protobuf merges it: the last `data` wins."""
+    found: dict[tuple[int, ...], memoryview] = {}
+    _scan(memoryview(raw), 0, len(raw), message.DESCRIPTOR, (), min_bytes, found)
+    return found
+
+
+def _scan(buffer, pos: int, end: int, descriptor, path: tuple, min_bytes: int, found: dict) -> None:
+    """One message's fields in buffer[pos:end]: descend into the large ones only."""
+    elements: dict[int, int] = {}  # of each repeated field so far
+    while pos < end:
+        key, pos = _read_varint(buffer, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            pos = _read_varint(buffer, pos)[1]
+        elif wire_type in (1, 5):  # I64, I32
+            pos += 8 if wire_type == 1 else 4
+        elif wire_type == 2:  # LEN
+            length, pos = _read_varint(buffer, pos)
+            field = descriptor.fields_by_number.get(number)
+            here = (*path, number)
+            if field is not None and field.is_repeated:
+                here += (elements.get(number, 0),)
+                elements[number] = elements.get(number, 0) + 1
+            if field is not None and length >= min_bytes:
+                if field.message_type is not None:
+                    _scan(buffer, pos, pos + length, field.message_type, here, min_bytes, found)
+                elif descriptor is pb.Tensor.DESCRIPTOR and number == _DATA:
+                    found[path] = buffer[pos : pos + length]
+            pos += length
+        else:
+            raise ValueError(f"wire type {wire_type} at byte {pos}: not a message")
+
+
+def _read_varint(buffer, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buffer[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
 
 
 def packed_length(seq_len: int) -> int:
