@@ -297,14 +297,21 @@ COMMANDS = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def serve_command(description: str):
+    """The parser of the `serve` command every peer's script takes (peer_env.Peer runs it),
+    and its subcommands, to add others to."""
+    parser = argparse.ArgumentParser(description=description)
     sub = parser.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--model-dir", required=True)
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--http-port", type=int, required=True)
     s.add_argument("--session", required=True, help="ORT session settings as JSON")
+    return parser, sub
+
+
+def main() -> None:
+    parser, sub = serve_command(__doc__.splitlines()[0])
     c = sub.add_parser("client")
     c.add_argument("--port", type=int, required=True)
     c.add_argument("--model", default=MODEL_NAME, help="the model to call")

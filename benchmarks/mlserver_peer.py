@@ -14,11 +14,10 @@ other peers (MLServer's default hands every request to a worker process). triton
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 
-from kserve_peer import LOOPBACK, MESSAGE_LIMIT, MODEL_NAME, session_options
+from kserve_peer import LOOPBACK, MESSAGE_LIMIT, MODEL_NAME, serve_command, session_options
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
@@ -75,14 +74,7 @@ async def serve(model_dir: str, port: int, http_port: int, session: dict) -> Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="mode", required=True)
-    s = sub.add_parser("serve")
-    s.add_argument("--model-dir", required=True)
-    s.add_argument("--port", type=int, required=True)
-    s.add_argument("--http-port", type=int, required=True)
-    s.add_argument("--session", required=True, help="ORT session settings as JSON")
-    args = parser.parse_args()
+    args = serve_command(__doc__.splitlines()[0])[0].parse_args()
     asyncio.run(serve(args.model_dir, args.port, args.http_port, json.loads(args.session)))
 
 

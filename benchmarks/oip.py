@@ -23,18 +23,7 @@ from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
 from attnserve.v1.wire import packed_length
 from benchmarks.peer_env import TritonDriver, peer_venv
-from benchmarks.peers import LATENCY_LENGTHS, encode_ms
-
-
-def _runtime_ms(runtime: OrtRuntime, seq_len: int, n: int) -> list:
-    ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len))
-    runtime.run(ids)
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        runtime.run(ids)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+from benchmarks.peers import LATENCY_LENGTHS, encode_ms, runtime_ms
 
 
 def _infer_ms(client: InferenceClient, seq_len: int, n: int) -> list:
@@ -93,7 +82,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                             ms = driver.ask("v2_latency", **ask)["ms"]
                         rows[t][name] += ms
                 n, t = 3, longest
-                attention["runtime alone"] += _runtime_ms(runtime, t, n)
+                attention["runtime alone"] += runtime_ms(runtime, t, n)
                 attention["Encode, f32 full"] += runner.run(encode_ms(client, t, n, attention=True))
                 attention["ModelInfer, f32 full"] += driver.ask(
                     "v2_latency", seq_len=t, n=n, outputs=["attention"]

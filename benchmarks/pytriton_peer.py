@@ -14,11 +14,10 @@ PyTriton's defaults but for the ports, the loopback address, no metrics and no b
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
-from kserve_peer import LOOPBACK, MODEL_NAME, session_options
+from kserve_peer import LOOPBACK, MODEL_NAME, serve_command, session_options
 
 
 def serve(model_dir: str, port: int, http_port: int, session: dict) -> None:
@@ -71,14 +70,7 @@ def serve(model_dir: str, port: int, http_port: int, session: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="mode", required=True)
-    s = sub.add_parser("serve")
-    s.add_argument("--model-dir", required=True)
-    s.add_argument("--port", type=int, required=True)
-    s.add_argument("--http-port", type=int, required=True)
-    s.add_argument("--session", required=True, help="ORT session settings as JSON")
-    args = parser.parse_args()
+    args = serve_command(__doc__.splitlines()[0])[0].parse_args()
     serve(args.model_dir, args.port, args.http_port, json.loads(args.session))
 
 
