@@ -1,7 +1,7 @@
 """Where a served request's time goes, by Python function: py-spy's raw samples of the
 server while one client sends the same request back to back, summed per frame.
 
-    PYTHONPATH=. .venv/bin/python research/per-request-path/profile.py [T] [--attention]
+    PYTHONPATH=. .venv/bin/python research/per-request-path/profile_server.py [T] [--attention]
 
 Prints the p50 of the calls, then the frames with the most samples, inclusive and by
 themselves (compiled code, gRPC's core and ONNX Runtime, counts under the Python frame
