@@ -24,6 +24,7 @@ from attnserve.bench.timing import alternate
 from attnserve.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.process import spawn_server
+from attnserve.service.settings import Settings
 
 F16_PACKED = dict(attention=True, attention_dtype="float16", attention_layout="causal-packed")
 MODES = {  # every layer and head, then reduced as named
@@ -41,7 +42,9 @@ BURST_VARIANTS = {  # name: extra `attnserve serve` flags
     "budget 1 GiB": ["--release-memory", "false"],
     "budget 1 GiB + release memory (default)": [],
 }
-AFTER_S = 10.0  # how long after the burst the RSS is read again
+# How long after the burst the RSS is read again: past the server's idle wait before it
+# gives memory back, with time for the release itself.
+AFTER_S = Settings.release_after_idle_s + 5.0
 BURST_REQUESTS, BURST_LENGTH = 48, 1024
 
 
@@ -178,7 +181,7 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
-        "| server | errors | time | RSS before | peak | 10 s after | peak - before "
+        f"| server | errors | time | RSS before | peak | {AFTER_S:g} s after | peak - before "
         "| after - before |",
         "|---|---|---|---|---|---|---|---|",
     ]

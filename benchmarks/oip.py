@@ -22,8 +22,9 @@ from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
 from attnserve.v1.wire import packed_length
+from benchmarks.full_maps import encode_ms, runtime_ms
 from benchmarks.peer_env import TritonDriver, peer_venv
-from benchmarks.peers import LATENCY_LENGTHS, encode_ms, runtime_ms
+from benchmarks.peers import LATENCY_LENGTHS
 
 
 def _infer_ms(client: InferenceClient, seq_len: int, n: int) -> list:

@@ -7,8 +7,8 @@ tritonclient for the peers), side by side in one run:
 
 1. latency of one request at a time, T = 8, 32, 128, 512 (embeddings) and all attention
    weights in float32 at 512, every server in turn within each block; the maps also
-   against their floor, ONNX Runtime's own run in this process plus a bare gRPC echo of
-   the answer's bytes (echo.py), and attnserve's float16 causal-packed maps against theirs;
+   against their floor (full_maps.py: ONNX Runtime's own run in this process plus a bare
+   gRPC echo of the answer's bytes), and attnserve's float16 causal-packed maps against theirs;
 2. saturated throughput, 64 requests in flight, lengths uniform in 8..512 on the same
    draws: attnserve, each peer, and ORT alone in this process, one request at a time and
    through the batcher;
@@ -25,11 +25,9 @@ import asyncio
 import contextlib
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -42,10 +40,21 @@ from attnserve.model.artifacts import ModelDirectory
 from attnserve.service.core.batcher import Batcher, BatcherOptions
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from attnserve.service.process import spawn_server
 from attnserve.service.server import model_instances
 from attnserve.service.settings import Settings
 from benchmarks.echo import Echo, echo_server
+from benchmarks.full_maps import (
+    ATTNSERVE,
+    F16_PACKED,
+    F32,
+    MAP_OPTIONS,
+    big_map_summary,
+    big_map_target,
+    encode_ms,
+    measure_big_map,
+    runtime_ms,
+    serve_attnserve,
+)
 from benchmarks.peer_env import KSERVE, PEERS, Peer, PeerKind, ort_distribution, peer_venv
 
 LATENCY_LENGTHS = (8, 32, 128, 512)  # and all attention weights at the longest
@@ -54,38 +63,6 @@ SHORTEST, LONGEST = 8, 512  # the mixed load: lengths uniform in 8..512
 CONCURRENCY = 64
 OPEN_LOOP_SHARE = 0.7  # of the best peer's saturated rate
 SEED = 0
-ATTNSERVE = "attnserve"
-F32, F16_PACKED = "all, float32", "all, float16 causal-packed"
-MAP_OPTIONS = {
-    F32: {"attention": True},
-    F16_PACKED: {
-        "attention": True,
-        "attention_dtype": "float16",
-        "attention_layout": "causal-packed",
-    },
-}
-BIG_MAP_LENGTH = 1024  # SmolLM2-135M's full map at this length
-
-
-@contextlib.contextmanager
-def _attnserve(model_dir: Path, *flags: str) -> Iterator[str]:
-    server = spawn_server(model_dir, "--provider", "cpu", "--max-queue", "1024", *flags)
-    try:
-        yield server.address
-    finally:
-        server.process.terminate()
-        server.process.wait(30)
-
-
-async def encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list[float]:
-    """`n` sequential Encode calls of one seeded `seq_len`-token sequence: each call's ms."""
-    ids = np.random.default_rng(seq_len).integers(0, 256, size=seq_len).tolist()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        await client.encode([ids], **options)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def _percentile_row(times: list[float]) -> dict:
@@ -94,18 +71,6 @@ def _percentile_row(times: list[float]) -> dict:
 
 def _p99(times: list[float]) -> float:
     return float(np.percentile(times, 99))
-
-
-def runtime_ms(runtime: OrtRuntime, seq_len: int, n: int) -> list[float]:
-    """`n` runs of the full graph (every attention weight, float32) after a warm-up one."""
-    ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len))
-    runtime.run(ids)
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        runtime.run(ids)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def _best_peer(servers: dict[str, dict], key: str = "p50_ms") -> str:
@@ -269,7 +234,7 @@ def measure_saturation(
         instance.warmup()
     runs: dict[str, list[dict]] = {}
     for round_ in range(rounds):
-        with _attnserve(model_dir) as address:
+        with serve_attnserve(model_dir) as address:
             runs.setdefault(ATTNSERVE, []).append(_closed_loop(address, mixed, duration))
         for peer in peers:
             runs.setdefault(peer.kind.name, []).append(_peer_closed_loop(peer, mixed, duration))
@@ -330,52 +295,6 @@ def measure_open_loop(
     }
 
 
-def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dict:
-    """SmolLM2-135M's shape (random weights) at BIG_MAP_LENGTH tokens: every attention weight,
-    float16 causal-packed, through the server, against ORT's run of the full graph in this
-    process plus the echo of the answer's bytes."""
-    from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
-
-    log(f"peers: SmolLM2-135M's shape at {BIG_MAP_LENGTH} tokens: building and importing it")
-    build_checkpoint("llama", work / "hf", perturb=0.0, **SMOLLM2_135M)
-    model_dir = work / "model"
-    command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(work / "hf")]
-    command += ["--out", str(model_dir), "--max-seq-len", str(BIG_MAP_LENGTH)]
-    subprocess.run(command, check=True, capture_output=True)
-    limits = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))
-    times: dict[str, list[float]] = {ATTNSERVE: [], "runtime": [], "echo": []}
-    with (
-        asyncio.Runner() as runner,
-        echo_server() as echo_address,
-        _attnserve(model_dir, *limits) as address,
-    ):
-        client = AsyncEncoderClient(
-            address, ClientOptions(timeout_s=600, max_message_bytes=2**31 - 1)
-        )
-        ids = list(range(3, 3 + BIG_MAP_LENGTH))
-        size = runner.run(client.encode([ids], **MAP_OPTIONS[F16_PACKED])).wire_bytes
-        echo = Echo(echo_address)
-        runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
-        for _ in range(repeats):  # alternating, one of each at a time
-            times[ATTNSERVE] += runner.run(
-                encode_ms(client, BIG_MAP_LENGTH, 1, **MAP_OPTIONS[F16_PACKED])
-            )
-            times["runtime"] += runtime_ms(runtime, BIG_MAP_LENGTH, 1)
-            times["echo"].append(runner.run(echo.ms(size)))
-        del runtime
-        runner.run(client.close())
-        runner.run(echo.close())
-    p50 = {name: round(float(np.median(ms)), 1) for name, ms in times.items()}
-    floor = p50["runtime"] + p50["echo"]
-    return {
-        "seq_len": BIG_MAP_LENGTH,
-        "bytes": size,
-        "p50_ms": p50,
-        "vs_floor": round(p50[ATTNSERVE] / floor, 3),
-        "megabytes_per_s": round(size / 1e6 / (p50[ATTNSERVE] / 1e3), 1),
-    }
-
-
 def run_peers(
     out: Path,
     model_dir: Path,
@@ -400,7 +319,7 @@ def run_peers(
             peer = Peer(kind, python, model_dir, runtime, driver)
             stack.callback(peer.close)
             peers.append(peer)
-        with _attnserve(model_dir) as address:
+        with serve_attnserve(model_dir) as address:
             log("peers: latency, one request at a time")
             latency = measure_latency(address, peers, runtime, lengths, blocks, log)
         log("peers: saturation")
@@ -408,7 +327,7 @@ def run_peers(
         best = next(p for p in peers if p.kind.name == saturation["best_peer"])
         rate = OPEN_LOOP_SHARE * saturation["engines"][best.kind.name]["requests_per_s"]
         log(f"peers: open loop at {rate:.1f} requests/s")
-        with _attnserve(model_dir) as address:
+        with serve_attnserve(model_dir) as address:
             open_loop = measure_open_loop(address, best, mixed, rate, 2 * duration)
     result = {
         "machine": {"cpus": len(os.sched_getaffinity(0)), "cpu": platform.processor()},
@@ -470,14 +389,7 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                 )
             )
     if "big_map" in result:
-        b = result["big_map"]
-        rows.append(
-            (
-                f"SmolLM2-135M's full {b['seq_len']}-token map: <= 2x the runtime + echo",
-                f"{b['vs_floor']:.2f}x",
-                b["vs_floor"] <= 2.0,
-            )
-        )
+        rows.append(big_map_target(result["big_map"]))
     return rows
 
 
@@ -541,14 +453,7 @@ def table(result: dict) -> str:
         f"{o['p99_ratio']:.2f}x.",
     ]
     if "big_map" in result:
-        b = result["big_map"]
-        lines += [
-            "",
-            f"SmolLM2-135M's shape, every attention weight at {b['seq_len']} tokens, float16 "
-            f"causal-packed ({b['bytes'] / 1e6:.0f} MB): attnserve {b['p50_ms'][ATTNSERVE]:,.0f} "
-            f"ms ({b['megabytes_per_s']:.0f} MB/s), ORT's run {b['p50_ms']['runtime']:,.0f} ms + "
-            f"the echo {b['p50_ms']['echo']:,.0f} ms: {b['vs_floor']:.2f}x (p50 of 3).",
-        ]
+        lines += ["", big_map_summary(result["big_map"])]
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     lines += [
         f"| {name} | {measured} | {'yes' if met else '**no**'} |"

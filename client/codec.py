@@ -14,6 +14,7 @@ from attnserve.v1.wire import (
     HEAD_REDUCTIONS,
     LAYOUTS,
     POOLINGS,
+    RESULTS_FIELD,
     from_tensor,
     tensor_data,
     unpack_causal,
@@ -241,9 +242,6 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int | np.integer)
 
 
-_RESULTS = pb.EncodeResponse.DESCRIPTOR.fields_by_name["results"].number
-
-
 def parse_response(raw: bytes) -> EncodeOutput:
     """The bytes of an EncodeResponse -> numpy, the large tensors read in place (no copy)."""
     return decode_response(pb.EncodeResponse.FromString(raw), raw)
@@ -274,7 +272,7 @@ def decode_response(response: pb.EncodeResponse, raw: bytes | None = None) -> En
     found = tensor_data(raw, pb.EncodeResponse) if raw is not None else {}
     encodings = []
     for index, result in enumerate(response.results):
-        tensors = _Tensors(result, found, (_RESULTS, index))
+        tensors = _Tensors(result, found, (RESULTS_FIELD, index))
         ids = np.array(list(result.token_ids), dtype=np.int64)  # 2x faster than from the field
         attention = tensors.optional("attention")
         if attention is not None and attention.ndim == 3:  # (L, H, T (T + 1) / 2)

@@ -308,6 +308,7 @@ def build_model(
         budget,
         settings.max_message_bytes,
         settings.release_memory,
+        settings.release_after_idle_s,
         weights,
     )
 

@@ -161,6 +161,14 @@ class Settings:
             "(ORT arena shrink, malloc_trim)",
         ),
     )
+    release_after_idle_s: float = field(
+        default=10.0,
+        metadata=_opt(
+            float,
+            "with --release-memory: seconds without a request before a burst's memory goes "
+            "back; until then the next answer reuses its pages",
+        ),
+    )
     http_timeout_s: float = field(
         default=60.0,
         metadata=_opt(
@@ -217,6 +225,8 @@ class Settings:
             raise ValueError(f"instances must be >= 0, got {self.instances}")
         if self.grace_seconds < 0:
             raise ValueError(f"grace_seconds must be >= 0, got {self.grace_seconds}")
+        if self.release_after_idle_s < 0:
+            raise ValueError(f"release_after_idle_s must be >= 0, got {self.release_after_idle_s}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together: set both or neither")
 

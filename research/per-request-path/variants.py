@@ -20,7 +20,8 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient
-from benchmarks.peers import _attnserve, _closed_loop, encode_ms
+from benchmarks.full_maps import encode_ms, serve_attnserve
+from benchmarks.peers import _closed_loop
 
 LENGTHS, CALLS, BLOCKS, ROUNDS = (8, 32, 128, 512), 150, 5, 3
 
@@ -44,7 +45,7 @@ def main() -> None:
         if mode == "latency":
             with contextlib.ExitStack() as stack:
                 addresses = {
-                    name: stack.enter_context(_attnserve(model_dir, *flags))
+                    name: stack.enter_context(serve_attnserve(model_dir, *flags))
                     for name, flags in variants.items()
                 }
                 times = asyncio.run(latency(addresses))
@@ -58,7 +59,7 @@ def main() -> None:
         rates: dict[str, list[float]] = {name: [] for name in variants}
         for round_ in range(ROUNDS):
             for name, flags in variants.items():
-                with _attnserve(model_dir, *flags) as address:
+                with serve_attnserve(model_dir, *flags) as address:
                     rates[name].append(_closed_loop(address, mixed, 10.0)["tokens_per_s"])
             print(f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.0f}" for n, r in rates.items()))
         for name, r in rates.items():

@@ -36,10 +36,10 @@ from attnserve.v1 import encoder_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Give memory back once the server has been idle this long after at least this much work
-# came and went (not after every request: the next one would pay to allocate it again).
+# Give memory back once the server has been idle (release_after_idle_s) after at least this
+# much work came and went (not after every request: the next one would pay to fault it in
+# again, about a second per GiB on a virtual machine).
 TRIM_AFTER_BYTES = 256 * 1024 * 1024
-TRIM_AFTER_IDLE_S = 2.0
 WARMING_UP = "the model is warming up; retry shortly"
 SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
@@ -58,6 +58,7 @@ class DataPlane:
         budget: ByteBudget,
         max_message_bytes: int,
         release_memory: bool = True,
+        release_after_idle_s: float = 10.0,
         weights: WeightsInfo | None = None,
     ) -> None:
         self.name = name  # as the APIs name it: the repository's folder, or the config's name
@@ -69,6 +70,7 @@ class DataPlane:
         self.budget = budget  # the process's: every model's requests count in it
         self.max_message_bytes = max_message_bytes
         self.release_memory = release_memory
+        self.release_after_idle_s = release_after_idle_s
         self.weights = weights or WeightsInfo()  # what GetModelInfo reports of them
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
@@ -166,7 +168,7 @@ class DataPlane:
         if self.release_memory and idle and self._released_since_trim >= TRIM_AFTER_BYTES:
             self._cancel_release()
             loop = asyncio.get_running_loop()
-            self._release_timer = loop.call_later(TRIM_AFTER_IDLE_S, self._release)
+            self._release_timer = loop.call_later(self.release_after_idle_s, self._release)
 
     def _cancel_release(self) -> None:
         if self._release_timer:

@@ -15,9 +15,8 @@ from attnserve.service.core.backend import (
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import ATTRIBUTION_PARTS, SplicedMessage, nested
+from attnserve.v1.wire import ATTRIBUTION_PARTS, RESULTS_FIELD, SplicedMessage, nested
 
-_RESULTS = pb.EncodeResponse.DESCRIPTOR.fields_by_name["results"].number
 _STREAM_RESPONSE = pb.EncodeStreamResponse.DESCRIPTOR.fields_by_name["response"].number
 
 
@@ -36,7 +35,7 @@ class EncodeAnswer:
         head.ClearField("results")
         parts: list[bytes | memoryview] = [head.SerializeToString()]
         for result in self.results:
-            parts += nested((_RESULTS,), result.parts())
+            parts += nested((RESULTS_FIELD,), result.parts())
         return parts
 
     def serialize(self) -> bytes:

@@ -16,8 +16,9 @@ from attnserve.service.ort.runtime import (
     session_settings,
 )
 from benchmarks import kserve_peer
+from benchmarks.full_maps import F16_PACKED, F32
 from benchmarks.peer_env import PEERS, Peer, peer_venv
-from benchmarks.peers import F16_PACKED, F32, run_peers, table
+from benchmarks.peers import run_peers, table
 from tests.conftest import REPO_ROOT, SMALL_CONFIG
 
 

@@ -103,6 +103,7 @@ def test_server_settings_reach_the_components():
         ({"port": 70000}, "port must be in"),
         ({"max_message_bytes": 10}, "max_message_bytes must be >= 1024"),
         ({"grace_seconds": -1.0}, "grace_seconds must be >= 0"),
+        ({"release_after_idle_s": -1.0}, "release_after_idle_s must be >= 0"),
         ({"tls_key": Path("k.pem")}, "tls_cert and tls_key go together"),
     ],
 )

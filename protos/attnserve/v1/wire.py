@@ -61,6 +61,8 @@ def fill_tensor(tensor: pb.Tensor, array: np.ndarray, dtype: pb.Dtype = pb.DTYPE
 # (SplicedMessage); smaller ones cost less the usual way.
 SPLICE_MIN_BYTES = 64 * 1024
 _DATA = pb.Tensor.DESCRIPTOR.fields_by_name["data"].number
+# EncodeResponse's `results`: the path both ends use to the tensors of each result
+RESULTS_FIELD = pb.EncodeResponse.DESCRIPTOR.fields_by_name["results"].number
 
 
 class SplicedMessage:
@@ -169,6 +171,8 @@ def tensor_data(
     what reading `.data` off the parsed message would copy once more, in place. A field
     given twice counts as protobuf merges it: the last `data` wins."""
     found: dict[tuple[int, ...], memoryview] = {}
+    if len(raw) < min_bytes:  # too small to hold one: spare the scan
+        return found
     _scan(memoryview(raw), 0, len(raw), message.DESCRIPTOR, (), min_bytes, found)
     return found
 

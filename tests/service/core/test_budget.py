@@ -82,9 +82,8 @@ def test_work_over_the_budget_waits_outside_the_queue_then_runs(small_model_dir,
     """Budget 1 byte: every request is over it, so each runs alone, after the one before;
     once idle, the backend is asked to give memory back."""
     monkeypatch.setattr(dataplane, "TRIM_AFTER_BYTES", 1)
-    monkeypatch.setattr(dataplane, "TRIM_AFTER_IDLE_S", 0.0)
     backend = FakeBackend()
-    server = ServerThread(small_model_dir, backend, max_inflight_bytes=1)
+    server = ServerThread(small_model_dir, backend, max_inflight_bytes=1, release_after_idle_s=0)
     try:
 
         async def scenario():

@@ -1,0 +1,142 @@
+"""Every attention weight against its floor: what the peers benchmark asks of attnserve's
+full maps, and SmolLM2-135M's 1024-token map.
+
+The floor of a map is ONNX Runtime's own run of the full graph in the benchmark's process
+plus a bare gRPC echo of the answer's bytes (echo.py): what computing the map and moving it
+cost without a server around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.client import AsyncEncoderClient, ClientOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.process import spawn_server
+from attnserve.service.settings import Settings
+from benchmarks.echo import Echo, echo_server
+
+ATTNSERVE = "attnserve"
+F32, F16_PACKED = "all, float32", "all, float16 causal-packed"
+MAP_OPTIONS = {
+    F32: {"attention": True},
+    F16_PACKED: {
+        "attention": True,
+        "attention_dtype": "float16",
+        "attention_layout": "causal-packed",
+    },
+}
+BIG_MAP_LENGTH = 1024  # SmolLM2-135M's full map at this length
+BIG_MAP_TARGET = 2.0  # attnserve / (runtime + echo), at most
+
+
+@contextlib.contextmanager
+def serve_attnserve(model_dir: Path, *flags: str) -> Iterator[str]:
+    """attnserve on the CPU in its own process while the block runs: its address."""
+    server = spawn_server(model_dir, "--provider", "cpu", "--max-queue", "1024", *flags)
+    try:
+        yield server.address
+    finally:
+        server.process.terminate()
+        server.process.wait(30)
+
+
+async def encode_ms(client: AsyncEncoderClient, seq_len: int, n: int, **options) -> list[float]:
+    """`n` sequential Encode calls of one seeded `seq_len`-token sequence: each call's ms."""
+    ids = np.random.default_rng(seq_len).integers(0, 256, size=seq_len).tolist()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await client.encode([ids], **options)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def runtime_ms(runtime: OrtRuntime, seq_len: int, n: int) -> list[float]:
+    """`n` runs of the full graph (every attention weight, float32) after a warm-up one."""
+    ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len))
+    runtime.run(ids)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        runtime.run(ids)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dict:
+    """SmolLM2-135M's shape (random weights) at BIG_MAP_LENGTH tokens: every attention weight,
+    float16 causal-packed, through the server, against ORT's run of the full graph in this
+    process plus the echo of the answer's bytes; and once more after the server, idle, gave
+    its memory back (every page of the answer's buffers faulted in afresh)."""
+    from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
+
+    log(f"peers: SmolLM2-135M's shape at {BIG_MAP_LENGTH} tokens: building and importing it")
+    build_checkpoint("llama", work / "hf", perturb=0.0, **SMOLLM2_135M)
+    model_dir = work / "model"
+    command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(work / "hf")]
+    command += ["--out", str(model_dir), "--max-seq-len", str(BIG_MAP_LENGTH)]
+    subprocess.run(command, check=True, capture_output=True)
+    limits = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))
+    times: dict[str, list[float]] = {ATTNSERVE: [], "runtime": [], "echo": []}
+    with (
+        asyncio.Runner() as runner,
+        echo_server() as echo_address,
+        serve_attnserve(model_dir, *limits) as address,
+    ):
+        client = AsyncEncoderClient(
+            address, ClientOptions(timeout_s=600, max_message_bytes=2**31 - 1)
+        )
+        ids = list(range(3, 3 + BIG_MAP_LENGTH))
+        size = runner.run(client.encode([ids], **MAP_OPTIONS[F16_PACKED])).wire_bytes
+        echo = Echo(echo_address)
+        runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+        for _ in range(repeats):  # alternating, one of each at a time
+            times[ATTNSERVE] += runner.run(
+                encode_ms(client, BIG_MAP_LENGTH, 1, **MAP_OPTIONS[F16_PACKED])
+            )
+            times["runtime"] += runtime_ms(runtime, BIG_MAP_LENGTH, 1)
+            times["echo"].append(runner.run(echo.ms(size)))
+        del runtime
+        time.sleep(Settings.release_after_idle_s + 5.0)  # the idle release, and its run
+        after_release = runner.run(encode_ms(client, BIG_MAP_LENGTH, 1, **MAP_OPTIONS[F16_PACKED]))
+        runner.run(client.close())
+        runner.run(echo.close())
+    p50 = {name: round(float(np.median(ms)), 1) for name, ms in times.items()}
+    floor = p50["runtime"] + p50["echo"]
+    return {
+        "seq_len": BIG_MAP_LENGTH,
+        "bytes": size,
+        "p50_ms": p50,
+        "vs_floor": round(p50[ATTNSERVE] / floor, 3),
+        "after_release_ms": round(after_release[0], 1),
+        "megabytes_per_s": round(size / 1e6 / (p50[ATTNSERVE] / 1e3), 1),
+    }
+
+
+def big_map_summary(b: dict) -> str:
+    """measure_big_map's result as a sentence."""
+    return (
+        f"SmolLM2-135M's shape, every attention weight at {b['seq_len']} tokens, float16 "
+        f"causal-packed ({b['bytes'] / 1e6:.0f} MB): attnserve {b['p50_ms'][ATTNSERVE]:,.0f} "
+        f"ms ({b['megabytes_per_s']:.0f} MB/s), ORT's run {b['p50_ms']['runtime']:,.0f} ms + "
+        f"the echo {b['p50_ms']['echo']:,.0f} ms: {b['vs_floor']:.2f}x (p50 of 3). The first "
+        f"call after the idle server gave its memory back: {b['after_release_ms']:,.0f} ms."
+    )
+
+
+def big_map_target(b: dict) -> tuple[str, str, bool]:
+    """(target, measured, met) for measure_big_map's result."""
+    return (
+        f"SmolLM2-135M's full {b['seq_len']}-token map: <= {BIG_MAP_TARGET:g}x the runtime + echo",
+        f"{b['vs_floor']:.2f}x",
+        b["vs_floor"] <= BIG_MAP_TARGET,
+    )
