@@ -16,7 +16,7 @@ from attnserve.v1.wire import (
     POOLINGS,
     RESULTS_FIELD,
     from_tensor,
-    tensor_data,
+    split_tensor_data,
     unpack_causal,
 )
 
@@ -101,12 +101,10 @@ class EncodeOutput:
     total_ns: int
     model_version: str
     request_id: str
-    response: pb.EncodeResponse  # as received
-
-    @property
-    def wire_bytes(self) -> int:
-        """Size of the serialised response (computed on demand: it walks the message)."""
-        return self.response.ByteSize()
+    # As received, but for the large tensors' bytes (read in place into `encodings`); left
+    # out of repr: protobuf's text format of a large map takes minutes.
+    response: pb.EncodeResponse = field(repr=False)
+    wire_bytes: int  # the size of the serialized response
 
     def __len__(self) -> int:
         return len(self.encodings)
@@ -243,13 +241,15 @@ def _is_id(value: object) -> bool:
 
 
 def parse_response(raw: bytes) -> EncodeOutput:
-    """The bytes of an EncodeResponse -> numpy, the large tensors read in place (no copy)."""
-    return decode_response(pb.EncodeResponse.FromString(raw), raw)
+    """The bytes of an EncodeResponse -> numpy, the large tensors read in place (no copy):
+    the message is parsed without their bytes."""
+    rest, found = split_tensor_data(raw, pb.EncodeResponse)
+    return decode_response(pb.EncodeResponse.FromString(rest), found, len(raw))
 
 
 class _Tensors:
     """The arrays of one message's Tensor fields: large ones read in place from the bytes
-    received (tensor_data), small ones from the parsed message."""
+    received (split_tensor_data), small ones from the parsed message."""
 
     def __init__(self, message, found: dict[tuple[int, ...], memoryview], path: tuple) -> None:
         self.message, self.found, self.path = message, found, path
@@ -266,10 +266,14 @@ class _Tensors:
         return self.array(name) if self.message.HasField(name) else None
 
 
-def decode_response(response: pb.EncodeResponse, raw: bytes | None = None) -> EncodeOutput:
-    """`response` -> numpy; `raw`, the bytes it was parsed from, spares a copy of each large
-    tensor."""
-    found = tensor_data(raw, pb.EncodeResponse) if raw is not None else {}
+def decode_response(
+    response: pb.EncodeResponse,
+    found: dict[tuple[int, ...], memoryview] | None = None,
+    wire_bytes: int | None = None,
+) -> EncodeOutput:
+    """`response` -> numpy. `found`: the bytes of the large tensors that `response` was parsed
+    without (split_tensor_data); `wire_bytes`: the size of the bytes received."""
+    found = found or {}
     encodings = []
     for index, result in enumerate(response.results):
         tensors = _Tensors(result, found, (RESULTS_FIELD, index))
@@ -308,6 +312,7 @@ def decode_response(response: pb.EncodeResponse, raw: bytes | None = None) -> En
         response.model_version,
         response.request_id,
         response,
+        response.ByteSize() if wire_bytes is None else wire_bytes,
     )
 
 

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from attnserve.client.codec import build_request
+from attnserve.client.codec import build_request, parse_response
 from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import fill_tensor
 
 
 def test_single_text_single_ids_and_lists():
@@ -43,3 +44,14 @@ def test_bad_choices_are_refused_before_sending():
         build_request("x", pooling="max")
     with pytest.raises(ValueError, match="attention_dtype must be one of"):
         build_request("x", attention=True, attention_dtype="bfloat16")
+
+
+def test_an_answers_repr_stays_short_however_large_its_tensors():
+    """A repr (a debugger, a log line, a finished task's) must not print the received message:
+    protobuf's text format of a 286 MB map took the client 100 s."""
+    attention = np.random.default_rng(0).random((2, 3, 128, 128))  # 384 KB as float32
+    response = pb.EncodeResponse(results=[pb.EncodeResult(token_ids=list(range(128)))])
+    fill_tensor(response.results[0].attention, attention)
+    output = parse_response(response.SerializeToString())
+    np.testing.assert_allclose(output[0].attention, attention, rtol=1e-6)
+    assert len(repr(output)) < 10_000  # numpy summarises the arrays; the message is left out

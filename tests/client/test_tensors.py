@@ -9,7 +9,7 @@ from attnserve.v1.wire import (
     nested,
     pack_causal,
     packed_length,
-    tensor_data,
+    split_tensor_data,
     to_tensor,
     unpack_causal,
 )
@@ -100,13 +100,19 @@ def test_nested_fields_are_framed_as_the_encoding_guide_shows():
     assert b"".join(nested((1,), [b"x" * 300])) == bytes.fromhex("0aac02") + b"x" * 300
 
 
-def test_tensor_data_finds_the_large_tensors_bytes_in_place():
+def test_the_large_tensors_bytes_are_split_off_and_read_in_place():
     spliced, plain = spliced_result(np.random.default_rng(3))
     number = {name: f.number for name, f in pb.EncodeResult.DESCRIPTOR.fields_by_name.items()}
     attribution = pb.LogitAttribution.DESCRIPTOR.fields_by_name["heads"].number
     lens = pb.TokenPredictions.DESCRIPTOR.fields_by_name["logits"].number
+    without = pb.EncodeResult()  # the reference with the large tensors' bytes left out
+    without.CopyFrom(plain)
+    for tensor in (without.attention, without.attribution.heads, without.logit_lens.logits):
+        tensor.ClearField("data")
     for raw in (b"".join(spliced.parts()), plain.SerializeToString()):  # spliced or not
-        found = tensor_data(raw, pb.EncodeResult)
+        rest, found = split_tensor_data(raw, pb.EncodeResult)
+        assert pb.EncodeResult.FromString(rest) == without  # lengths around them rewritten
+        assert len(rest) < len(raw) - sum(len(view) for view in found.values()) + 64
         assert set(found) == {
             (number["attention"],),
             (number["attribution"], attribution),
@@ -119,3 +125,13 @@ def test_tensor_data_finds_the_large_tensors_bytes_in_place():
         ):
             assert found[path].obj is raw  # a view of the received bytes: nothing copied
             np.testing.assert_array_equal(from_tensor(message, found[path]), from_tensor(message))
+
+
+def test_an_answer_without_large_tensors_is_parsed_as_it_came():
+    result = pb.EncodeResult(token_ids=list(range(100)))
+    fill_tensor(result.embeddings, np.ones((100, 8)))  # 3.2 KB
+    raw = result.SerializeToString()
+    assert split_tensor_data(raw, pb.EncodeResult) == (raw, {})
+    above = result.embeddings.ByteSize() + 1  # the answer reaches it, none of its fields
+    assert len(raw) >= above
+    assert split_tensor_data(raw, pb.EncodeResult, min_bytes=above) == (raw, {})  # scanned

@@ -151,7 +151,7 @@ def to_tensor(array: np.ndarray, dtype: pb.Dtype = pb.DTYPE_FLOAT32) -> pb.Tenso
 
 def from_tensor(tensor: pb.Tensor, data: bytes | memoryview | None = None) -> np.ndarray:
     """The array a Tensor carries, in its own dtype; ValueError if the bytes do not fit.
-    `data`: its bytes found in place in the received message (tensor_data), uncopied."""
+    `data`: its bytes found in place in the received message (split_tensor_data), uncopied."""
     if tensor.dtype not in NUMPY_DTYPES:
         raise ValueError(f"unsupported tensor dtype {tensor.dtype}")
     dtype = NUMPY_DTYPES[tensor.dtype]
@@ -163,24 +163,33 @@ def from_tensor(tensor: pb.Tensor, data: bytes | memoryview | None = None) -> np
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def tensor_data(
+def split_tensor_data(
     raw: bytes, message: type[Message], min_bytes: int = SPLICE_MIN_BYTES
-) -> dict[tuple[int, ...], memoryview]:
-    """Where the large Tensors' bytes lie in `raw` (a serialized `message`), by the path of
-    field numbers down to each Tensor (a repeated field's element index after its number):
-    what reading `.data` off the parsed message would copy once more, in place. A field
-    given twice counts as protobuf merges it: the last `data` wins."""
+) -> tuple[bytes, dict[tuple[int, ...], memoryview]]:
+    """`raw` (a serialized `message`) without its large Tensors' `data`, and where those bytes
+    lie in `raw`, by the path of field numbers down to each Tensor (a repeated field's element
+    index after its number). Parsing the rest leaves each large Tensor its shape and dtype;
+    numpy reads its bytes in place (from_tensor): parsing all of it would copy them into the
+    message first (283 MB faulted in afresh for SmolLM2-135M's 1024-token map: 1-1.5 s of a
+    call here). A field given twice counts as protobuf merges it: the last `data` wins."""
     found: dict[tuple[int, ...], memoryview] = {}
     if len(raw) < min_bytes:  # too small to hold one: spare the scan
-        return found
-    _scan(memoryview(raw), 0, len(raw), message.DESCRIPTOR, (), min_bytes, found)
-    return found
+        return raw, found
+    parts = _split(memoryview(raw), 0, len(raw), message.DESCRIPTOR, (), min_bytes, found)
+    return (raw if parts is None else b"".join(parts)), found
 
 
-def _scan(buffer, pos: int, end: int, descriptor, path: tuple, min_bytes: int, found: dict) -> None:
-    """One message's fields in buffer[pos:end]: descend into the large ones only."""
+def _split(
+    buffer: memoryview, pos: int, end: int, descriptor, path: tuple, min_bytes: int, found: dict
+) -> list | None:
+    """One message's fields in buffer[pos:end], descending into the large ones only: its bytes
+    in pieces with the large Tensors' `data` left out and the lengths around them rewritten;
+    None if it has none (the caller keeps the bytes as they are)."""
+    parts: list = []
+    kept = pos  # the start of the bytes not yet in parts, unchanged
     elements: dict[int, int] = {}  # of each repeated field so far
     while pos < end:
+        start = pos
         key, pos = _read_varint(buffer, pos)
         number, wire_type = key >> 3, key & 7
         if wire_type == 0:
@@ -188,20 +197,32 @@ def _scan(buffer, pos: int, end: int, descriptor, path: tuple, min_bytes: int, f
         elif wire_type in (1, 5):  # I64, I32
             pos += 8 if wire_type == 1 else 4
         elif wire_type == 2:  # LEN
-            length, pos = _read_varint(buffer, pos)
+            length, body = _read_varint(buffer, pos)
+            pos = body + length
             field = descriptor.fields_by_number.get(number)
             here = (*path, number)
             if field is not None and field.is_repeated:
                 here += (elements.get(number, 0),)
                 elements[number] = elements.get(number, 0) + 1
-            if field is not None and length >= min_bytes:
-                if field.message_type is not None:
-                    _scan(buffer, pos, pos + length, field.message_type, here, min_bytes, found)
-                elif descriptor is pb.Tensor.DESCRIPTOR and number == _DATA:
-                    found[path] = buffer[pos : pos + length]
-            pos += length
+            if field is None or length < min_bytes:
+                continue
+            if field.message_type is not None:
+                inner = _split(buffer, body, pos, field.message_type, here, min_bytes, found)
+                if inner is None:
+                    continue
+                parts += [buffer[kept:start], *nested((number,), inner)]
+            elif descriptor is pb.Tensor.DESCRIPTOR and number == _DATA:
+                found[path] = buffer[body:pos]
+                parts.append(buffer[kept:start])
+            else:
+                continue
+            kept = pos
         else:
             raise ValueError(f"wire type {wire_type} at byte {pos}: not a message")
+    if not parts:
+        return None
+    parts.append(buffer[kept:end])
+    return parts
 
 
 def _read_varint(buffer, pos: int) -> tuple[int, int]:
