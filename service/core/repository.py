@@ -28,6 +28,7 @@ from attnserve.service.core.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.status import code_name
 
@@ -295,6 +296,8 @@ class ModelRepository:
         if forget:
             self.metrics.forget(old.name, old.version)
         log.info("%s version %s freed", old.name, old.version)
+        if old.release_memory:  # its sessions' heap, once the caller has let go of it too
+            asyncio.get_running_loop().call_soon(give_back_memory)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())

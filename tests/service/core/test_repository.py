@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
+from attnserve.service.core import dataplane, repository
 from attnserve.service.oip.model import OipServer
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
@@ -284,5 +285,36 @@ def test_several_models_need_a_name_or_a_default(tmp_path, small_model_dir, othe
             assert "--default-model" in error.value.details()
             assert client.encode(IDS, model="b")[0].embeddings.shape == (4, OTHER_CONFIG.d_model)
             assert client.model_info(model="a")["d_model"] == SMALL_CONFIG.d_model
+    finally:
+        server.stop()
+
+
+def test_the_heap_goes_back_after_each_warm_up_and_each_unload(
+    tmp_path, small_model_dir, other_model_dir, monkeypatch
+):
+    """The heap keeps what answers free until the server idles; what loading, warming up and
+    an unloaded model freed is given back at once."""
+    calls: list[str] = []
+    given = threading.Event()
+
+    def recorder(where: str):
+        def give_back_memory() -> bool:
+            calls.append(where)
+            given.set()
+            return True
+
+        return give_back_memory
+
+    monkeypatch.setattr(dataplane, "give_back_memory", recorder("warmed up"))
+    monkeypatch.setattr(repository, "give_back_memory", recorder("unloaded"))
+    server = ServerThread(
+        None, model_repository=make_repository(tmp_path, small_model_dir, other_model_dir)
+    )
+    try:
+        assert calls == ["warmed up", "warmed up"]  # a and b
+        given.clear()
+        triton_grpc.InferenceServerClient(server.address).unload_model("b")
+        assert given.wait(60)
+        assert calls == ["warmed up", "warmed up", "unloaded"]
     finally:
         server.stop()
