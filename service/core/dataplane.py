@@ -92,8 +92,8 @@ class DataPlane:
         """Start the batcher, warm every backend up, then let requests in."""
         self.batcher.start()
         await self.batcher.warm_up()
-        if self.release_memory:  # what loading and warming up freed (0.3 GiB for TinyLlama)
-            give_back_memory()
+        if self.release_memory:  # what loading and warming up freed (0.3 GiB for TinyLlama),
+            await asyncio.to_thread(give_back_memory)  # off the loop: other models may serve
         self.refusal = None
 
     def start_draining(self) -> None:

@@ -296,8 +296,9 @@ class ModelRepository:
         if forget:
             self.metrics.forget(old.name, old.version)
         log.info("%s version %s freed", old.name, old.version)
-        if old.release_memory:  # its sessions' heap, once the caller has let go of it too
-            asyncio.get_running_loop().call_soon(give_back_memory)
+        if old.release_memory:  # its sessions' heap, once the caller has let go of it too,
+            loop = asyncio.get_running_loop()  # and off the loop: the other models serve on
+            loop.call_soon(loop.run_in_executor, None, give_back_memory)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
