@@ -120,11 +120,17 @@ class EncoderClient:
         )
 
     def encode(
-        self, inputs: Input | list[Input], timeout: float | None = None, **options
+        self,
+        inputs: Input | list[Input],
+        timeout: float | None = None,
+        unpack_attention: bool = True,
+        **options,
     ) -> EncodeOutput:
-        """Encode texts or token-id sequences; see attnserve.client.codec.build_request."""
+        """Encode texts or token-id sequences; see attnserve.client.codec.build_request.
+        `unpack_attention=False` keeps causal-packed attention packed, as it came (half the
+        memory and no copy; Encoding.unpacked_attention unpacks it when wanted)."""
         request = build_request(inputs, **options)
-        return parse_response(self._call(self._encode, request, timeout))
+        return parse_response(self._call(self._encode, request, timeout), unpack_attention)
 
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
@@ -186,10 +192,14 @@ class AsyncEncoderClient:
         )
 
     async def encode(
-        self, inputs: Input | list[Input], timeout: float | None = None, **options
+        self,
+        inputs: Input | list[Input],
+        timeout: float | None = None,
+        unpack_attention: bool = True,
+        **options,
     ) -> EncodeOutput:
         request = build_request(inputs, **options)
-        return parse_response(await self._call(self._encode, request, timeout))
+        return parse_response(await self._call(self._encode, request, timeout), unpack_attention)
 
     async def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None

@@ -28,7 +28,8 @@ DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16}
 
 @dataclass
 class Encoding:
-    """One input's encoding, decoded to numpy (causal-packed attention unpacked).
+    """One input's encoding, decoded to numpy (causal-packed attention unpacked, unless
+    the call kept it packed).
 
     Attention keeps the dtype it was asked for: float16 stays float16, half the
     memory, and widening it is the caller's choice (numpy's float16 -> float32
@@ -39,7 +40,8 @@ class Encoding:
     embeddings: np.ndarray | None  # (T, d_model) float32
     pooled: np.ndarray | None  # (d_model,) float32
     # (layers, heads, rows, T), or (..., rows, k) with top_k; heads is 1 after a head
-    # reduction, layers and heads are 1 for rollout.
+    # reduction, layers and heads are 1 for rollout. Causal-packed and kept packed
+    # (unpack_attention=False): (layers, heads, T (T + 1) / 2), read in place.
     attention: np.ndarray | None
     layers: list[int] = field(default_factory=list)  # the layers selected (axis 0)
     heads: list[int] = field(default_factory=list)  # the heads selected (or reduced)
@@ -55,6 +57,12 @@ class Encoding:
     predictions: TokenPredictions | None = None  # layers is [n_layers]
     logit_lens: TokenPredictions | None = None
     attribution: LogitAttribution | None = None
+
+    def unpacked_attention(self) -> np.ndarray | None:
+        """attention as (layers, heads, rows, ...): unpacked now if it was kept packed."""
+        if self.attention is not None and self.attention.ndim == 3:
+            return unpack_causal(self.attention, len(self.token_ids))
+        return self.attention
 
 
 @dataclass
@@ -240,11 +248,12 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int | np.integer)
 
 
-def parse_response(raw: bytes) -> EncodeOutput:
+def parse_response(raw: bytes, unpack_attention: bool = True) -> EncodeOutput:
     """The bytes of an EncodeResponse -> numpy, the large tensors read in place (no copy):
     the message is parsed without their bytes."""
     rest, found = split_tensor_data(raw, pb.EncodeResponse)
-    return decode_response(pb.EncodeResponse.FromString(rest), found, len(raw))
+    response = pb.EncodeResponse.FromString(rest)
+    return decode_response(response, found, len(raw), unpack_attention)
 
 
 class _Tensors:
@@ -270,17 +279,18 @@ def decode_response(
     response: pb.EncodeResponse,
     found: dict[tuple[int, ...], memoryview] | None = None,
     wire_bytes: int | None = None,
+    unpack_attention: bool = True,
 ) -> EncodeOutput:
     """`response` -> numpy. `found`: the bytes of the large tensors that `response` was parsed
-    without (split_tensor_data); `wire_bytes`: the size of the bytes received."""
+    without (split_tensor_data); `wire_bytes`: the size of the bytes received;
+    `unpack_attention`: False keeps causal-packed attention as it came (half the memory, no
+    copy; Encoding.unpacked_attention unpacks it later)."""
     found = found or {}
     encodings = []
     for index, result in enumerate(response.results):
         tensors = _Tensors(result, found, (RESULTS_FIELD, index))
         ids = np.array(list(result.token_ids), dtype=np.int64)  # 2x faster than from the field
         attention = tensors.optional("attention")
-        if attention is not None and attention.ndim == 3:  # (L, H, T (T + 1) / 2)
-            attention = unpack_causal(attention, len(ids))
         encodings.append(
             Encoding(
                 token_ids=ids,
@@ -303,6 +313,8 @@ def decode_response(
                 attribution=_attribution(tensors),
             )
         )
+        if unpack_attention:
+            encodings[-1].attention = encodings[-1].unpacked_attention()
     t = response.timings
     return EncodeOutput(
         encodings,

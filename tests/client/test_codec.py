@@ -3,7 +3,7 @@ import pytest
 
 from attnserve.client.codec import build_request, parse_response
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import fill_tensor
+from attnserve.v1.wire import fill_tensor, pack_causal, packed_length
 
 
 def test_single_text_single_ids_and_lists():
@@ -55,3 +55,19 @@ def test_an_answers_repr_stays_short_however_large_its_tensors():
     output = parse_response(response.SerializeToString())
     np.testing.assert_allclose(output[0].attention, attention, rtol=1e-6)
     assert len(repr(output)) < 10_000  # numpy summarises the arrays; the message is left out
+
+
+def test_causal_packed_attention_kept_packed_is_read_in_place():
+    """unpack_attention=False: the packed weights as they came, no copy of the received bytes;
+    unpacked_attention() gives what the default decoding gives."""
+    t = 200
+    full = np.tril(np.random.default_rng(1).random((2, 3, t, t))).astype(np.float16)
+    response = pb.EncodeResponse(results=[pb.EncodeResult(token_ids=list(range(t)))])
+    fill_tensor(response.results[0].attention, pack_causal(full), pb.DTYPE_FLOAT16)  # 241 KB
+    raw = response.SerializeToString()
+    kept = parse_response(raw, unpack_attention=False)[0]
+    assert kept.attention.shape == (2, 3, packed_length(t)) and kept.attention.dtype == np.float16
+    assert not kept.attention.flags.owndata and not kept.attention.flags.writeable
+    np.testing.assert_array_equal(kept.attention, pack_causal(full))
+    np.testing.assert_array_equal(kept.unpacked_attention(), full)
+    np.testing.assert_array_equal(parse_response(raw)[0].attention, full)

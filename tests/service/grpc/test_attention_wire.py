@@ -36,9 +36,11 @@ def test_every_encoding_decodes_to_the_full_weights(
 def test_all_layers_and_heads_at_max_seq_len(client, small_runtime):
     ids = np.random.default_rng(0).integers(0, 259, size=300).tolist()
     _, attentions = small_runtime.run(np.array([ids]))
-    out = client.encode(
-        [ids], attention=True, attention_dtype="float16", attention_layout="causal-packed"
-    )
+    options = {"attention": True, "attention_dtype": "float16", "attention_layout": "causal-packed"}
+    out = client.encode([ids], **options)
     assert out[0].attention.shape == (2, 4, 300, 300)
     np.testing.assert_allclose(out[0].attention, attentions[0], atol=5e-4, rtol=0)
     assert out.wire_bytes > 2 * 4 * packed_length(300) * 2  # every head really was sent
+    kept = client.encode([ids], unpack_attention=False, **options)[0]
+    assert kept.attention.shape == (2, 4, packed_length(300))
+    np.testing.assert_array_equal(kept.unpacked_attention(), out[0].attention)
