@@ -26,14 +26,15 @@ from benchmarks.echo import Echo, echo_server
 
 ATTNSERVE = "attnserve"
 F32, F16_PACKED = "all, float32", "all, float16 causal-packed"
+F16_KEPT = "all, float16 causal-packed, kept packed"  # by the client: as the echo's bytes
+_F16 = {"attention": True, "attention_dtype": "float16", "attention_layout": "causal-packed"}
 MAP_OPTIONS = {
     F32: {"attention": True},
-    F16_PACKED: {
-        "attention": True,
-        "attention_dtype": "float16",
-        "attention_layout": "causal-packed",
-    },
+    F16_PACKED: _F16,
+    F16_KEPT: {**_F16, "unpack_attention": False},
 }
+PACKED_MAPS = (F16_PACKED, F16_KEPT)  # attnserve's own: the peers have no such answer
+KEPT = "attnserve, kept packed"  # the big map's client keeping it packed
 BIG_MAP_LENGTH = 1024  # SmolLM2-135M's full map at this length
 BIG_MAP_TARGET = 2.0  # attnserve / (runtime + echo), at most
 
@@ -86,7 +87,7 @@ def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dic
     command += ["--out", str(model_dir), "--max-seq-len", str(BIG_MAP_LENGTH)]
     subprocess.run(command, check=True, capture_output=True)
     limits = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))
-    times: dict[str, list[float]] = {ATTNSERVE: [], "runtime": [], "echo": []}
+    times: dict[str, list[float]] = {ATTNSERVE: [], KEPT: [], "runtime": [], "echo": []}
     with (
         asyncio.Runner() as runner,
         echo_server() as echo_address,
@@ -100,9 +101,10 @@ def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dic
         echo = Echo(echo_address)
         runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
         for _ in range(repeats):  # alternating, one of each at a time
-            times[ATTNSERVE] += runner.run(
-                encode_ms(client, BIG_MAP_LENGTH, 1, **MAP_OPTIONS[F16_PACKED])
-            )
+            for name, attention in ((ATTNSERVE, F16_PACKED), (KEPT, F16_KEPT)):
+                times[name] += runner.run(
+                    encode_ms(client, BIG_MAP_LENGTH, 1, **MAP_OPTIONS[attention])
+                )
             times["runtime"] += runtime_ms(runtime, BIG_MAP_LENGTH, 1)
             times["echo"].append(runner.run(echo.ms(size)))
         del runtime
@@ -118,6 +120,7 @@ def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dic
         "repeats": repeats,
         "p50_ms": p50,
         "vs_floor": round(p50[ATTNSERVE] / floor, 3),
+        "kept_vs_floor": round(p50[KEPT] / floor, 3),
         "after_release_ms": round(after_release[0], 1),
         "megabytes_per_s": round(size / 1e6 / (p50[ATTNSERVE] / 1e3), 1),
     }
@@ -129,16 +132,18 @@ def big_map_summary(b: dict) -> str:
         f"SmolLM2-135M's shape, every attention weight at {b['seq_len']} tokens, float16 "
         f"causal-packed ({b['bytes'] / 1e6:.0f} MB): attnserve {b['p50_ms'][ATTNSERVE]:,.0f} "
         f"ms ({b['megabytes_per_s']:.0f} MB/s), ORT's run {b['p50_ms']['runtime']:,.0f} ms + "
-        f"the echo {b['p50_ms']['echo']:,.0f} ms: {b['vs_floor']:.2f}x (p50 of {b['repeats']}). "
+        f"the echo {b['p50_ms']['echo']:,.0f} ms: {b['vs_floor']:.2f}x (p50 of {b['repeats']}); "
+        f"kept packed by the client {b['p50_ms'][KEPT]:,.0f} ms: {b['kept_vs_floor']:.2f}x. "
         f"The first call after the idle server gave its memory back: "
         f"{b['after_release_ms']:,.0f} ms."
     )
 
 
-def big_map_target(b: dict) -> tuple[str, str, bool]:
-    """(target, measured, met) for measure_big_map's result."""
-    return (
-        f"SmolLM2-135M's full {b['seq_len']}-token map: <= {BIG_MAP_TARGET:g}x the runtime + echo",
-        f"{b['vs_floor']:.2f}x",
-        b["vs_floor"] <= BIG_MAP_TARGET,
-    )
+def big_map_targets(b: dict) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for measure_big_map's result, unpacked by the client and kept
+    packed."""
+    target = f"SmolLM2-135M's full {b['seq_len']}-token map: <= {BIG_MAP_TARGET:g}x the runtime"
+    return [
+        (f"{target} + echo{how}", f"{ratio:.2f}x", ratio <= BIG_MAP_TARGET)
+        for how, ratio in (("", b["vs_floor"]), (", kept packed", b["kept_vs_floor"]))
+    ]

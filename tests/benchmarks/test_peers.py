@@ -16,7 +16,7 @@ from attnserve.service.ort.runtime import (
     session_settings,
 )
 from benchmarks import kserve_peer
-from benchmarks.full_maps import F16_PACKED, F32
+from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, PACKED_MAPS
 from benchmarks.peer_env import PEERS, Peer, peer_venv
 from benchmarks.peers import run_peers, table
 from tests.conftest import REPO_ROOT, SMALL_CONFIG
@@ -72,16 +72,17 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
         (longest, "none"),
         (longest, F32),
         (longest, F16_PACKED),
+        (longest, F16_KEPT),
     ]
     assert result["saturation"]["lengths"] == [8, longest]
     names = {"attnserve", *(kind.name for kind in PEERS)}
     for row in result["latency"]:
         servers = row["servers"]
         # the peers have no causal-packed answer: that row is attnserve against its floor
-        assert set(servers) == (names if row["attention"] != F16_PACKED else {"attnserve"})
+        assert set(servers) == (names if row["attention"] not in PACKED_MAPS else {"attnserve"})
         for times in servers.values():
             assert 0 < times["p50_ms"] <= times["p99_ms"]
-        if row["attention"] != F16_PACKED:
+        if row["attention"] not in PACKED_MAPS:
             best = min(servers[n]["p50_ms"] for n in names - {"attnserve"})
             assert row["p50_ratio"] == pytest.approx(
                 servers["attnserve"]["p50_ms"] / best, rel=1e-2
@@ -92,6 +93,8 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
             assert floor["p50_ms"] == pytest.approx(
                 floor["runtime"]["p50_ms"] + floor["echo"]["p50_ms"]
             )
+    packed = {r["attention"]: r["floor"]["bytes"] for r in result["latency"] if "floor" in r}
+    assert packed[F16_KEPT] == packed[F16_PACKED]  # the same answer, decoded two ways
     engines = result["saturation"]["engines"]
     assert set(engines) == names | {"ORT in process, one at a time", "ORT in process, batcher"}
     assert all(e["tokens_per_s"] > 0 and e["errors"] == 0 for e in engines.values())
