@@ -41,7 +41,7 @@ class Encoding:
     pooled: np.ndarray | None  # (d_model,) float32
     # (layers, heads, rows, T), or (..., rows, k) with top_k; heads is 1 after a head
     # reduction, layers and heads are 1 for rollout. Causal-packed and kept packed
-    # (unpack_attention=False): (layers, heads, T (T + 1) / 2), read in place.
+    # (unpack_attention=False): (layers, heads, T (T + 1) / 2), as received.
     attention: np.ndarray | None
     layers: list[int] = field(default_factory=list)  # the layers selected (axis 0)
     heads: list[int] = field(default_factory=list)  # the heads selected (or reduced)
