@@ -23,13 +23,20 @@ from types import ModuleType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.client.codec import EncodeOutput, Input, build_request, parse_response
+from attnserve.client.codec import (
+    EncodeOutput,
+    Input,
+    build_request,
+    parse_layers,
+    parse_response,
+)
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Encode's answer arrives as bytes (parse_response reads its large tensors in place).
-ENCODE = f"/{pb.DESCRIPTOR.services_by_name['EncoderService'].full_name}/Encode"
+# Encode's and EncodeLayers' answers arrive as bytes (their large tensors read in place).
+SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+ENCODE, ENCODE_LAYERS = f"/{SERVICE}/Encode", f"/{SERVICE}/EncodeLayers"
 # Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
 RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
 
@@ -118,6 +125,9 @@ class EncoderClient:
         self._encode = self.channel.unary_unary(
             ENCODE, request_serializer=pb.EncodeRequest.SerializeToString
         )
+        self._encode_layers = self.channel.unary_stream(
+            ENCODE_LAYERS, request_serializer=pb.EncodeLayersRequest.SerializeToString
+        )
 
     def encode(
         self,
@@ -131,6 +141,18 @@ class EncoderClient:
         memory and no copy; Encoding.unpacked_attention unpacks it when wanted)."""
         request = build_request(inputs, **options)
         return parse_response(self._call(self._encode, request, timeout), unpack_attention)
+
+    def encode_layers(
+        self, inputs: Input | list[Input], timeout: float | None = None, **options
+    ) -> EncodeOutput:
+        """encode, its attention weights streamed one layer per message (EncodeLayers): for
+        maps too large to move or hold in one piece. Each Encoding's attention_by_layer holds
+        them as received; no retries (a stream may have delivered part of the answer)."""
+        request = pb.EncodeLayersRequest(request=build_request(inputs, **options))
+        call = self._encode_layers(
+            request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+        )
+        return parse_layers(call)
 
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
@@ -190,6 +212,9 @@ class AsyncEncoderClient:
         self._encode = self.channel.unary_unary(
             ENCODE, request_serializer=pb.EncodeRequest.SerializeToString
         )
+        self._encode_layers = self.channel.unary_stream(
+            ENCODE_LAYERS, request_serializer=pb.EncodeLayersRequest.SerializeToString
+        )
 
     async def encode(
         self,
@@ -200,6 +225,15 @@ class AsyncEncoderClient:
     ) -> EncodeOutput:
         request = build_request(inputs, **options)
         return parse_response(await self._call(self._encode, request, timeout), unpack_attention)
+
+    async def encode_layers(
+        self, inputs: Input | list[Input], timeout: float | None = None, **options
+    ) -> EncodeOutput:
+        request = pb.EncodeLayersRequest(request=build_request(inputs, **options))
+        call = self._encode_layers(
+            request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+        )
+        return parse_layers([part async for part in call])
 
     async def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None

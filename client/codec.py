@@ -57,6 +57,9 @@ class Encoding:
     predictions: TokenPredictions | None = None  # layers is [n_layers]
     logit_lens: TokenPredictions | None = None
     attribution: LogitAttribution | None = None
+    # EncodeLayers' answer (encode_layers): attention one array per selected layer, as
+    # received (causal-packed stays packed), and `attention` is None.
+    attention_by_layer: list[np.ndarray] = field(default_factory=list)
 
     def unpacked_attention(self) -> np.ndarray | None:
         """attention as (layers, heads, rows, ...): unpacked now if it was kept packed."""
@@ -254,6 +257,37 @@ def parse_response(raw: bytes, unpack_attention: bool = True) -> EncodeOutput:
     rest, found = split_tensor_data(raw, pb.EncodeResponse)
     response = pb.EncodeResponse.FromString(rest)
     return decode_response(response, found, len(raw), unpack_attention)
+
+
+# The path to an EncodeLayersResponse's tensor: attention_layer.attention
+_LAYER = pb.EncodeLayersResponse.DESCRIPTOR.fields_by_name["attention_layer"].number
+_LAYER_ATTENTION = pb.AttentionLayer.DESCRIPTOR.fields_by_name["attention"].number
+
+
+def parse_layers(parts: Iterable[bytes]) -> EncodeOutput:
+    """The serialized EncodeLayersResponses of one answer -> numpy: the response, then each
+    layer of attention weights read in place into its encoding's attention_by_layer."""
+    parts = iter(parts)
+    first = next(parts)
+    rest, found = split_tensor_data(first, pb.EncodeLayersResponse)
+    head = pb.EncodeLayersResponse.FromString(rest)
+    if head.WhichOneof("part") != "response":
+        raise ValueError("an EncodeLayers answer must begin with its response")
+    inside = {path[1:]: data for path, data in found.items()}  # below the response field
+    wire_bytes = len(first)
+    output = decode_response(head.response, inside)
+    for raw in parts:
+        wire_bytes += len(raw)
+        rest, found = split_tensor_data(raw, pb.EncodeLayersResponse)
+        layer = pb.EncodeLayersResponse.FromString(rest).attention_layer
+        arrays = output.encodings[layer.result_index].attention_by_layer
+        if layer.layer_index != len(arrays):
+            raise ValueError(
+                f"layer {layer.layer_index} of result {layer.result_index} out of order"
+            )
+        arrays.append(from_tensor(layer.attention, found.get((_LAYER, _LAYER_ATTENTION))))
+    output.wire_bytes = wire_bytes
+    return output
 
 
 class _Tensors:

@@ -32,7 +32,7 @@ from attnserve.service.core.plan import (
     inputs_of,
     plan_request,
 )
-from attnserve.service.core.response import EncodeAnswer, build_response
+from attnserve.service.core.response import EncodeAnswer, build_response, split_attention_layers
 from attnserve.v1 import encoder_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,29 @@ class DataPlane:
         caller will still wait (its deadline); queued work past it is dropped unrun."""
         start = time.perf_counter_ns()
         async with self.results(inputs_of(request), request.options, timeout) as (plan, results):
-            answer = build_response(
-                plan, results, self.tokenizer, self.backend.version, request.request_id
-            )
-        answer.message.timings.total_ns = time.perf_counter_ns() - start
+            return self._answer(plan, results, request.request_id, start)
+
+    async def encode_layers(
+        self, request: pb.EncodeRequest, timeout: float | None = None
+    ) -> AsyncIterator[bytes]:
+        """EncodeLayers' answer as serialized EncodeLayersResponses: the response without the
+        attention weights, then the weights one layer of one input at a time. The request
+        holds its room in the memory budget until the last part has been taken."""
+        start = time.perf_counter_ns()
+        inputs, options = inputs_of(request), request.options
+        async with self.results(inputs, options, timeout, by_layer=True) as (plan, results):
+            rest, layers = split_attention_layers(plan, results)
+            answer = self._answer(plan, rest, request.request_id, start)
+            yield answer.serialize_in(pb.EncodeLayersResponse(), "response")
+            for layer in layers:
+                yield layer.serialize()
+
+    def _answer(
+        self, plan: EncodePlan, results: list[SequenceResult], request_id: str, start_ns: int
+    ) -> EncodeAnswer:
+        """The EncodeResponse of a request received at `start_ns` (perf_counter_ns)."""
+        answer = build_response(plan, results, self.tokenizer, self.backend.version, request_id)
+        answer.message.timings.total_ns = time.perf_counter_ns() - start_ns
         return answer
 
     @contextlib.asynccontextmanager
@@ -129,11 +148,13 @@ class DataPlane:
         inputs: Sequence[Input],
         options: pb.EncodeOptions,
         timeout: float | None = None,
+        by_layer: bool = False,
     ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
         """Refuse or admit, plan and run a request (texts or numpy ids, and its options);
         yields the plan and each sequence's arrays, which stay counted in the memory budget
         until the caller has built its answer from them (Encode's protobuf, the Open
-        Inference Protocol's outputs, OpenAI's vectors)."""
+        Inference Protocol's outputs, OpenAI's vectors). `by_layer`: the answer goes out as
+        EncodeLayers' messages (only the largest must fit in one)."""
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1
@@ -141,7 +162,7 @@ class DataPlane:
         try:
             config = self.backend.config
             plan = plan_request(inputs, options, config, self.tokenizer, self.backend.readouts)
-            check_response_size(plan, config, self.max_message_bytes)
+            check_response_size(plan, config, self.max_message_bytes, by_layer)
             reserved = request_bytes(plan, config)
             self._cancel_release()  # not idle after all
             deadline = None if timeout is None else time.monotonic() + timeout

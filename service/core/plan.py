@@ -206,9 +206,19 @@ def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
     return total
 
 
-def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> None:
-    """Refuse, before any work, an answer that would not fit in one gRPC message."""
+def check_response_size(
+    plan: EncodePlan, config: ModelConfig, limit: int, by_layer: bool = False
+) -> None:
+    """Refuse, before any work, an answer that would not fit in one gRPC message; `by_layer`:
+    an EncodeLayers answer, whose largest message is one layer of weights or the rest."""
     total = response_bytes(plan, config)
+    if by_layer and plan.attention:
+        weights = [
+            attention_weight_bytes(s, len(ids))
+            for s, ids in zip(plan.attention, plan.sequences, strict=True)
+        ]
+        layers = [1 if s.rollout else len(s.layers) for s in plan.attention]
+        total = max(total - sum(weights), *(w // n for w, n in zip(weights, layers, strict=True)))
     if total > limit:
         advice = "send fewer inputs per request or set options.skip_token_embeddings"
         if plan.attention:
@@ -222,8 +232,9 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
                 "; fewer layers or positions of options.hidden_states, options.predictions "
                 "and options.logit_lens, a smaller top_k, or no logits"
             )
+        subject = "the largest message of the response" if by_layer else "the response"
         raise ResponseTooLargeError(
-            f"the response would be about {total:,} bytes, more than the "
+            f"{subject} would be about {total:,} bytes, more than the "
             f"{limit:,}-byte message limit; {advice}"
         )
 
@@ -231,15 +242,26 @@ def check_response_size(plan: EncodePlan, config: ModelConfig, limit: int) -> No
 def attention_bytes(selection: AttentionSelection, length: int) -> int:
     """Bytes of the tensors `selection` makes of a sequence of `length` tokens."""
     s = selection
+    total = attention_weight_bytes(s, length)
+    if s.top_k:
+        total += _attention_values(s, length) * 4  # int32 indices
+    if s.entropy:
+        total += len(s.layers) * len(s.heads) * 4
+    return total
+
+
+def attention_weight_bytes(selection: AttentionSelection, length: int) -> int:
+    """Bytes of the weights alone (what EncodeLayers sends a layer per message)."""
+    if not selection.weights:
+        return 0
+    return _attention_values(selection, length) * (2 if selection.float16 else 4)
+
+
+def _attention_values(s: AttentionSelection, length: int) -> int:
+    """Values in the weights (and in the top-k indices) of a sequence of `length` tokens."""
     layers, heads = (1, 1) if s.rollout else (len(s.layers), len(s.heads))
     if s.reduction != "none":
         heads = 1
     rows = length if s.rows is None else len(s.rows)
     per_head = packed_length(length) if s.packed else rows * (s.top_k or length)
-    values = layers * heads * per_head
-    total = values * (2 if s.float16 else 4) if s.weights else 0
-    if s.top_k:
-        total += values * 4  # int32 indices
-    if s.entropy:
-        total += len(s.layers) * len(s.heads) * 4
-    return total
+    return layers * heads * per_head

@@ -3,10 +3,14 @@ its large tensors spliced into the bytes it is sent as (v1/wire.py SplicedMessag
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+from google.protobuf.message import Message
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import (
+    AttentionSelection,
     Predictions,
     PredictionsSelection,
     ReadoutOutput,
@@ -16,8 +20,6 @@ from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import ATTRIBUTION_PARTS, RESULTS_FIELD, SplicedMessage, nested
-
-_STREAM_RESPONSE = pb.EncodeStreamResponse.DESCRIPTOR.fields_by_name["response"].number
 
 
 class EncodeAnswer:
@@ -42,10 +44,11 @@ class EncodeAnswer:
         """The EncodeResponse's bytes, each large tensor copied once, into them."""
         return b"".join(self.parts())
 
-    def serialize_in_stream(self, request_id: str) -> bytes:
-        """The bytes of EncodeStreamResponse(request_id, response=this answer)."""
-        head = pb.EncodeStreamResponse(request_id=request_id).SerializeToString()
-        return b"".join([head, *nested((_STREAM_RESPONSE,), self.parts())])
+    def serialize_in(self, envelope: Message, field: str) -> bytes:
+        """The bytes of `envelope` (an EncodeStreamResponse or EncodeLayersResponse) with this
+        answer as its `field`."""
+        number = envelope.DESCRIPTOR.fields_by_name[field].number
+        return b"".join([envelope.SerializeToString(), *nested((number,), self.parts())])
 
     def filled(self) -> pb.EncodeResponse:
         """The EncodeResponse message itself, large tensors copied in (for JSON)."""
@@ -78,6 +81,27 @@ def build_response(
     return EncodeAnswer(response, spliced)
 
 
+def split_attention_layers(
+    plan: EncodePlan, results: list[SequenceResult]
+) -> tuple[list[SequenceResult], list[SplicedMessage]]:
+    """EncodeLayers' parts: the results without their attention weights, and those weights as
+    one EncodeLayersResponse per input and selected layer (inputs, then layers, in order)."""
+    rest, layers = [], []
+    for index, result in enumerate(results):
+        a = result.attention
+        if a is None or a.weights is None or plan.attention is None:
+            rest.append(result)
+            continue
+        rest.append(replace(result, attention=replace(a, weights=None)))
+        dtype = _attention_dtype(plan.attention[index])
+        for layer_index, weights in enumerate(a.weights):
+            part = pb.AttentionLayer(result_index=index, layer_index=layer_index)
+            layer = SplicedMessage(pb.EncodeLayersResponse(attention_layer=part))
+            layer.put("attention_layer.attention", weights, dtype)
+            layers.append(layer)
+    return rest, layers
+
+
 def pooled(embeddings: np.ndarray, pooling: int) -> np.ndarray:
     """One vector of a sequence's (T, d_model) embeddings: their mean, or the last token's
     (in a causal model only the last token has seen the whole input)."""
@@ -96,8 +120,7 @@ def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: 
     if result.attention is not None and plan.attention is not None:
         selection, a = plan.attention[index], result.attention
         if a.weights is not None:
-            dtype = pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32
-            out.put("attention", a.weights, dtype)
+            out.put("attention", a.weights, _attention_dtype(selection))
         if a.indices is not None:
             out.put("attention_indices", a.indices, pb.DTYPE_INT32)
         if a.entropy is not None:
@@ -105,6 +128,10 @@ def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: 
         message.attention_layers[:] = selection.layers
         message.attention_heads[:] = selection.heads
         message.attention_rows[:] = a.rows.tolist()
+
+
+def _attention_dtype(selection: AttentionSelection) -> pb.Dtype:
+    return pb.DTYPE_FLOAT16 if selection.float16 else pb.DTYPE_FLOAT32
 
 
 def _fill_readouts(

@@ -12,7 +12,7 @@ import grpc
 from attnserve.service.core.repository import ModelRepository
 from attnserve.service.core.response import EncodeAnswer
 from attnserve.service.core.status import log_unexpected, status_for
-from attnserve.service.grpc.utils import handle_errors
+from attnserve.service.grpc.utils import handle_errors, handle_stream_errors
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -75,7 +75,19 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             error = pb.EncodeError(code=status_for(exc).value[0], message=message)
             response = pb.EncodeStreamResponse(request_id=request.request_id, error=error)
             return response.SerializeToString()
-        return answer.serialize_in_stream(request.request_id)
+        envelope = pb.EncodeStreamResponse(request_id=request.request_id)
+        return answer.serialize_in(envelope, "response")
+
+    @handle_stream_errors
+    async def EncodeLayers(
+        self, request: pb.EncodeLayersRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """The answer, then its attention weights one layer per message (serialized
+        EncodeLayersResponses)."""
+        with self.repository.observed("EncodeLayers") as find:
+            dataplane = find(request.request.model)
+            async for part in dataplane.encode_layers(request.request, context.time_remaining()):
+                yield part
 
     @handle_errors
     async def GetModelInfo(
@@ -86,8 +98,8 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
 
 
 def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
-    """The generated add_EncoderServiceServicer_to_server, but Encode's and EncodeStream's
-    answers arrive with their large tensors spliced in (EncodeAnswer), not as messages."""
+    """The generated add_EncoderServiceServicer_to_server, but the answers of Encode,
+    EncodeStream and EncodeLayers arrive with their large tensors spliced in, as bytes."""
     rpc_method_handlers = {
         "Encode": grpc.unary_unary_rpc_method_handler(
             servicer.Encode,
@@ -97,6 +109,11 @@ def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> N
         "EncodeStream": grpc.stream_stream_rpc_method_handler(
             servicer.EncodeStream,
             request_deserializer=pb.EncodeStreamRequest.FromString,
+            response_serializer=None,  # the servicer yields the bytes
+        ),
+        "EncodeLayers": grpc.unary_stream_rpc_method_handler(
+            servicer.EncodeLayers,
+            request_deserializer=pb.EncodeLayersRequest.FromString,
             response_serializer=None,  # the servicer yields the bytes
         ),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(

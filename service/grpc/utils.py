@@ -1,4 +1,5 @@
-"""The gRPC transport's one error wrapper: a servicer method's error becomes its status code.
+"""The gRPC transport's error wrappers (a unary method's, a server-streaming method's): what a
+servicer method raises becomes its status code.
 
 The code comes from the one table (service/core/status.py); the message is the error's own,
 which names the field and the limit. Anything unexpected is INTERNAL, logged here with its
@@ -8,7 +9,7 @@ traceback whatever the call.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -17,6 +18,7 @@ from attnserve.service.core.status import log_unexpected, status_for
 
 Response = TypeVar("Response")
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Response]]
+StreamMethod = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[Response]]
 
 
 def handle_errors(method: Method[Response]) -> Method[Response]:
@@ -29,8 +31,31 @@ def handle_errors(method: Method[Response]) -> Method[Response]:
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            log_unexpected(method.__name__, exc)
-            await context.abort(status_for(exc), str(exc) or type(exc).__name__)
+            await _abort(method.__name__, exc, context)
             raise  # abort raises; this line is for the type checker
 
     return wrapper
+
+
+def handle_stream_errors(method: StreamMethod[Response]) -> StreamMethod[Response]:
+    """Wrap a server-streaming servicer method: what it raises, before its first answer or
+    after some, aborts the call with its status."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Response]:
+        try:
+            async for answer in method(self, request, context):
+                yield answer
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(method.__name__, exc, context)
+
+    return wrapper
+
+
+async def _abort(name: str, exc: Exception, context: grpc.aio.ServicerContext) -> None:
+    log_unexpected(name, exc)
+    await context.abort(status_for(exc), str(exc) or type(exc).__name__)

@@ -90,7 +90,7 @@ class Encoder:
         if not self.repository.ready:
             raise NotReadyError("not every model is serving")
 
-    # attnserve.v1.EncoderService (EncodeStream too: Ray's proxy streams both ways).
+    # attnserve.v1.EncoderService (the streams too: Ray's proxy streams both ways).
 
     # Ray's proxy serializes messages itself: the answers the servicer leaves spliced for
     # grpc (service/core/response.py) are handed over as messages.
@@ -103,6 +103,12 @@ class Encoder:
     ) -> AsyncIterator[pb.EncodeStreamResponse]:
         async for answer in self.encoder.EncodeStream(request_iterator, RayContext(grpc_context)):
             yield pb.EncodeStreamResponse.FromString(answer)
+
+    async def EncodeLayers(
+        self, request: pb.EncodeLayersRequest, grpc_context: Any
+    ) -> AsyncIterator[pb.EncodeLayersResponse]:
+        async for part in self.encoder.EncodeLayers(request, RayContext(grpc_context)):
+            yield pb.EncodeLayersResponse.FromString(part)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, grpc_context: Any

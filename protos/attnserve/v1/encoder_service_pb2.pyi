@@ -314,6 +314,30 @@ class EncodeStreamResponse(_message.Message):
     error: EncodeError
     def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., error: _Optional[_Union[EncodeError, _Mapping]] = ...) -> None: ...
 
+class EncodeLayersRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: EncodeRequest
+    def __init__(self, request: _Optional[_Union[EncodeRequest, _Mapping]] = ...) -> None: ...
+
+class AttentionLayer(_message.Message):
+    __slots__ = ("result_index", "layer_index", "attention")
+    RESULT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    result_index: int
+    layer_index: int
+    attention: Tensor
+    def __init__(self, result_index: _Optional[int] = ..., layer_index: _Optional[int] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class EncodeLayersResponse(_message.Message):
+    __slots__ = ("response", "attention_layer")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_LAYER_FIELD_NUMBER: _ClassVar[int]
+    response: EncodeResponse
+    attention_layer: AttentionLayer
+    def __init__(self, response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., attention_layer: _Optional[_Union[AttentionLayer, _Mapping]] = ...) -> None: ...
+
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class EncoderServiceStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamResponse.FromString,
                 _registered_method=True)
+        self.EncodeLayers = channel.unary_stream(
+                '/attnserve.v1.EncoderService/EncodeLayers',
+                request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/attnserve.v1.EncoderService/GetModelInfo',
                 request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoRequest.SerializeToString,
@@ -71,6 +76,15 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EncodeLayers(self, request, context):
+        """EncodeLayers encodes a batch as Encode does and answers in parts, the attention
+        weights one layer of one input per message: for maps too large to move, or to
+        hold, in one piece.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """GetModelInfo describes the served model and the server's limits.
         """
@@ -90,6 +104,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.EncodeStream,
                     request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamResponse.SerializeToString,
+            ),
+            'EncodeLayers': grpc.unary_stream_rpc_method_handler(
+                    servicer.EncodeLayers,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -152,6 +171,33 @@ class EncoderService:
             '/attnserve.v1.EncoderService/EncodeStream',
             attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__service__pb2.EncodeStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeLayers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnserve.v1.EncoderService/EncodeLayers',
+            attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__service__pb2.EncodeLayersResponse.FromString,
             options,
             channel_credentials,
             insecure,

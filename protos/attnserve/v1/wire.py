@@ -108,6 +108,10 @@ class SplicedMessage:
             parts += [*nested(numbers, [_key(_DATA) + _varint(len(body))], len(body)), body]
         return parts
 
+    def serialize(self) -> bytes:
+        """The message's bytes, each large tensor copied once, into them."""
+        return b"".join(self.parts())
+
     def filled(self) -> Message:
         """The message itself, its large tensors' bytes copied in (for JSON and the like)."""
         for _, tensor, data in self._held:

@@ -30,6 +30,7 @@ def test_a_serialized_answer_parses_as_its_filled_message():
 
 
 def test_a_stream_answer_wraps_the_same_bytes():
-    parsed = pb.EncodeStreamResponse.FromString(answer().serialize_in_stream("s1"))
+    envelope = pb.EncodeStreamResponse(request_id="s1")
+    parsed = pb.EncodeStreamResponse.FromString(answer().serialize_in(envelope, "response"))
     assert parsed.request_id == "s1" and parsed.WhichOneof("outcome") == "response"
     assert parsed.response == answer().filled()

@@ -96,11 +96,15 @@ def test_answers_through_rays_proxies_equal_the_direct_servers(two_replicas, cli
     with EncoderClient(f"127.0.0.1:{two_replicas['grpc']}") as ray_client:
         assert ray_client.model_info()["name"] == SMALL_CONFIG.name
         through_grpc = ray_client.encode(IDS, attention=True)[0]
+        by_layer = ray_client.encode_layers(IDS, attention=True)[0]  # a stream through Ray
         with pytest.raises(grpc.RpcError) as error:  # the project's status codes survive
             ray_client.encode(IDS, model="nope")
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
     np.testing.assert_allclose(through_grpc.embeddings, direct.embeddings, atol=1e-5, rtol=0)
     np.testing.assert_allclose(through_grpc.attention, direct.attention, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        np.stack(by_layer.attention_by_layer), direct.attention, atol=1e-5, rtol=0
+    )
 
     channel = grpc.insecure_channel(f"127.0.0.1:{two_replicas['grpc']}")
     request = oip.ModelInferRequest(model_name=SMALL_CONFIG.name)
