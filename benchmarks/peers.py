@@ -15,7 +15,8 @@ tritonclient for the peers), side by side in one run:
    through the batcher;
 3. an open loop (Poisson) at 70% of the best peer's saturated rate, same mix: p50 and p99;
 4. (unless skipped) a full map of SmolLM2-135M's shape at 1024 tokens, float16
-   causal-packed (unpacked by the client and kept packed), against its floor.
+   causal-packed (unpacked by the client, kept packed, and a layer per message), against its
+   floor.
 
 The peers and tritonclient run in environments of their own (peer_env.py).
 """
