@@ -118,7 +118,7 @@ class Settings:
         metadata=_opt(float, "a sequence joins a batch only while padding stays this share"),
     )
     inline_max_ms: float = field(
-        default=50.0,
+        default=10.0,
         metadata=_opt(
             float, "a lone request expected to run this long or less runs on the event loop"
         ),
