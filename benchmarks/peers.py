@@ -310,6 +310,7 @@ def run_peers(
     big_map: bool = True,
 ) -> dict:
     """The whole comparison; the peers' environments live under `root` (made once)."""
+    out.mkdir(parents=True, exist_ok=True)  # before the run: its scratch goes beside `out`
     driver = peer_venv(root / KSERVE.venv, log)  # tritonclient, for every peer
     pythons = {kind: peer_venv(root / kind.venv, log, kind.pins) for kind in kinds}
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))

@@ -59,6 +59,7 @@ def requests(n_layers: int) -> dict[str, dict]:
 
 def run_readouts(out: Path, ref: str = BEFORE_READOUTS, repeats: int = 20, log=print) -> dict:
     result: dict = {"ref": ref, "rows": [], "plain": []}
+    out.mkdir(parents=True, exist_ok=True)  # its scratch goes beside `out`
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out.parent))).resolve()
         log("SmolLM2-135M's shape: building a random checkpoint and importing it...")
