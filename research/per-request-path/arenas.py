@@ -1,7 +1,8 @@
-"""The same server with glibc's per-thread malloc arenas and with one arena: p50 and the
-server's page faults per call, one request at a time in alternating blocks. The second
-server gets MALLOC_ARENA_MAX=1 in its environment; at a commit whose server sets the arena
-count itself (service/core/memory.py), both run with one arena and the ratios read 1.
+"""The same server with glibc's per-thread malloc arenas, with one arena, and with every
+lone request inline on the event loop (the main thread's arena): p50 and the server's page
+faults per call, one request at a time in alternating blocks. The second server gets
+MALLOC_ARENA_MAX=1 in its environment; at a commit whose server sets one arena itself
+(service/core/memory.py), the first two are the same server and their ratio reads 1.
 
     PYTHONPATH=. .venv/bin/python research/per-request-path/arenas.py
 """
@@ -19,12 +20,17 @@ import numpy as np
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.service.process import spawn_server
-from benchmarks.full_maps import F16_KEPT, F32, MAP_OPTIONS, encode_ms
+from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, encode_ms
 
-VARIANTS = {"arenas per thread": {}, "one arena": {"MALLOC_ARENA_MAX": "1"}}
+VARIANTS = {  # name: (flags, environment)
+    "arenas per thread": ([], {}),
+    "one arena": ([], {"MALLOC_ARENA_MAX": "1"}),
+    "inline up to 50 ms": (["--inline-max-ms=50"], {}),
+}
 REQUESTS = (  # (name, tokens, options, calls per block)
     ("T=8", 8, {}, 100),
     ("T=512", 512, {}, 10),
+    ("T=512, " + F16_PACKED, 512, MAP_OPTIONS[F16_PACKED], 10),
     ("T=512, " + F16_KEPT, 512, MAP_OPTIONS[F16_KEPT], 10),
     ("T=512, " + F32, 512, MAP_OPTIONS[F32], 5),
 )
@@ -37,8 +43,8 @@ def minor_faults(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def serve(model_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    server = spawn_server(model_dir, "--provider", "cpu", env={**os.environ, **env})
+def serve(model_dir: Path, flags: list[str], env: dict) -> Iterator[tuple[str, int]]:
+    server = spawn_server(model_dir, "--provider", "cpu", *flags, env={**os.environ, **env})
     try:
         yield server.address, server.process.pid
     finally:
@@ -68,9 +74,7 @@ async def measure(servers: dict[str, tuple[str, int]]) -> dict:
 
 def main() -> None:
     with model_dir_or_default(None, lambda _: None) as model_dir, contextlib.ExitStack() as stack:
-        servers = {
-            name: stack.enter_context(serve(model_dir, env)) for name, env in VARIANTS.items()
-        }
+        servers = {name: stack.enter_context(serve(model_dir, *v)) for name, v in VARIANTS.items()}
         results = asyncio.run(measure(servers))
     base = next(iter(VARIANTS))
     for request, *_ in REQUESTS:

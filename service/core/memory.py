@@ -18,7 +18,7 @@ import ctypes
 import ctypes.util
 
 # glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _NEVER_BY_ITSELF = 2**31 - 1  # the largest trim threshold mallopt takes (an int)
 
 
@@ -38,11 +38,19 @@ def keep_freed_heap(trim_threshold: int = _NEVER_BY_ITSELF) -> bool:
     """Serve every buffer from the heap (no mapping of its own, however large: glibc maps
     no more than 32 MiB from the heap otherwise) and keep up to `trim_threshold` bytes of
     freed heap for the next request, by default all of it: give_back_memory returns it
-    after a burst, pages in the middle of the heap included; False where this is not glibc."""
+    after a burst, pages in the middle of the heap included; False where this is not glibc.
+
+    Every thread shares the one heap: a worker thread's own arena grows in 64 MiB
+    sub-heaps, and one that empties is unmapped whatever the trim threshold, so an answer
+    built on a worker thread and freed after it was sent faulted its pages in afresh on
+    the next call (a float16 causal-packed 512-token map: 4-6 ms of a 45 ms call). Call
+    it before the server's threads start: a thread keeps the arena it first used."""
     if _GLIBC is None:
         return False
     return bool(
-        _GLIBC.mallopt(_M_MMAP_MAX, 0) and _GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+        _GLIBC.mallopt(_M_MMAP_MAX, 0)
+        and _GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+        and _GLIBC.mallopt(_M_ARENA_MAX, 1)
     )
 
 

@@ -54,3 +54,50 @@ def test_the_heap_keeps_a_freed_answer_until_it_is_given_back(mib):
     assert keep["mapped"] < size and keep["kept"] >= size
     # until the release after a burst trims it.
     assert keep["after_trim"] < size
+
+
+# On a worker thread: two 40 MiB buffers (more than a thread's first 64 MiB sub-heap holds),
+# freed, three times; argv[2] "threshold" sets only the heap's thresholds (the policy
+# without one arena); prints the thread's page faults per round.
+WORKER_PROBE = """
+import json, resource, sys, threading
+import numpy as np
+from attnserve.service.core.memory import _GLIBC, _M_MMAP_MAX, _M_TRIM_THRESHOLD, keep_freed_heap
+
+if sys.argv[1] == "keep":
+    keep_freed_heap()
+else:
+    _GLIBC.mallopt(_M_MMAP_MAX, 0)
+    _GLIBC.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+faults = []
+
+def rounds():
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        a, b = np.ones(40 * 2**20, np.uint8), np.ones(40 * 2**20, np.uint8)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        del a, b
+
+worker = threading.Thread(target=rounds)
+worker.start()
+worker.join()
+print(json.dumps(faults))
+"""
+
+
+def worker_faults(policy: str) -> list[int]:
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER_PROBE, policy], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_a_worker_threads_freed_answer_stays_for_its_next_one():
+    thresholds_only, keep = worker_faults("thresholds only"), worker_faults("keep")
+    pages = 80 * 2**20 // 4096
+    # The first round faults the buffers in either way (huge pages make it fewer faults) ...
+    assert keep[0] > 0 and thresholds_only[0] > 0
+    # ... a thread's own arena unmaps the emptied sub-heap, whatever the thresholds, so every
+    # round faults its pages in again; on the one shared heap the next rounds fault nothing.
+    assert min(thresholds_only[1:]) > pages // 100
+    assert max(keep[1:]) < pages // 100
