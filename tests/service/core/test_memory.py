@@ -35,9 +35,10 @@ print(json.dumps({"mapped": mapped, "kept": kept, "after_trim": _GLIBC.mallinfo2
 """
 
 
-def probe(policy: str, mib: int) -> dict:
+def run_probe(code: str, *args: str):
+    """What `code`, run in a fresh process with `args`, prints (JSON)."""
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, policy, str(mib)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout)
 
@@ -46,7 +47,7 @@ def probe(policy: str, mib: int) -> dict:
 # heap top that glibc trims by itself by default (SmolLM2's 1024-token map is 283 MB).
 @pytest.mark.parametrize("mib", [48, 320])
 def test_the_heap_keeps_a_freed_answer_until_it_is_given_back(mib):
-    default, keep = probe("default", mib), probe("keep", mib)
+    default, keep = run_probe(PROBE, "default", str(mib)), run_probe(PROBE, "keep", str(mib))
     size = mib * 2**20
     # glibc's default maps a fresh buffer this large and unmaps it when freed ...
     assert default["mapped"] >= size and default["kept"] < size
@@ -57,8 +58,8 @@ def test_the_heap_keeps_a_freed_answer_until_it_is_given_back(mib):
 
 
 # On a worker thread: two 40 MiB buffers (more than a thread's first 64 MiB sub-heap holds),
-# freed, three times; argv[2] "threshold" sets only the heap's thresholds (the policy
-# without one arena); prints the thread's page faults per round.
+# freed, three times; argv[1] "keep": the server's policy, anything else: only the heap's
+# thresholds (the policy without one arena); prints the thread's page faults per round.
 WORKER_PROBE = """
 import json, resource, sys, threading
 import numpy as np
@@ -85,15 +86,9 @@ print(json.dumps(faults))
 """
 
 
-def worker_faults(policy: str) -> list[int]:
-    out = subprocess.run(
-        [sys.executable, "-c", WORKER_PROBE, policy], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout)
-
-
 def test_a_worker_threads_freed_answer_stays_for_its_next_one():
-    thresholds_only, keep = worker_faults("thresholds only"), worker_faults("keep")
+    thresholds_only = run_probe(WORKER_PROBE, "thresholds only")
+    keep = run_probe(WORKER_PROBE, "keep")
     pages = 80 * 2**20 // 4096
     # The first round faults the buffers in either way (huge pages make it fewer faults) ...
     assert keep[0] > 0 and thresholds_only[0] > 0
