@@ -94,7 +94,9 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
                 floor["runtime"]["p50_ms"] + floor["echo"]["p50_ms"]
             )
     packed = {r["attention"]: r["floor"]["bytes"] for r in result["latency"] if "floor" in r}
-    assert packed[F16_KEPT] == packed[F16_PACKED]  # the same answer, decoded two ways
+    # The same answer, decoded two ways: equal but for its three int64 timings, varints of
+    # 0 to 11 bytes with their tags as the times come out.
+    assert abs(packed[F16_KEPT] - packed[F16_PACKED]) <= 3 * 11
     engines = result["saturation"]["engines"]
     assert set(engines) == names | {"ORT in process, one at a time", "ORT in process, batcher"}
     assert all(e["tokens_per_s"] > 0 and e["errors"] == 0 for e in engines.values())
