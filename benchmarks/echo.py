@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import struct
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+
+from attnserve.service.core.memory import KEEP_FREED_HEAP_ENV
 
 METHOD = "/echo.Echo/Answer"
 LIMIT = 2**31 - 1  # gRPC's largest message
@@ -70,7 +73,9 @@ def echo_server() -> Iterator[str]:
     """The echo server in its own process while the block runs: its address."""
     with tempfile.TemporaryDirectory() as scratch:
         ready = Path(scratch) / "port"
-        process = subprocess.Popen([sys.executable, __file__, "--ready-file", str(ready)])
+        command = [sys.executable, __file__, "--ready-file", str(ready)]
+        # The floor's heap as attnserve's server keeps it: answers land in warm pages.
+        process = subprocess.Popen(command, env={**os.environ, **KEEP_FREED_HEAP_ENV})
         try:
             deadline = time.monotonic() + 60
             while not ready.is_file() or not ready.read_text():

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from attnserve.service.core.memory import KEEP_FREED_HEAP_ENV
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, session_settings
 
 PEERS_VENV = Path(".venv-peers")  # made once, beside the project's .venv
@@ -100,8 +101,12 @@ class TritonDriver:
     def __init__(self, python: Path, port: int, model: str | None = None) -> None:
         command = [str(python), str(PEER_SCRIPT), "client", "--port", str(port)]
         command += ["--model", model] if model else []
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        self.process = subprocess.Popen(  # a client's heap, as attnserve's client keeps it
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **KEEP_FREED_HEAP_ENV},
         )
 
     def ask(self, op: str, **arguments) -> dict:

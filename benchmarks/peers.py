@@ -3,7 +3,9 @@ MLServer and PyTriton.
 
 Each serves the same graphs with the same ORT session settings (runtime.session_settings)
 on this machine, each measured through its usual client (attnserve's AsyncEncoderClient;
-tritonclient for the peers), side by side in one run:
+tritonclient for the peers), side by side in one run. Every client's process, and the
+echo server's, keeps its freed heap (attnserve.client.keep_freed_heap; glibc's tunables
+where attnserve does not run): large answers decode into warm pages, for all alike.
 
 1. latency of one request at a time, T = 8, 32, 128, 512 (embeddings) and all attention
    weights in float32 at 512, every server in turn within each block; the maps also
@@ -37,7 +39,7 @@ import numpy as np
 
 from attnserve.bench.load import LoadGenerator, RequestKind, summarize
 from attnserve.bench.results import save
-from attnserve.client import AsyncEncoderClient, ClientOptions
+from attnserve.client import AsyncEncoderClient, ClientOptions, keep_freed_heap
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.service.core.batcher import Batcher, BatcherOptions
 from attnserve.service.core.metrics import Metrics
@@ -311,6 +313,7 @@ def run_peers(
 ) -> dict:
     """The whole comparison; the peers' environments live under `root` (made once)."""
     out.mkdir(parents=True, exist_ok=True)  # before the run: its scratch goes beside `out`
+    keep_freed_heap()  # attnserve's client, as its docs advise for large maps (and the floors)
     driver = peer_venv(root / KSERVE.venv, log)  # tritonclient, for every peer
     pythons = {kind: peer_venv(root / kind.venv, log, kind.pins) for kind in kinds}
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))

@@ -1,8 +1,14 @@
-"""Python client of attnserve: `from attnserve.client import EncoderClient`. Torch-free."""
+"""Python client of attnserve: `from attnserve.client import EncoderClient`. Torch-free.
+
+A process that asks for large attention maps again and again can call `keep_freed_heap()`
+once, before its first call, so that each answer decodes into the pages the last one freed
+(the server's own heap policy; `give_back_memory()` returns them when done).
+"""
 
 from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.client.codec import EncodeOutput, Encoding, build_request
 from attnserve.client.oip import InferenceClient
+from attnserve.service.core.memory import give_back_memory, keep_freed_heap
 
 __all__ = [
     "AsyncEncoderClient",
@@ -12,4 +18,6 @@ __all__ = [
     "Encoding",
     "InferenceClient",
     "build_request",
+    "give_back_memory",
+    "keep_freed_heap",
 ]

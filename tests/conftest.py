@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         env={**os.environ, **(env or {})},
         timeout=600,
     )
+
+
+def run_probe(code: str, *args: str, env: dict[str, str] | None = None):
+    """What `code`, run in a fresh process with `args` (and `env` added to the environment),
+    prints (JSON): for what a process's history changes, such as glibc's heap thresholds."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
+    return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -4,19 +4,23 @@ float32, in float16 causal-packed unpacked by the client, and kept packed
 same process between them (as the peers benchmark does). Prints each kind's p50 beside the
 client process's page faults and system time per call.
 
-    PYTHONPATH=. .venv/bin/python research/per-request-path/client_side.py
+    PYTHONPATH=. .venv/bin/python research/per-request-path/client_side.py [--keep-freed-heap]
+
+--keep-freed-heap: the client's process keeps its freed heap first (the server's policy,
+attnserve.client.keep_freed_heap).
 """
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import sys
 import time
 
 import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
-from attnserve.client import AsyncEncoderClient
+from attnserve.client import AsyncEncoderClient, keep_freed_heap
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
 from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, runtime_ms
@@ -51,6 +55,8 @@ async def measure(address: str, runtime: OrtRuntime) -> None:
 
 
 def main() -> None:
+    if "--keep-freed-heap" in sys.argv[1:]:
+        keep_freed_heap()
     with model_dir_or_default(None, lambda _: None) as model_dir:
         server = spawn_server(model_dir, "--provider", "cpu")
         try:

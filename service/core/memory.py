@@ -20,6 +20,13 @@ import ctypes.util
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _NEVER_BY_ITSELF = 2**31 - 1  # the largest trim threshold mallopt takes (an int)
+# keep_freed_heap's policy for a process started with this environment (glibc's tunables),
+# one that does not run attnserve: the peers benchmark's other clients and its echo server.
+KEEP_FREED_HEAP_ENV = {
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(_NEVER_BY_ITSELF),
+    "MALLOC_ARENA_MAX": "1",
+}
 
 
 def _load_glibc() -> ctypes.CDLL | None:
