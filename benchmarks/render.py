@@ -40,7 +40,8 @@ SECTIONS = [
         "same session settings, the peers through tritonclient, attnserve through its own "
         "client; every server in turn within each block. The maps also against their floor: "
         "ONNX Runtime's run in the benchmark's process plus a bare gRPC echo of the answer's "
-        "bytes. The saturated rows run the same draws.",
+        "bytes. Every client's process and the echo server keep their freed heap "
+        "(attnserve.client.keep_freed_heap). The saturated rows run the same draws.",
         "python -m benchmarks peers",
     ),
     (
