@@ -17,6 +17,7 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient
+from attnserve.client.client import ENCODE
 from attnserve.service.grpc.encoder import EncoderServicer
 from attnserve.service.server import start_server
 from attnserve.service.settings import Settings
@@ -24,7 +25,6 @@ from attnserve.v1 import encoder_service_pb2 as pb
 from benchmarks.full_maps import serve_attnserve
 
 LENGTHS, BLOCKS, CALLS = (8, 32), 5, 200
-ENCODE = "/attnserve.v1.EncoderService/Encode"
 
 
 class _Context:
