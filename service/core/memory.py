@@ -19,14 +19,15 @@ import ctypes.util
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-_NEVER_BY_ITSELF = 2**31 - 1  # the largest trim threshold mallopt takes (an int)
-# keep_freed_heap's policy for a process started with this environment (glibc's tunables),
-# one that does not run attnserve: the peers benchmark's other clients and its echo server.
-KEEP_FREED_HEAP_ENV = {
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": str(_NEVER_BY_ITSELF),
-    "MALLOC_ARENA_MAX": "1",
-}
+# The policy: each mallopt parameter, the tunable that sets it from the environment, its value.
+_KEPT = (
+    (_M_MMAP_MAX, "MALLOC_MMAP_MAX_", 0),  # no buffer mapped on its own
+    (_M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1),  # the largest: never by itself
+    (_M_ARENA_MAX, "MALLOC_ARENA_MAX", 1),  # one heap for every thread
+)
+# keep_freed_heap's policy for a process started with this environment, one that does not
+# run attnserve: the peers benchmark's other clients and its echo server.
+KEEP_FREED_HEAP_ENV = {name: str(value) for _, name, value in _KEPT}
 
 
 def _load_glibc() -> ctypes.CDLL | None:
@@ -41,11 +42,11 @@ def _load_glibc() -> ctypes.CDLL | None:
 _GLIBC = _load_glibc()
 
 
-def keep_freed_heap(trim_threshold: int = _NEVER_BY_ITSELF) -> bool:
+def keep_freed_heap() -> bool:
     """Serve every buffer from the heap (no mapping of its own, however large: glibc maps
-    no more than 32 MiB from the heap otherwise) and keep up to `trim_threshold` bytes of
-    freed heap for the next request, by default all of it: give_back_memory returns it
-    after a burst, pages in the middle of the heap included; False where this is not glibc.
+    no more than 32 MiB from the heap otherwise) and keep all of the freed heap for the
+    next request: give_back_memory returns it after a burst, pages in the middle of the
+    heap included; False where this is not glibc.
 
     Every thread shares the one heap: a worker thread's own arena grows in 64 MiB
     sub-heaps, and one that empties is unmapped whatever the trim threshold, so an answer
@@ -54,11 +55,7 @@ def keep_freed_heap(trim_threshold: int = _NEVER_BY_ITSELF) -> bool:
     it before the server's threads start: a thread keeps the arena it first used."""
     if _GLIBC is None:
         return False
-    return bool(
-        _GLIBC.mallopt(_M_MMAP_MAX, 0)
-        and _GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
-        and _GLIBC.mallopt(_M_ARENA_MAX, 1)
-    )
+    return all(_GLIBC.mallopt(parameter, value) for parameter, _, value in _KEPT)
 
 
 def give_back_memory() -> bool:
