@@ -38,9 +38,11 @@ SECTIONS = [
         "KServe's Python model server, MLServer and PyTriton (each in its own environment, "
         "`.venv-peers`, `.venv-mlserver`, `.venv-pytriton`) serving the same graphs with the "
         "same session settings, the peers through tritonclient, attnserve through its own "
-        "client; every server in turn within each block. The maps also against their floor: "
-        "ONNX Runtime's run in the benchmark's process plus a bare gRPC echo of the answer's "
-        "bytes. Every client's process and the echo server keep their freed heap "
+        "client; every server in turn within each block. Each row also against its floor, a "
+        "server with no code of its own: ONNX Runtime's run of the same graph in the "
+        "benchmark's process plus a bare gRPC echo of attnserve's answer's bytes (for the "
+        "embeddings, one run and one echo in turn, as a server meets them). Every "
+        "client's process and the echo server keep their freed heap "
         "(attnserve.client.keep_freed_heap). The saturated rows run the same draws.",
         "python -m benchmarks peers",
     ),

@@ -87,13 +87,23 @@ def test_a_short_run_measures_every_row_and_writes_its_table(
             assert row["p50_ratio"] == pytest.approx(
                 servers["attnserve"]["p50_ms"] / best, rel=1e-2
             )
-        if row["attention"] != "none":  # the maps' floor: ORT here plus the echo of its bytes
-            floor = row["floor"]
-            assert floor["bytes"] > 0 and floor["runtime"]["p50_ms"] > 0
-            assert floor["p50_ms"] == pytest.approx(
-                floor["runtime"]["p50_ms"] + floor["echo"]["p50_ms"]
+        # every row's floor: ORT here plus the echo of attnserve's answer's bytes
+        floor = row["floor"]
+        assert floor["in_turn"] == (row["attention"] == "none")
+        assert floor["bytes"] > 0 and floor["runtime"]["p50_ms"] > 0
+        assert floor["p50_ms"] == pytest.approx(
+            floor["runtime"]["p50_ms"] + floor["echo"]["p50_ms"]
+        )
+        if "best_peer" in row:
+            assert row["floor_vs_best_peer"] == pytest.approx(
+                floor["p50_ms"] / servers[row["best_peer"]]["p50_ms"], rel=1e-2
             )
-    packed = {r["attention"]: r["floor"]["bytes"] for r in result["latency"] if "floor" in r}
+    sizes = {(r["seq_len"], r["attention"]): r["floor"]["bytes"] for r in result["latency"]}
+    # The embeddings' answer grows with the length; every map's outweighs them all.
+    plain = [sizes[t, "none"] for t in (8, 32, 128, longest)]
+    assert plain == sorted(plain) and len(set(plain)) == 4
+    assert min(sizes[longest, a] for a in (F32, *PACKED_MAPS)) > max(plain)
+    packed = {a: sizes[longest, a] for a in PACKED_MAPS}
     # The same answer, decoded two ways: equal but for its three int64 timings, varints of
     # 0 to 11 bytes with their tags as the times come out.
     assert abs(packed[F16_KEPT] - packed[F16_PACKED]) <= 3 * 11
