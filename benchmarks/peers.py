@@ -144,13 +144,17 @@ def measure_latency(
         servers = {name: _percentile_row(ms) for name, ms in by_server.items() if ms}
         floors = {name: servers.pop(name) for name in ("runtime", "echo")}
         floor_ms = floors["runtime"]["p50_ms"] + floors["echo"]["p50_ms"]
-        floor = {"bytes": answer_bytes[seq_len, attention], **floors, "p50_ms": floor_ms}
         ours = servers[ATTNSERVE]["p50_ms"]
         row: dict = {
             "seq_len": seq_len,
             "attention": attention,
             "servers": servers,
-            "floor": {**floor, "in_turn": attention == "none"},
+            "floor": {
+                "bytes": answer_bytes[seq_len, attention],
+                **floors,
+                "p50_ms": floor_ms,
+                "in_turn": attention == "none",
+            },
             "vs_floor": round(ours / floor_ms, 3),
         }
         if len(servers) > 1:

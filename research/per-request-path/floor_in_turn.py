@@ -56,10 +56,12 @@ async def measure(model_dir: Path, address: str, echo_address: str) -> None:
                 ms.setdefault("raw Encode call", []).append((time.perf_counter() - start) * 1e3)
                 ms.setdefault("  the server's total", []).append(answer.timings.total_ns / 1e6)
                 ms.setdefault("  its ORT run", []).append(answer.timings.inference_ns / 1e6)
-            back_to_back = [embed_ms(runtime, ids) for _ in range(CALLS)]
-            ms.setdefault("ORT, back to back", []).extend(back_to_back)
-            back_to_back = [await echo.ms(size) for _ in range(CALLS)]
-            ms.setdefault("echo, back to back", []).extend(back_to_back)
+            ms.setdefault("ORT, back to back", []).extend(
+                embed_ms(runtime, ids) for _ in range(CALLS)
+            )
+            ms.setdefault("echo, back to back", []).extend(
+                [await echo.ms(size) for _ in range(CALLS)]
+            )
             for _ in range(CALLS):
                 ms.setdefault("ORT, in turn", []).append(embed_ms(runtime, ids))
                 ms.setdefault("echo, in turn", []).append(await echo.ms(size))
