@@ -20,6 +20,7 @@ from attnserve.service.settings import Settings
 from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
 
 OPTIONS = {"attention": True, "attention_dtype": "float16", "attention_layout": "causal-packed"}
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # the venv's, on PATH or not
 LIMITS = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))
 
 
@@ -36,7 +37,7 @@ async def calls(address: str, pid: int, raw: Path) -> None:
     client = AsyncEncoderClient(address, options)
     ids = list(range(3, 1027))
     await client.encode([ids], **OPTIONS)  # warm
-    spy = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--duration", "45"]
+    spy = [PY_SPY, "record", "--pid", str(pid), "--rate", "100", "--duration", "45"]
     spy += ["--threads", "--nonblocking", "--format", "raw", "-o", str(raw)]
     recorder = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for pause in (0.0, 4.0, Settings.release_after_idle_s + 3.0):

@@ -25,6 +25,7 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient
 from attnserve.service.process import spawn_server
 
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # the venv's, on PATH or not
 SECONDS, RATE_HZ = 8, 500
 
 
@@ -40,7 +41,7 @@ async def record(address: str, pid: int, seq_len: int, options: dict, raw: Path)
         await client.encode([ids], **options)
         times.append(time.perf_counter() - start)
     print(f"T = {seq_len} {options or ''}: p50 {np.median(times) * 1e3:.3f} ms")
-    spy = ["py-spy", "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--duration"]
+    spy = [PY_SPY, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--duration"]
     spy += [str(SECONDS), "--threads", "--nonblocking", "--format", "raw", "-o", str(raw)]
     recorder = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while recorder.poll() is None:
