@@ -14,13 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+from profile_server import PY_SPY, summary  # beside this script: on sys.path when it runs
+
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.service.process import spawn_server
 from attnserve.service.settings import Settings
 from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
 
 OPTIONS = {"attention": True, "attention_dtype": "float16", "attention_layout": "causal-packed"}
-PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # the venv's, on PATH or not
 LIMITS = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))
 
 
@@ -66,9 +67,6 @@ def main() -> None:
     finally:
         server.process.terminate()
         server.process.wait(30)
-    sys.path.insert(0, str(Path(__file__).parent))
-    from profile_server import summary  # this folder's
-
     summary(work / "server.raw", top=25)
 
 

@@ -10,7 +10,6 @@ thread; the batcher's lanes are the busiest of the rest.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import os
 import resource
@@ -18,13 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from attnserve.bench.default_model import model_dir_or_default
-from attnserve.bench.load import LoadGenerator, RequestKind
-from attnserve.client import keep_freed_heap
-from attnserve.service.process import spawn_server
+from saturated_profile import MIX, closed_loop, saturated_server  # beside this script
 
-SECONDS, CONCURRENCY = 10.0, 64
-MIX = [RequestKind(t) for t in range(8, 513)]
+SECONDS = 10.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -47,21 +42,12 @@ def own_seconds() -> float:
 
 
 def main() -> None:
-    keep_freed_heap()  # as the peers benchmark's client
-    with model_dir_or_default(None, lambda _: None) as model_dir:
-        server = spawn_server(model_dir, "--provider", "cpu", "--max-queue", "1024", *sys.argv[1:])
-        try:
-            warm_up = LoadGenerator(server.address, MIX, seed=1)
-            asyncio.run(warm_up.closed_loop(CONCURRENCY, 2.0, progress=False))
-            load = LoadGenerator(server.address, MIX, seed=0)
-            before, client_before = thread_seconds(server.process.pid), own_seconds()
-            start = time.perf_counter()
-            records, _ = asyncio.run(load.closed_loop(CONCURRENCY, SECONDS, progress=False))
-            wall = time.perf_counter() - start
-            after, client = thread_seconds(server.process.pid), own_seconds() - client_before
-        finally:
-            server.process.terminate()
-            server.process.wait(30)
+    with saturated_server(*sys.argv[1:]) as server:
+        before, client_before = thread_seconds(server.process.pid), own_seconds()
+        start = time.perf_counter()
+        records, _ = closed_loop(server.address, SECONDS)
+        wall = time.perf_counter() - start
+        after, client = thread_seconds(server.process.pid), own_seconds() - client_before
     used = collections.Counter({tid: s - before.get(tid, 0.0) for tid, s in after.items()})
     requests = sum(r.status == "OK" for r in records)
     tokens = sum(MIX[r.kind].seq_len for r in records if r.status == "OK")

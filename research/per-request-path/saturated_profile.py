@@ -9,55 +9,63 @@ Runtime's run, as a share of the machine's cores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from profile_server import PY_SPY, summary  # beside this script: on sys.path when it runs
 
 from attnserve.bench.default_model import model_dir_or_default
-from attnserve.bench.load import LoadGenerator, RequestKind
+from attnserve.bench.load import LoadGenerator, Record, RequestKind
 from attnserve.client import keep_freed_heap
-from attnserve.service.process import spawn_server
+from attnserve.service.process import ServerProcess, spawn_server
 
 SECONDS, RATE_HZ, CONCURRENCY = 8, 200, 64
 MIX = [RequestKind(t) for t in range(8, 513)]
 
 
-def main() -> None:
-    keep_freed_heap()  # as the peers benchmark's client
-    with (
-        model_dir_or_default(None, lambda _: None) as model_dir,
-        tempfile.TemporaryDirectory() as scratch,
-    ):
-        server = spawn_server(model_dir, "--provider", "cpu", "--max-queue", "1024")
+@contextlib.contextmanager
+def saturated_server(*flags: str) -> Iterator[ServerProcess]:
+    """The default model served on the CPU (`flags` added), warmed up by 2 s of the closed
+    loop, with this process's heap kept as the peers benchmark's client keeps it."""
+    keep_freed_heap()
+    with model_dir_or_default(None, lambda _: None) as model_dir:
+        server = spawn_server(model_dir, "--provider", "cpu", "--max-queue", "1024", *flags)
         try:
-            raw = Path(scratch) / "server.raw"
-            warm_up = LoadGenerator(server.address, MIX, seed=1)
-            asyncio.run(warm_up.closed_loop(CONCURRENCY, 2.0, progress=False))
-            spy = [PY_SPY, "record", "--pid", str(server.process.pid), "--rate", str(RATE_HZ)]
-            spy += ["--duration", str(SECONDS), "--threads", "--idle", "--nonblocking"]
-            spy += ["--format", "raw", "-o", str(raw)]
-            recorder = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            load = LoadGenerator(server.address, MIX, seed=0)
-            records, elapsed = asyncio.run(
-                load.closed_loop(CONCURRENCY, SECONDS + 2.0, progress=False)
-            )
-            recorder.wait()
-            print(f"{len(records) / elapsed:.1f} requests/s")
-            in_ort = sum(
-                int(line.rsplit(" ", 1)[1])
-                for line in raw.read_text().splitlines()
-                if "Session.run" in line
-            )
-            cores = len(os.sched_getaffinity(0))
-            share = in_ort / (SECONDS * RATE_HZ * cores)
-            print(f"ONNX Runtime's run: {share:.0%} of {cores} cores")
-            summary(raw, 12)
+            closed_loop(server.address, 2.0, seed=1)  # other draws than the measured loop's
+            yield server
         finally:
             server.process.terminate()
             server.process.wait(30)
+
+
+def closed_loop(address: str, seconds: float, seed: int = 0) -> tuple[list[Record], float]:
+    """`CONCURRENCY` in flight for `seconds`: every request's record, and the elapsed time."""
+    load = LoadGenerator(address, MIX, seed=seed)
+    return asyncio.run(load.closed_loop(CONCURRENCY, seconds, progress=False))
+
+
+def main() -> None:
+    with saturated_server() as server, tempfile.TemporaryDirectory() as scratch:
+        raw = Path(scratch) / "server.raw"
+        spy = [PY_SPY, "record", "--pid", str(server.process.pid), "--rate", str(RATE_HZ)]
+        spy += ["--duration", str(SECONDS), "--threads", "--idle", "--nonblocking"]
+        spy += ["--format", "raw", "-o", str(raw)]
+        recorder = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        records, elapsed = closed_loop(server.address, SECONDS + 2.0)
+        recorder.wait()
+        print(f"{len(records) / elapsed:.1f} requests/s")
+        in_ort = sum(
+            int(line.rsplit(" ", 1)[1])
+            for line in raw.read_text().splitlines()
+            if "Session.run" in line
+        )
+        cores = len(os.sched_getaffinity(0))
+        print(f"ONNX Runtime's run: {in_ort / (SECONDS * RATE_HZ * cores):.0%} of {cores} cores")
+        summary(raw, 12)
 
 
 if __name__ == "__main__":
