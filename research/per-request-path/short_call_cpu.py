@@ -10,6 +10,7 @@ client's process, and each server's p50.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -39,38 +40,44 @@ def main() -> None:
     keep_freed_heap()  # as the peers benchmark's clients keep theirs
     times: dict[str, list[float]] = {"attnserve": [], "KServe": []}
     used = {name: dict.fromkeys(PARTS, 0.0) for name in times}
-    with model_dir_or_default(None, lambda _: None) as model_dir:
+
+    def turn(name: str, pid: int, client: Callable[[], float], run: Callable[[], list]) -> None:
+        """One turn of `run`'s calls: their ms, and the CPU each part spent on them."""
+        before = cpu(pid, client)
+        times[name] += run()
+        after = cpu(pid, client)
+        for part in PARTS:
+            used[name][part] += after[part] - before[part]
+
+    with (
+        model_dir_or_default(None, lambda _: None) as model_dir,
+        contextlib.ExitStack() as stack,
+        asyncio.Runner() as runner,
+    ):
         runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))  # the peer's settings
         peer = Peer(KSERVE, peer_venv(KSERVE.venv, print), model_dir, runtime)
+        stack.callback(peer.close)
         server = spawn_server(model_dir, "--provider", "cpu")
+        stack.callback(server.process.wait, 30)
+        stack.callback(server.process.terminate)
+        client = AsyncEncoderClient(server.address)
         driver = peer.client.process.pid
+
+        def attnserve() -> list:
+            return runner.run(encode_ms(client, seq_len, calls))
+
+        def kserve() -> list:
+            return peer.ask("latency", seq_len=seq_len, n=calls)["ms"]
 
         def kserve_client() -> float:
             return sum(thread_seconds(driver).values())
 
-        async def measure() -> None:
-            client = AsyncEncoderClient(server.address)
-            await encode_ms(client, seq_len, 100)  # warm-up, both
-            peer.ask("latency", seq_len=seq_len, n=100)
-            for _ in range(turns):
-                before = cpu(server.process.pid, own_seconds)
-                times["attnserve"] += await encode_ms(client, seq_len, calls)
-                after = cpu(server.process.pid, own_seconds)
-                for part in PARTS:
-                    used["attnserve"][part] += after[part] - before[part]
-                before = cpu(peer.server.pid, kserve_client)
-                times["KServe"] += peer.ask("latency", seq_len=seq_len, n=calls)["ms"]
-                after = cpu(peer.server.pid, kserve_client)
-                for part in PARTS:
-                    used["KServe"][part] += after[part] - before[part]
-            await client.close()
-
-        try:
-            asyncio.run(measure())
-        finally:
-            server.process.terminate()
-            server.process.wait(30)
-            peer.close()
+        runner.run(encode_ms(client, seq_len, 100))  # warm-up, both
+        peer.ask("latency", seq_len=seq_len, n=100)
+        for _ in range(turns):
+            turn("attnserve", server.process.pid, own_seconds, attnserve)
+            turn("KServe", peer.server.pid, kserve_client, kserve)
+        runner.run(client.close())
     total = calls * turns
     print(f"T = {seq_len}, {turns} turns of {calls} calls each; CPU ms a call:")
     print(f"{'':10s} {'p50 ms':>7s} " + " ".join(f"{p:>13s}" for p in PARTS))
