@@ -98,8 +98,12 @@ class Settings:
         metadata=_opt(parse_bool, "ORT workers busy-wait between the ops of a run, never after"),
     )
     max_batch_tokens: int = field(
-        default=4096,
-        metadata=_opt(int, "batch size x longest sequence per ORT call"),
+        default=0,
+        metadata=_opt(
+            int,
+            "batch size x longest sequence per ORT call; 0: 4096, or the model's max_seq_len "
+            "where that is longer",
+        ),
     )
     max_batch_delay_ms: float = field(
         default=0.0,  # 0: run as soon as the model is free; batches form while it is busy

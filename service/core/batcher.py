@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -47,6 +47,7 @@ from attnserve.service.core.errors import (
     AttnserveError,
     DeadlineExceededError,
     InferenceError,
+    ModelLoadError,
     NotReadyError,
     QueueFullError,
 )
@@ -58,9 +59,15 @@ log = logging.getLogger(__name__)
 Selection = AttentionSelection | ReadoutSelection  # what a sequence asks besides embeddings
 
 
+# The batch token budget where none is set: this, or the model's context if longer.
+DEFAULT_BATCH_TOKENS = 4096
+
+
 @dataclass(frozen=True)
 class BatcherOptions:
-    max_batch_tokens: int = 4096  # batch size x longest sequence, per backend call
+    # batch size x longest sequence, per backend call; 0: DEFAULT_BATCH_TOKENS, or the
+    # model's max_seq_len where that is longer (a model exported for 8k tokens serves them)
+    max_batch_tokens: int = 0
     max_delay_s: float = 0.0  # how long the oldest sequence may wait for company
     max_queue: int = 256  # sequences waiting; more are refused at once
     max_batch_size: int = 0  # sequences per batch; 0: only the token budget limits; 1: no batching
@@ -80,6 +87,8 @@ class BatcherOptions:
     inline_max_s: float = 0.01
 
     def __post_init__(self) -> None:
+        if self.max_batch_tokens < 0:
+            raise ValueError(f"max_batch_tokens must be >= 0, got {self.max_batch_tokens}")
         if self.max_batched_seq_len < 1:
             raise ValueError(f"max_batched_seq_len must be >= 1, got {self.max_batched_seq_len}")
         if self.max_padding < 0:
@@ -152,10 +161,14 @@ class Batcher:
     ) -> None:
         """`backend` runs a batch when it is the only one; `instances` (copies of the same
         model, a thread each) run batches side by side when more work waits."""
-        if options.max_batch_tokens < backend.config.max_seq_len:
-            raise ValueError(
-                f"max_batch_tokens ({options.max_batch_tokens}) must be >= the model's "
-                f"max_seq_len ({backend.config.max_seq_len}) so that every sequence fits a batch"
+        context = backend.config.max_seq_len
+        if not options.max_batch_tokens:
+            options = replace(options, max_batch_tokens=max(DEFAULT_BATCH_TOKENS, context))
+        elif options.max_batch_tokens < context:
+            raise ModelLoadError(
+                f"--max-batch-tokens {options.max_batch_tokens} cannot hold one sequence of "
+                f"{backend.config.name} (max_seq_len {context}): set it to at least {context}, "
+                "or 0 for the model's own"
             )
         self.backend = backend
         self.options = options

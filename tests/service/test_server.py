@@ -206,3 +206,42 @@ def test_stream_request_ids_and_metric_labels(server, client):
     list(client.encode_stream([build_request("x", request_id=str(i)) for i in range(3)]))
     after = server.metric("attnserve_requests_total", {"method": "EncodeStream", "code": "OK"})
     assert after - before == 3
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory):
+    """A model exported for 8,192 tokens: longer than the default batch token budget."""
+    from dataclasses import replace
+
+    from attnserve.export.model_dir import write_model_dir
+    from attnserve.model.encoder import build_encoder
+
+    out = tmp_path_factory.mktemp("long_model")
+    model = build_encoder(replace(SMALL_CONFIG, max_seq_len=8192), seed=4)
+    write_model_dir(model, out, shapes=[(1, 1), (2, 9)], log=lambda _: None)
+    return out
+
+
+def test_a_long_context_model_serves_with_its_context_as_the_batch_budget(long_model_dir):
+    server = ServerThread(long_model_dir)
+    try:
+        with EncoderClient(server.address) as client:
+            assert client.model_info()["max_batch_tokens"] == 8192
+            out = client.encode([list(range(200))] * 2)
+            assert [e.embeddings.shape for e in out] == [(200, SMALL_CONFIG.d_model)] * 2
+    finally:
+        server.stop()
+
+
+def test_a_batch_budget_below_the_context_is_refused_in_one_line(long_model_dir):
+    from tests.conftest import run_cli
+
+    result = run_cli(
+        "serve", "--model", str(long_model_dir), "--port", "0", "--http-port", "-1",
+        "--metrics-port", "-1", "--provider", "cpu", "--max-batch-tokens", "4096",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert "--max-batch-tokens 4096 cannot hold one sequence" in line
+    assert "max_seq_len 8192" in line and "at least 8192" in line
