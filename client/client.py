@@ -26,7 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from attnserve.client.codec import (
     EncodeOutput,
     Input,
+    array_head_mask,
     build_request,
+    check_head_mask,
     parse_layers,
     parse_response,
 )
@@ -128,6 +130,7 @@ class EncoderClient:
         self._encode_layers = self.channel.unary_stream(
             ENCODE_LAYERS, request_serializer=pb.EncodeLayersRequest.SerializeToString
         )
+        self._infos: dict[str, dict] = {}  # model name -> model_info, for checks before sending
 
     def encode(
         self,
@@ -139,6 +142,7 @@ class EncoderClient:
         """Encode texts or token-id sequences; see attnserve.client.codec.build_request.
         `unpack_attention=False` keeps causal-packed attention packed, as it came (half the
         memory and no copy; Encoding.unpacked_attention unpacks it when wanted)."""
+        self._check(options, timeout)
         request = build_request(inputs, **options)
         return parse_response(self._call(self._encode, request, timeout), unpack_attention)
 
@@ -148,6 +152,7 @@ class EncoderClient:
         """encode, its attention weights streamed one layer per message (EncodeLayers): for
         maps too large to move or hold in one piece. Each Encoding's attention_by_layer holds
         them as received; no retries (a stream may have delivered part of the answer)."""
+        self._check(options, timeout)
         request = pb.EncodeLayersRequest(request=build_request(inputs, **options))
         call = self._encode_layers(
             request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
@@ -168,6 +173,16 @@ class EncoderClient:
         """The served model `model` (empty: the server's default), as numbers and names."""
         request = pb.GetModelInfoRequest(model=model)
         return info_dict(self._call(self._stub.GetModelInfo, request, timeout))
+
+    def _check(self, options: dict, timeout: float | None) -> None:
+        """A head mask given as an array checked against the model's shape (its info asked
+        once per model)."""
+        mask = array_head_mask(options)
+        if mask is not None:
+            model = str(options.get("model", ""))
+            if model not in self._infos:
+                self._infos[model] = self.model_info(timeout, model)
+            check_head_mask(mask, self._infos[model])
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""
@@ -215,6 +230,7 @@ class AsyncEncoderClient:
         self._encode_layers = self.channel.unary_stream(
             ENCODE_LAYERS, request_serializer=pb.EncodeLayersRequest.SerializeToString
         )
+        self._infos: dict[str, dict] = {}  # model name -> model_info, for checks before sending
 
     async def encode(
         self,
@@ -223,12 +239,14 @@ class AsyncEncoderClient:
         unpack_attention: bool = True,
         **options,
     ) -> EncodeOutput:
+        await self._check(options, timeout)
         request = build_request(inputs, **options)
         return parse_response(await self._call(self._encode, request, timeout), unpack_attention)
 
     async def encode_layers(
         self, inputs: Input | list[Input], timeout: float | None = None, **options
     ) -> EncodeOutput:
+        await self._check(options, timeout)
         request = pb.EncodeLayersRequest(request=build_request(inputs, **options))
         call = self._encode_layers(
             request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
@@ -249,6 +267,14 @@ class AsyncEncoderClient:
     async def model_info(self, timeout: float | None = None, model: str = "") -> dict:
         request = pb.GetModelInfoRequest(model=model)
         return info_dict(await self._call(self._stub.GetModelInfo, request, timeout))
+
+    async def _check(self, options: dict, timeout: float | None) -> None:
+        mask = array_head_mask(options)
+        if mask is not None:
+            model = str(options.get("model", ""))
+            if model not in self._infos:
+                self._infos[model] = await self.model_info(timeout, model)
+            check_head_mask(mask, self._infos[model])
 
     async def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard health service's status: 'SERVING', 'NOT_SERVING', ..."""

@@ -220,6 +220,26 @@ def build_request(
     return request
 
 
+def array_head_mask(options: Mapping[str, object]) -> np.ndarray | None:
+    """The head mask of build_request's `options` where it is an array (which a client checks
+    against the model's shape before sending), else None."""
+    mask = options.get("head_mask")
+    if mask is None or isinstance(mask, Mapping):
+        return None
+    return np.asarray(mask, dtype=np.float32)
+
+
+def check_head_mask(mask: np.ndarray, info: Mapping[str, object]) -> None:
+    """ValueError unless `mask` is (n_layers, n_heads) of the model `info` describes: only the
+    entries that are not 1 are sent, so a transposed mask would remove other heads silently."""
+    want = (info["n_layers"], info["n_heads"])
+    if mask.shape != want:
+        raise ValueError(
+            f"head_mask has shape {mask.shape}; model {info['name']!r} has "
+            f"(n_layers, n_heads) = {want}"
+        )
+
+
 def _head_scales(
     head_mask: np.ndarray | Mapping[tuple[int, int], float] | None,
     head_means: Mapping[tuple[int, int], Sequence[float] | np.ndarray],
