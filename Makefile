@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/default
 PORT ?= 50051
 HTTP_PORT ?= 8080
+METRICS_PORT ?= 9464
 BUF_VERSION ?= 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
@@ -36,8 +37,9 @@ export: $(MODEL_DIR)/model.onnx
 # Sets up, exports the default model if it is missing, and serves it over gRPC and HTTP
 # (Ctrl-C drains and stops).
 serve: $(VENV)/.installed $(MODEL_DIR)/model.onnx
-	@echo "gRPC on localhost:$(PORT); attention explorer on http://localhost:$(HTTP_PORT)/ (API docs: /docs)"
-	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT) --http-port $(HTTP_PORT)
+	@echo "gRPC on localhost:$(PORT); attention explorer on http://localhost:$(HTTP_PORT)/ (API docs: /docs); metrics on $(METRICS_PORT)"
+	$(VENV)/bin/attnserve serve --model $(MODEL_DIR) --port $(PORT) --http-port $(HTTP_PORT) \
+		--metrics-port $(METRICS_PORT)
 
 # The default model on Ray Serve (deploy/ray/serve.yaml): HTTP on 8000, gRPC on 9000.
 serve-ray: $(VENV)/.installed $(MODEL_DIR)/model.onnx

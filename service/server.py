@@ -10,14 +10,17 @@ batchers, exit.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -47,10 +50,11 @@ from attnserve.service.oip.model import OipServer
 from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
-from attnserve.service.settings import Settings
+from attnserve.service.settings import Settings, env_name, flag_name
 from attnserve.v1 import encoder_service_pb2 as pb
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # Copies of a model's weights beyond the first (session_layout) are made only while
 # together they take at most this share of the memory left beside that first copy.
 EXTRA_COPIES_SHARE = 1 / 16
@@ -127,6 +131,21 @@ class RunningServer:
         log.info("stopped")
 
 
+def _listening(name: str, settings: Settings, bind: Callable[[], T]) -> T:
+    """bind(), or an OSError naming the setting whose port could not be listened on (a
+    taken port says which of the three it was, and how to choose another)."""
+    try:
+        return bind()
+    except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError("Failed to bind ...")
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OSError(
+            getattr(exc, "errno", None) or errno.EADDRINUSE,
+            f"cannot listen on {settings.host}:{getattr(settings, name)} for {flag_name(name)} "
+            f"({detail}); choose another with {flag_name(name)} or {env_name(name)} "
+            "(0 picks a free one)",
+        ) from exc
+
+
 def _write_ready_file(path: Path, ports: dict[str, int | None]) -> None:
     """{"pid", "port", "metrics_port", "http_port"} as JSON, renamed into place: readers
     never see half a file."""
@@ -198,15 +217,18 @@ async def start_server(
         credentials = grpc.ssl_server_credentials(
             [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
         )
-        port = server.add_secure_port(address, credentials)
+        port = _listening("port", settings, lambda: server.add_secure_port(address, credentials))
     else:
-        port = server.add_insecure_port(address)
-    metrics_http = (
-        metrics.serve(settings.metrics_port, settings.host) if settings.metrics_port >= 0 else None
-    )
+        port = _listening("port", settings, lambda: server.add_insecure_port(address))
+    metrics_http = None
+    if settings.metrics_port >= 0:
+        metrics_http = _listening(
+            "metrics_port", settings, lambda: metrics.serve(settings.metrics_port, settings.host)
+        )
     http = None
     if settings.http_port >= 0:
-        http = HttpServer(create_app(repository, settings, oip_server), settings)
+        app = create_app(repository, settings, oip_server)
+        http = _listening("http_port", settings, lambda: HttpServer(app, settings))
     await server.start()
     if http:
         http.start()

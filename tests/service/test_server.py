@@ -245,3 +245,25 @@ def test_a_batch_budget_below_the_context_is_refused_in_one_line(long_model_dir)
     (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert "--max-batch-tokens 4096 cannot hold one sequence" in line
     assert "max_seq_len 8192" in line and "at least 8192" in line
+
+
+@pytest.mark.parametrize("flag", ["--port", "--http-port", "--metrics-port"])
+def test_a_taken_port_is_named_by_its_flag(small_model_dir, flag):
+    import socket
+
+    from tests.conftest import run_cli
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        ports = {"--port": "0", "--http-port": "0", "--metrics-port": "0", flag: str(port)}
+        args = [item for pair in ports.items() for item in pair]
+        result = run_cli(
+            "serve", "--model", str(small_model_dir), "--host", "127.0.0.1", "--provider", "cpu",
+            *args,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert f"cannot listen on 127.0.0.1:{port} for {flag}" in line
+    env = "ATTNSERVE_" + flag[2:].replace("-", "_").upper()
+    assert f"choose another with {flag} or {env}" in line
