@@ -7,6 +7,7 @@ validation: the transports check ids once per request). Torch-free.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
@@ -320,8 +321,20 @@ def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceS
             "provider=cuda was requested but ONNX Runtime's CUDA execution provider could not "
             f"start ({reason}); install the CUDA 13 / cuDNN 9 libraries or use provider=cpu"
         )
-    log.warning("CUDA execution provider unavailable (%s); running on CPU", reason)
+    _note_cpu_fallback(reason)
     return session, "cpu"
+
+
+@functools.cache
+def _note_cpu_fallback(reason: str) -> None:
+    """Once a process: provider auto found no GPU to start, which on a CPU machine is how
+    it should be (an INFO line that says which ONNX Runtime is installed, not a warning)."""
+    installed = "onnxruntime-gpu (the gpu or cuda extra)"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        installed = "onnxruntime (the cpu extra), which has no CUDA provider"
+    log.info(
+        "provider auto: running on CPU; CUDA did not start (%s); installed: %s", reason, installed
+    )
 
 
 def _providers(provider: str) -> list:

@@ -18,6 +18,7 @@ from attnserve.model.artifacts import (
     REPORT_FILENAME,
 )
 from attnserve.service.core.errors import InferenceError, ModelLoadError, ProviderUnavailableError
+from attnserve.service.ort import runtime as runtime_module
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
 
@@ -151,11 +152,18 @@ def test_cuda_either_really_runs_or_fails_clearly(small_model_dir):
         assert runtime.session.get_providers()[0] == "CUDAExecutionProvider"
 
 
-def test_auto_falls_back_to_cpu_with_a_warning(small_model_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+def test_auto_falls_back_to_cpu_saying_so_once(small_model_dir, caplog):
+    """No GPU on a CPU machine is how it should be: one INFO line a process, naming the ONNX
+    Runtime installed, and no warning."""
+    runtime_module._note_cpu_fallback.cache_clear()  # as if this process were new
+    with caplog.at_level(logging.INFO, logger="attnserve.service.ort.runtime"):
         runtime = OrtRuntime(small_model_dir, RuntimeOptions(provider="auto"))
+        OrtRuntime(small_model_dir, RuntimeOptions(provider="auto"))
     if runtime.provider == "cpu":
-        assert "CUDA execution provider unavailable" in caplog.text
+        (line,) = [r for r in caplog.records if "running on CPU" in r.getMessage()]
+        assert line.levelno == logging.INFO
+        assert "installed: onnxruntime-gpu (the gpu or cuda extra)" in line.getMessage()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert runtime.session.get_providers() == ["CPUExecutionProvider"]
     else:
         assert runtime.session.get_providers()[0] == "CUDAExecutionProvider"
