@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import ClientOptions, EncoderClient
-from attnserve.client.codec import LogitAttribution, TokenPredictions
+from attnserve.client.codec import EncodeOutput, Encoding, LogitAttribution, TokenPredictions
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
 from attnserve.v1.wire import ATTRIBUTION_PARTS
 
@@ -64,23 +64,34 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="positions of those (default: -1, the last token; none given: all)",
     )
     readouts.add_argument("--top-tokens", type=int, default=5, help="most probable tokens")
-    readouts.add_argument("--target-ids", type=_ids, default=[], help="ids whose probability")
+    readouts.add_argument(
+        "--target-ids", type=_ids, default=[], help="comma-separated ids whose probability"
+    )
+    readouts.add_argument(
+        "--target-tokens",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="a token, by its text (e.g. ' Mary'), whose probability (repeatable)",
+    )
     readouts.add_argument(
         "--ablate",
         metavar="LAYER:HEAD",
         type=_head,
         action="append",
         default=[],
-        help="remove a head from everything returned (repeatable)",
+        help="remove a head from everything returned, shown beside the run without the "
+        "ablation (repeatable)",
     )
     readouts.add_argument(
         "--attribute",
-        metavar="ID[:CONTRAST]",
+        metavar="TARGET[:CONTRAST]",
         type=_target,
         action="append",
         default=[],
         help="split a token's logit (less the contrast's) into each head's, MLP's and "
-        "embedding's part (repeatable: all with contrasts or none)",
+        "embedding's part; each an id or a token's text, e.g. ' Mary: John' (repeatable: "
+        "all with contrasts or none)",
     )
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
@@ -125,14 +136,44 @@ def _head(value: str) -> tuple[int, int]:
     return layer, head
 
 
-def _target(value: str) -> tuple[int, int | None]:
-    try:
-        ids = [int(part) for part in value.split(":")]
-    except ValueError:
-        ids = []
-    if len(ids) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"{value!r} is not ID or ID:CONTRAST")
-    return ids[0], ids[1] if len(ids) == 2 else None
+Token = int | str  # an id, or a token's text (the server's tokenizer finds its id)
+
+
+def _target(value: str) -> tuple[Token, Token | None]:
+    parts: list[Token] = [int(p) if p.isdigit() else p for p in value.split(":")]
+    if len(parts) not in (1, 2) or "" in parts:
+        raise argparse.ArgumentTypeError(f"{value!r} is not TARGET or TARGET:CONTRAST")
+    return parts[0], parts[1] if len(parts) == 2 else None
+
+
+class _Vocabulary:
+    """Token ids from their text and back, as the served model's tokenizer has them."""
+
+    def __init__(self, client: EncoderClient, model: str) -> None:
+        self.client, self.model = client, model
+        self.bos_id = client.model_info(model=model)["bos_id"]
+
+    def id_of(self, token: Token) -> int:
+        """`token`'s id: an id as it is; a text that the tokenizer makes one token."""
+        if isinstance(token, int):
+            return token
+        encoding = self.client.encode(token, return_tokens=True, model=self.model)[0]
+        ids, pieces = encoding.token_ids.tolist(), encoding.tokens
+        if ids and ids[0] == self.bos_id:  # the tokenizer's own start, not the text's
+            ids, pieces = ids[1:], pieces[1:]
+        if len(ids) != 1:
+            raise ValueError(
+                f"{token!r} is {len(ids)} tokens ({', '.join(map(repr, pieces))}), not one: "
+                "give a single token's text, or its id"
+            )
+        return ids[0]
+
+    def texts(self, ids: list[int]) -> dict[int, str]:
+        """Each id's text, as the tokenizer shows it."""
+        if not ids:
+            return {}
+        tokens = self.client.encode(ids, return_tokens=True, model=self.model)[0].tokens
+        return dict(zip(ids, tokens, strict=True))
 
 
 def _with_client(args: argparse.Namespace, run) -> int:
@@ -160,13 +201,18 @@ def _info(client: EncoderClient, args: argparse.Namespace) -> int:
 
 def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
     inputs = args.text or [_ids(ids) for ids in args.ids]
-    predictions = {
-        "positions": args.positions,
-        "top_k": args.top_tokens,
-        "target_ids": args.target_ids,
-    }
-    out = client.encode(
-        inputs,
+    vocabulary = _Vocabulary(client, args.model)
+    try:
+        target_ids = args.target_ids + [vocabulary.id_of(t) for t in args.target_tokens]
+        attribute = [
+            (vocabulary.id_of(t), None if c is None else vocabulary.id_of(c))
+            for t, c in args.attribute
+        ]
+    except ValueError as exc:
+        print(f"attnserve encode: error: {exc}", file=sys.stderr)
+        return 2
+    predictions = {"positions": args.positions, "top_k": args.top_tokens, "target_ids": target_ids}
+    options = dict(
         pooling=args.pooling,
         attention=args.attention,
         layers=args.layers,
@@ -184,44 +230,16 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         logit_lens=args.lens and predictions,
         hidden_states=args.hidden_norms
         and {"positions": args.positions, "norms": True, "omit_states": True},
-        head_mask={head: 0.0 for head in args.ablate} or None,
-        attribution=_attribution_request(args.attribute, args.positions),
+        attribution=_attribution_request(attribute, args.positions),
         model=args.model,
     )
+    out = client.encode(inputs, head_mask={head: 0.0 for head in args.ablate} or None, **options)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model_version": out.model_version,
-                    "timings_ns": {
-                        "queue": out.queue_ns,
-                        "inference": out.inference_ns,
-                        "total": out.total_ns,
-                    },
-                    "results": [
-                        {
-                            "token_ids": e.token_ids.tolist(),
-                            "embeddings": _list(e.embeddings),
-                            "pooled": _list(e.pooled),
-                            "attention": _list(e.attention),
-                            "attention_layers": e.layers,
-                            "attention_heads": e.heads,
-                            "attention_rows": e.rows,
-                            "attention_indices": _list(e.indices),
-                            "head_entropy": _list(e.head_entropy),
-                            "truncated": e.truncated,
-                            "tokens": e.tokens,
-                            "hidden_state_norms": _list(e.hidden_state_norms),
-                            "predictions": _predictions_json(e.predictions),
-                            "logit_lens": _predictions_json(e.logit_lens),
-                            "attribution": _attribution_json(e.attribution),
-                        }
-                        for e in out
-                    ],
-                }
-            )
-        )
+        print(json.dumps(_output_json(out)))
         return 0
+    unablated = client.encode(inputs, **options) if args.ablate else None
+    named = [*target_ids, *(i for pair in attribute for i in pair if i is not None)]
+    texts = vocabulary.texts(list(dict.fromkeys(named)))
     print(
         f"model {out.model_version}: {len(out)} result(s), server total "
         f"{out.total_ns / 1e6:.2f} ms (queue {out.queue_ns / 1e6:.2f}, "
@@ -229,36 +247,77 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
     )
     for i, e in enumerate(out):
         print(f"[{i}] {len(e.token_ids)} tokens{' (truncated)' if e.truncated else ''}")
-        if e.tokens:
-            print(f"    tokens {' '.join(e.tokens)}")
-        if e.embeddings is not None:
-            print(
-                f"    embeddings {e.embeddings.shape}, norm of last token "
-                f"{np.linalg.norm(e.embeddings[-1]):.4f}"
-            )
-        if e.pooled is not None:
-            print(f"    pooled {e.pooled.shape}, first values {np.round(e.pooled[:4], 4)}")
-        if e.attention is not None:
-            print(
-                f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads} "
-                f"rows {e.rows if len(e.rows) < 8 else f'{e.rows[:4]}...'}"
-            )
-        if e.indices is not None:
-            print(f"    top-{e.indices.shape[-1]} key positions, last row {e.indices[..., -1, :]}")
-        if e.head_entropy is not None:
-            print(f"    head entropy (nats, layers x heads)\n{np.round(e.head_entropy, 3)}")
-        if e.hidden_state_norms is not None:
-            for position, norms in zip(
-                e.hidden_state_positions, e.hidden_state_norms.T, strict=True
-            ):
-                print(f"    hidden-state norms at {position}, by layer: {np.round(norms, 2)}")
-        if e.predictions is not None:
-            _print_predictions("next token", e.predictions)
-        if e.logit_lens is not None:
-            _print_predictions("logit lens", e.logit_lens)
-        if e.attribution is not None:
-            _print_attribution(e.attribution)
+        if unablated is None:
+            _print_encoding(e, target_ids, texts)
+            continue
+        print("  without the ablation:")
+        _print_encoding(unablated[i], target_ids, texts)
+        removed = ", ".join(f"L{layer}H{head}" for layer, head in args.ablate)
+        print(f"  with {removed} removed:")
+        _print_encoding(e, target_ids, texts)
     return 0
+
+
+def _output_json(out: EncodeOutput) -> dict:
+    return {
+        "model_version": out.model_version,
+        "timings_ns": {"queue": out.queue_ns, "inference": out.inference_ns, "total": out.total_ns},
+        "results": [
+            {
+                "token_ids": e.token_ids.tolist(),
+                "embeddings": _list(e.embeddings),
+                "pooled": _list(e.pooled),
+                "attention": _list(e.attention),
+                "attention_layers": e.layers,
+                "attention_heads": e.heads,
+                "attention_rows": e.rows,
+                "attention_indices": _list(e.indices),
+                "head_entropy": _list(e.head_entropy),
+                "truncated": e.truncated,
+                "tokens": e.tokens,
+                "hidden_state_norms": _list(e.hidden_state_norms),
+                "predictions": _predictions_json(e.predictions),
+                "logit_lens": _predictions_json(e.logit_lens),
+                "attribution": _attribution_json(e.attribution),
+            }
+            for e in out
+        ],
+    }
+
+
+def _print_encoding(e: Encoding, target_ids: list[int], texts: dict[int, str]) -> None:
+    if e.tokens:
+        print(f"    tokens {' '.join(e.tokens)}")
+    if e.embeddings is not None:
+        print(
+            f"    embeddings {e.embeddings.shape}, norm of last token "
+            f"{np.linalg.norm(e.embeddings[-1]):.4f}"
+        )
+    if e.pooled is not None:
+        print(f"    pooled {e.pooled.shape}, first values {np.round(e.pooled[:4], 4)}")
+    if e.attention is not None:
+        print(
+            f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads} "
+            f"rows {e.rows if len(e.rows) < 8 else f'{e.rows[:4]}...'}"
+        )
+    if e.indices is not None:
+        print(f"    top-{e.indices.shape[-1]} key positions, last row {e.indices[..., -1, :]}")
+    if e.head_entropy is not None:
+        print(f"    head entropy (nats, layers x heads)\n{np.round(e.head_entropy, 3)}")
+    if e.hidden_state_norms is not None:
+        for position, norms in zip(e.hidden_state_positions, e.hidden_state_norms.T, strict=True):
+            print(f"    hidden-state norms at {position}, by layer: {np.round(norms, 2)}")
+    if e.predictions is not None:
+        _print_predictions("next token", e.predictions, target_ids, texts)
+    if e.logit_lens is not None:
+        _print_predictions("logit lens", e.logit_lens, target_ids, texts)
+    if e.attribution is not None:
+        _print_attribution(e.attribution, texts)
+
+
+def _token(token_id: int, texts: dict[int, str]) -> str:
+    """An id with its text: "' Mary' (289)"."""
+    return f"{texts[token_id]!r} ({token_id})" if token_id in texts else str(token_id)
 
 
 def _attribution_request(
@@ -284,14 +343,14 @@ def _attribution_parts(a: LogitAttribution, i: int, j: int) -> dict[str, float]:
     return parts
 
 
-def _print_attribution(a: LogitAttribution, shown: int = 6) -> None:
+def _print_attribution(a: LogitAttribution, texts: dict[int, str], shown: int = 6) -> None:
     for i, position in enumerate(a.positions):
         for j, target in enumerate(a.target_ids):
-            versus = f" - logit {a.contrast_ids[j]}" if a.contrast_ids else ""
+            versus = f" - logit {_token(a.contrast_ids[j], texts)}" if a.contrast_ids else ""
             parts = _attribution_parts(a, i, j)
             largest = sorted(parts.items(), key=lambda item: -abs(item[1]))[:shown]
             print(
-                f"    logit {target}{versus} after position {position}: "
+                f"    logit {_token(target, texts)}{versus} after position {position}: "
                 f"{a.total[i, j]:.4f} = "
                 + ", ".join(f"{name} {value:+.3f}" for name, value in largest)
                 + (" + ..." if len(parts) > shown else "")
@@ -310,7 +369,9 @@ def _attribution_json(a: LogitAttribution | None) -> dict | None:
     }
 
 
-def _print_predictions(title: str, p: TokenPredictions) -> None:
+def _print_predictions(
+    title: str, p: TokenPredictions, target_ids: list[int], texts: dict[int, str]
+) -> None:
     for j, position in enumerate(p.positions):
         print(f"    {title} after position {position}:")
         for i, layer in enumerate(p.layers):
@@ -322,7 +383,10 @@ def _print_predictions(title: str, p: TokenPredictions) -> None:
             )
             targets = ""
             if p.target_probabilities is not None:
-                targets = f"; targets {np.round(p.target_probabilities[i, j], 4).tolist()}"
+                targets = "; targets " + ", ".join(
+                    f"{_token(t, texts)} {probability:.4f}"
+                    for t, probability in zip(target_ids, p.target_probabilities[i, j], strict=True)
+                )
             print(f"      layer {layer:>3}: {top}{targets}")
 
 

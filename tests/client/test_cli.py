@@ -158,7 +158,8 @@ def test_encode_predictions_lens_and_ablation(cli_server):
     assert summary.returncode == 0, summary.stderr
     assert "next token after position 8:" in summary.stdout  # <bos> + 8 bytes: the last
     assert "logit lens after position 8:" in summary.stdout
-    assert summary.stdout.count("layer   2:") == 2 and "layer   0:" in summary.stdout
+    # predictions and the lens' last layer, without the ablation and with it
+    assert summary.stdout.count("layer   2:") == 4 and "layer   0:" in summary.stdout
     assert "hidden-state norms at 8, by layer:" in summary.stdout
     result = json.loads(run_cli(*args, *extra, *ablated, "--json").stdout)["results"][0]
     with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
@@ -187,7 +188,7 @@ def test_encode_attribution(cli_server):
     args = ("encode", "--target", cli_server.address, "--text", "hi there")
     summary = run_cli(*args, "--attribute", "104:105", "--ablate", "0:1")
     assert summary.returncode == 0, summary.stderr
-    line = next(s for s in summary.stdout.splitlines() if "logit 104 - logit 105" in s)
+    line = next(s for s in summary.stdout.splitlines() if "logit 'h' (104) - logit 'i' (105)" in s)
     assert "after position 8:" in line and "+ ..." in line  # the six largest of 2 x 6 + 2
     result = json.loads(run_cli(*args, "--attribute", "104", "--attribute", "7", "--json").stdout)
     attribution = result["results"][0]["attribution"]
@@ -203,4 +204,32 @@ def test_encode_attribution(cli_server):
         attribution["total"], want.predictions.logits[0][:, [104, 7]], atol=1e-4
     )
     bad = run_cli(*args, "--attribute", "1:2:3")
-    assert bad.returncode == 2 and "'1:2:3' is not ID or ID:CONTRAST" in bad.stderr
+    assert bad.returncode == 2 and "'1:2:3' is not TARGET or TARGET:CONTRAST" in bad.stderr
+
+
+def test_tokens_by_their_text_and_beside_every_id(cli_server):
+    """--target-tokens and --attribute take a token's text; ids print with their text."""
+    args = ("encode", "--target", cli_server.address, "--text", "hi there", "--predict")
+    by_text = run_cli(*args, "--target-tokens", "h", "--attribute", "h:i")
+    by_id = run_cli(*args, "--target-ids", "104", "--attribute", "104:105")
+    assert by_text.returncode == by_id.returncode == 0, by_text.stderr
+    assert "targets 'h' (104) " in by_text.stdout
+    assert "logit 'h' (104) - logit 'i' (105) after position 8: " in by_text.stdout
+    assert by_text.stdout.splitlines()[1:] == by_id.stdout.splitlines()[1:]  # timings aside
+    # a text the tokenizer makes two tokens is refused, naming them
+    two = run_cli(*args, "--target-tokens", "hi")
+    assert two.returncode == 2
+    assert "'hi' is 2 tokens ('h', 'i'), not one: give a single token's text" in two.stderr
+
+
+def test_ablate_prints_the_run_without_the_ablation_beside_it(cli_server):
+    args = ("encode", "--target", cli_server.address, "--text", "hi there", "--predict")
+    plain = run_cli(*args, "--target-tokens", "h")
+    ablated = run_cli(*args, "--target-tokens", "h", "--ablate", "0:1", "--ablate", "1:3")
+    assert plain.returncode == ablated.returncode == 0, ablated.stderr
+    lines = ablated.stdout.splitlines()
+    before = lines.index("  without the ablation:")
+    after = lines.index("  with L0H1, L1H3 removed:")
+    # the run without it is the plain run; the run with it differs
+    assert lines[before + 1 : after] == plain.stdout.splitlines()[2:]
+    assert lines[after + 1 :] != lines[before + 1 : after]
