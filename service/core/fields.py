@@ -18,13 +18,15 @@ def enum_field(name: str, value: int, enum, default: int) -> int:
 
 
 def indices(name: str, values: Iterable[int], limit: int) -> list[int]:
-    """Distinct indices in [0, limit); none given means all of them."""
-    chosen = list(values) or list(range(limit))
-    for v in chosen:
-        if not 0 <= v < limit:
-            raise InvalidInputError(f"{name}: {v} is outside [0, {limit})")
+    """Distinct indices in [0, limit) from indices in [-limit, limit), negative counting from
+    the end as positions do (-1: the last layer or state); none given means all of them."""
+    given = list(values)
+    for v in given:
+        if not -limit <= v < limit:
+            raise InvalidInputError(f"{name}: {v} is outside [-{limit}, {limit})")
+    chosen = [v % limit for v in given] or list(range(limit))
     if len(set(chosen)) != len(chosen):
-        raise InvalidInputError(f"{name}: {chosen} repeats an index")
+        raise InvalidInputError(f"{name}: {given} repeats an index")
     return chosen
 
 

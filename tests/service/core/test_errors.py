@@ -39,8 +39,8 @@ INVALID = {
         "inputs[0].token_ids has 301 tokens, more than max_seq_len=300; send fewer or set "
         "options.truncation=TRUNCATION_RIGHT",
     ),
-    "unknown layer": (with_attention(layers=[2]), "options.attention.layers: 2 is outside [0, 2)"),
-    "unknown head": (with_attention(heads=[0, 4]), "options.attention.heads: 4 is outside [0, 4)"),
+    "unknown layer": (with_attention(layers=[2]), "options.attention.layers: 2 is outside [-2, 2)"),
+    "unknown head": (with_attention(heads=[0, 4]), "options.attention.heads: 4 is outside [-4, 4)"),
     "repeated head": (with_attention(heads=[1, 1]), "options.attention.heads: [1, 1] repeats"),
     "bad dtype": (
         with_attention(dtype=7),
@@ -99,7 +99,7 @@ INVALID = {
     ),
     "unknown hidden state": (
         build_request("abc", hidden_states={"layers": [3]}),
-        "options.hidden_states.layers: 3 is outside [0, 3)",
+        "options.hidden_states.layers: 3 is outside [-3, 3)",
     ),
     "hidden state position": (
         build_request("abc", hidden_states={"positions": [-5]}),

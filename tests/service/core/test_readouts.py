@@ -300,3 +300,17 @@ def test_attribution_is_refused_where_the_parts_would_not_add_up():
     with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
         plan(request, config, {"stream", "lens"})
     assert plan(request, config, readable).readouts
+
+
+def test_layers_count_from_the_end_as_positions_do(client):
+    """-1 is the last state (hidden states, the lens) and the last layer (attention)."""
+    last = client.encode(
+        TEXTS[0], hidden_states={"layers": [-1, 0]}, logit_lens={"layers": [-1]}, layers=[-1]
+    )[0]
+    named = client.encode(
+        TEXTS[0], hidden_states={"layers": [L, 0]}, logit_lens={"layers": [L]}, layers=[L - 1]
+    )[0]
+    assert last.hidden_state_layers == [L, 0] and last.layers == [L - 1]
+    np.testing.assert_array_equal(last.hidden_states, named.hidden_states)
+    np.testing.assert_array_equal(last.attention, named.attention)
+    np.testing.assert_array_equal(last.logit_lens.top_ids, named.logit_lens.top_ids)

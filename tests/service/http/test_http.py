@@ -122,7 +122,7 @@ def test_encode_json_default_is_the_grpc_bytes(server, client):
         ("/v1/encode", {"inputs": [{"text": "x"}], "tensor_format": "csv"}, 400, "tensor_format"),
         ("/v1/encode", {"inputz": []}, 400, "not an attnserve.v1.EncodeRequest"),
         ("/v1/encode", {"inputs": [{"text": "x"}], "options": {"attention": {"layers": [7]}}},
-         400, "options.attention.layers: 7 is outside [0, 2)"),
+         400, "options.attention.layers: 7 is outside [-2, 2)"),
         ("/v1/embeddings", {"model": MODEL, "input": [[1, 2**63]]}, 400,
          "input[0]: token id 9223372036854775808 is out of range"),
         ("/v1/embeddings", {"model": MODEL, "input": [[-(2**63) - 1]]}, 400, "input[0]: token id"),
