@@ -33,6 +33,7 @@ from attnserve.service.oip.messages import (
     OutputTensor,
     RequestedOutput,
 )
+from attnserve.service.oip.parameters import parameter_names
 from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.oip.tensors import (
     INPUTS,
@@ -247,14 +248,16 @@ class OipModel:
             plan = translate(request, self.dataplane.backend.config)
             translated = time.perf_counter_ns()
             run = self.dataplane.results(plan.inputs, plan.options, timeout)
-            async with run as (encode_plan, results):
-                answering = time.perf_counter_ns()
-                requested = {o.name: o for o in request.outputs}
-                outputs = [
-                    self._output(i, name, requested.get(name), encode_plan, results)
-                    for i, name in enumerate(plan.outputs)
-                ]
-                answered = time.perf_counter_ns()
+            # the plan's errors name the parameters this client sent, not attnserve.v1's fields
+            with parameter_names():
+                async with run as (encode_plan, results):
+                    answering = time.perf_counter_ns()
+                    requested = {o.name: o for o in request.outputs}
+                    outputs = [
+                        self._output(i, name, requested.get(name), encode_plan, results)
+                        for i, name in enumerate(plan.outputs)
+                    ]
+                    answered = time.perf_counter_ns()
         except BaseException:
             self.stats.fail += 1
             self.stats.fail_ns += time.perf_counter_ns() - start

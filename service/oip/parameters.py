@@ -4,12 +4,13 @@ refused, the ones clients send on their own ignored)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from attnserve.oip.wire import Parameter
-from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.errors import AttnserveError, InvalidInputError
 
 Choice = TypeVar("Choice")  # an enum value of the .proto
 
@@ -24,30 +25,77 @@ IGNORED_PREFIX = "triton_"
 class ParameterSpec:
     kind: type  # bool, int, str, or list (comma-separated ints, or one int)
     help: str
+    # the attnserve.v1 fields it sets: the data plane's errors name those, and a V2 client
+    # reads the parameter's name instead (parameter_names)
+    fields: tuple[str, ...] = ()
+
+
+def _spec(kind: type, help: str, *fields: str) -> ParameterSpec:
+    return ParameterSpec(kind, help, tuple(f"options.{field}" for field in fields))
 
 
 PARAMETERS = {
-    "pooling": ParameterSpec(str, "none | mean | last (the pooled output; default last)"),
-    "truncate": ParameterSpec(bool, "cut text or ids longer than max_seq_len instead of refusing"),
-    "attention_layers": ParameterSpec(list, "layers, comma-separated (default all)"),
-    "attention_heads": ParameterSpec(list, "heads, comma-separated (default all)"),
-    "attention_rows": ParameterSpec(list, "query positions, comma-separated; -1 is the last"),
-    "attention_dtype": ParameterSpec(str, "FP32 (default) | FP16"),
-    "attention_layout": ParameterSpec(str, "full (default) | causal_packed"),
-    "head_reduction": ParameterSpec(str, "none | mean | max"),
-    "rollout": ParameterSpec(bool, "attention rollout over the selected layers"),
-    "top_k": ParameterSpec(int, "keep the k largest weights per row"),
-    "hidden_layers": ParameterSpec(list, "hidden states 0..L, comma-separated (default all)"),
-    "hidden_positions": ParameterSpec(list, "their positions; -1 is the last (default all)"),
-    "prediction_positions": ParameterSpec(list, "positions predicted from (default all)"),
-    "lens_layers": ParameterSpec(list, "logit-lens states 0..L, comma-separated (default all)"),
-    "lens_positions": ParameterSpec(list, "logit-lens positions; -1 is the last (default all)"),
-    "top_tokens": ParameterSpec(int, "how many most probable tokens (default 5)"),
-    "target_ids": ParameterSpec(list, "token ids whose probabilities to return"),
-    "attribution_positions": ParameterSpec(list, "positions attributed; -1 is the last (all)"),
-    "attribution_target_ids": ParameterSpec(list, "token ids whose logits to attribute"),
-    "attribution_contrast_ids": ParameterSpec(list, "one per target: attribute the difference"),
-}
+    "pooling": _spec(str, "none | mean | last (the pooled output; default last)", "pooling"),
+    "truncate": _spec(bool, "cut text or ids longer than max_seq_len instead of refusing"),
+    "attention_layers": _spec(list, "layers, comma-separated; -1 is the last (default all)",
+                              "attention.layers"),
+    "attention_heads": _spec(list, "heads, comma-separated (default all)", "attention.heads"),
+    "attention_rows": _spec(list, "query positions, comma-separated; -1 is the last",
+                            "attention.query_positions"),
+    "attention_dtype": _spec(str, "FP32 (default) | FP16", "attention.dtype"),
+    "attention_layout": _spec(str, "full (default) | causal_packed", "attention.layout"),
+    "head_reduction": _spec(str, "none | mean | max", "attention.head_reduction"),
+    "rollout": _spec(bool, "attention rollout over the selected layers", "attention.rollout"),
+    "top_k": _spec(int, "keep the k largest weights per row", "attention.top_k"),
+    "hidden_layers": _spec(list, "hidden states 0..L, comma-separated; -1 is the last (all)",
+                           "hidden_states.layers"),
+    "hidden_positions": _spec(list, "their positions; -1 is the last (default all)",
+                              "hidden_states.positions"),
+    "prediction_positions": _spec(list, "positions predicted from (default all)",
+                                  "predictions.positions"),
+    "lens_layers": _spec(list, "logit-lens states 0..L, comma-separated; -1 is the last (all)",
+                         "logit_lens.layers"),
+    "lens_positions": _spec(list, "logit-lens positions; -1 is the last (default all)",
+                            "logit_lens.positions"),
+    "top_tokens": _spec(int, "how many most probable tokens (default 5)", "predictions.top_k",
+                        "logit_lens.top_k"),
+    "target_ids": _spec(list, "token ids whose probabilities to return",
+                        "predictions.target_ids", "logit_lens.target_ids"),
+    "attribution_positions": _spec(list, "positions attributed; -1 is the last (all)",
+                                   "attribution.positions"),
+    "attribution_target_ids": _spec(list, "token ids whose logits to attribute",
+                                    "attribution.target_ids"),
+    "attribution_contrast_ids": _spec(list, "one per target: attribute the difference",
+                                      "attribution.contrast_ids"),
+}  # fmt: skip
+# attnserve.v1 field -> the V2 parameter that sets it, longest first (a field's name may
+# begin another's)
+_PARAMETER_OF = dict(
+    sorted(
+        (
+            (field, f"parameters.{name}")
+            for name, spec in PARAMETERS.items()
+            for field in spec.fields
+        ),
+        key=lambda item: -len(item[0]),
+    )
+)
+
+
+@contextmanager
+def parameter_names() -> Iterator[None]:
+    """Errors raised inside name the V2 parameter a client sent where they named the
+    attnserve.v1 field it set ("parameters.lens_layers: 7 is outside ..." rather than
+    "options.logit_lens.layers: ...")."""
+    try:
+        yield
+    except AttnserveError as exc:
+        message = str(exc)
+        for field, parameter in _PARAMETER_OF.items():
+            message = message.replace(field, parameter)
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from exc
 
 
 def read_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:

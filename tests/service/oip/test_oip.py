@@ -313,7 +313,24 @@ def test_mean_ablation_through_tritonclient(triton, oip_server):
         ),
         ([ids_input([[1, 2]])], ["target_probabilities"], None, "needs the target_ids"),
         ([ids_input([[1, 2]])], ["logits"], {"lens_layers": "0"}, "lens_layers needs one of"),
-        ([ids_input([[1, 2]])], ["lens_token_ids"], {"lens_layers": "3"}, "lens.layers: 3"),
+        (
+            [ids_input([[1, 2]])],
+            ["lens_token_ids"],
+            {"lens_layers": "3"},
+            "parameters.lens_layers: 3 is outside [-3, 3)",
+        ),
+        (
+            [ids_input([[1, 2]])],
+            ["attention"],
+            {"attention_layers": "0,5"},
+            "parameters.attention_layers: 5 is outside [-2, 2)",
+        ),
+        (
+            [ids_input([[1, 2]])],
+            ["next_token_ids"],
+            {"top_tokens": 5000},
+            "parameters.top_tokens: 5000 is outside [1, 259]",
+        ),
         ([ids_input([[1, 2]])], ["attribution_mlps"], None, "need the attribution_target_ids"),
         (
             [ids_input([[1, 2]])],
@@ -336,6 +353,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(triton, inputs, outputs,
     answer = triton.infer(inputs, outputs, parameters)
     assert answer["error"]["status"] == triton.status("INVALID_ARGUMENT"), answer
     assert field in answer["error"]["message"]
+    assert "options." not in answer["error"]["message"]  # V2 names, not attnserve.v1's
     after = triton.infer([ids_input([[1, 2, 3]])])["outputs"]["embeddings"]
     np.testing.assert_allclose(array(after), array(before), atol=1e-6)  # nothing changed
 
