@@ -37,9 +37,11 @@ from attnserve.model.artifacts import (
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
     VERSIONS_METADATA_KEY,
+    readout_sites,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, rotary_modules
+from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23
@@ -51,19 +53,21 @@ def exporter_versions() -> dict[str, str]:
 
 class _FullGraph(Encoder):
     """model_readouts.onnx: forward's outputs, the residual stream and the parts the blocks
-    added to it, under a head mask; model.onnx once they are taken out (_without_readouts)."""
+    added to it (read at their hook points), under a head mask and head means (a change on
+    every hook_z); model.onnx once they are taken out (_without_readouts)."""
 
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, head_mask: torch.Tensor, head_means: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        taps: list[torch.Tensor] = []  # heads, MLP, heads, MLP, ...: each (B, T, .)
-        stream, attentions = self.residual_stream(
-            input_ids, True, head_mask, taps=taps, head_means=head_means
-        )
+        sites = readout_sites(self.config)
+        reads = [site for names in sites.values() for site in names]
+        with (
+            hooked(self, head_ablation(head_mask, head_means)),
+            captured(self, reads) as values,
+        ):
+            embeddings, attentions = Encoder.forward(self, input_ids)
         assert attentions is not None
-        heads = torch.stack(taps[0::2], dim=1)  # (B, L, T, H*d_k)
-        mlps = torch.stack(taps[1::2], dim=1)  # (B, L, T, D)
-        return self.finish(stream[-1]), attentions, torch.stack(stream, dim=1), heads, mlps
+        return embeddings, attentions, *stacked(values, sites).values()
 
 
 class _EmbeddingsGraph(Encoder):

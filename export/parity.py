@@ -26,10 +26,12 @@ from attnserve.model.artifacts import (
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
+    readout_sites,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 from attnserve.model.footprint import parameter_count
+from attnserve.model.hook_points import captured, stacked
 
 LENS_TOP_K = 5  # the parity case of the lens' predictions
 
@@ -116,12 +118,12 @@ def reference_outputs(
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
         mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
-        taps: list[torch.Tensor] = []
-        with torch.inference_mode():
-            stream, attentions = model.residual_stream(torch.from_numpy(ids), taps=taps)
-            embeddings = model.finish(stream[-1])
+        sites = readout_sites(config)
+        reads = [site for names in sites.values() for site in names]
+        with torch.inference_mode(), captured(model, reads) as values:
+            embeddings, attentions = model(torch.from_numpy(ids))
         assert attentions is not None
-        parts = (torch.stack(taps[i::2], dim=1).numpy() for i in range(2))
+        readouts = {name: value.numpy() for name, value in stacked(values, sites).items()}
         means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
         inputs: dict[str, np.ndarray] = {
             config.input_name: ids,
@@ -131,9 +133,8 @@ def reference_outputs(
         outputs = {
             config.embeddings_name: embeddings.numpy(),
             config.attentions_name: attentions.numpy(),
-            RESIDUAL_STREAM_NAME: torch.stack(stream, dim=1).numpy(),
+            **readouts,
         }
-        outputs |= dict(zip(PARTS_NAMES, parts, strict=True))
         references.append(Reference((batch, seq_len), inputs, outputs))
     if config.unembedding != "none":
         references.append(_lens_reference(model, references))

@@ -6,6 +6,9 @@ Torch-free on purpose: the service imports it.
 import json
 from pathlib import Path
 
+from attnserve.model import hooks
+from attnserve.model.config import ModelConfig
+
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
 # The same graph with the readouts: a head mask in, the residual stream out beside them
 # (a graph of its own: ONNX Runtime computes every output, asked for or not).
@@ -28,6 +31,23 @@ PREDICTION_OUTPUTS = ("top_ids", "top_probabilities", "target_probabilities")
 # its output projection reads them, [batch, layers, seq, heads * d_head], and its MLP's
 # output, [batch, layers, seq, d_model].
 PARTS_NAMES = ("head_outputs", "mlp_outputs")
+
+
+def readout_sites(config: ModelConfig) -> dict[str, list[str]]:
+    """The readouts graph's outputs beside forward's: each is its hook points' values
+    stacked on axis 1 (a hook_z's heads side by side): the residual stream x_0 .. x_L (every
+    block's input, then the last block's output, before the final norm), and its parts."""
+    layers = range(config.n_layers)
+    return {
+        RESIDUAL_STREAM_NAME: [
+            *(hooks.RESID_PRE.format(layer=layer) for layer in layers),
+            hooks.RESID_POST.format(layer=config.n_layers - 1),
+        ],
+        PARTS_NAMES[0]: [hooks.Z.format(layer=layer) for layer in layers],
+        PARTS_NAMES[1]: [hooks.MLP_OUT.format(layer=layer) for layer in layers],
+    }
+
+
 # Direct logit attribution: those parts at some positions, x_0 and x_L there, and target
 # ids [rows, n] -> what each part adds to each target's logit (Encoder.attribution);
 # written where the parts add up to the logit (ModelConfig.attribution_refusal).

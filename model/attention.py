@@ -22,25 +22,22 @@ def causal_mask(
     return mask
 
 
-def scaled_dot_product_attention(
+def attention_weights(
     q: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
     causal: bool = True,
     window: int | None = None,
     scale: float | None = None,
     softcap: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v over the last two axes.
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d_k)) over the last two axes: q (..., T, d_k), k (..., S, d_k)
+    -> weights (..., T, S).
 
     scale replaces 1 / sqrt(d_k) (Gemma 2's query_pre_attn_scalar, Granite's multiplier);
     softcap bounds the scores smoothly to (-cap, cap) before the mask: cap * tanh(s / cap).
-
-    q: (..., T, d_k), k: (..., S, d_k), v: (..., S, d_v)
-    returns output (..., T, d_v) and weights (..., T, S); each row of weights
-    sums to 1, and with causal=True entries with j > i (and, given a window,
-    j <= i - window) are exactly 0 because their scores are -inf before the
-    softmax (exp(-inf) == 0, not "small").
+    Each row sums to 1, and with causal=True entries with j > i (and, given a window,
+    j <= i - window) are exactly 0 because their scores are -inf before the softmax
+    (exp(-inf) == 0, not "small").
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     # Scale q rather than the scores: T*d_k multiplies instead of T*S.
@@ -51,5 +48,19 @@ def scaled_dot_product_attention(
         mask = causal_mask(scores.size(-2), scores.size(-1), window, device=scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))
     # Every row keeps its diagonal, so no row is all -inf and softmax never gives NaN.
-    weights = torch.softmax(scores, dim=-1)  # (..., T, S)
+    return torch.softmax(scores, dim=-1)  # (..., T, S)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights of `attention_weights` and what they make of v (..., S, d_v): output
+    (..., T, d_v) and weights (..., T, S)."""
+    weights = attention_weights(q, k, causal, window, scale, softcap)
     return weights @ v, weights

@@ -11,7 +11,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.layers import Block, RMSNorm, Rotary, frozen_norm, make_norm, norm_scale
+from attnserve.model.hook_points import HookPoint, captured
+from attnserve.model.hooks import EMBED, FINAL_NORMALIZED, POS_EMBED, RESID_POST, RESID_PRE
+from attnserve.model.layers import (
+    Block,
+    RMSNorm,
+    Rotary,
+    frozen_norm,
+    make_norm,
+    norm_scale,
+    reweigh,
+    standardize,
+)
 
 
 class Encoder(nn.Module):
@@ -30,45 +41,30 @@ class Encoder(nn.Module):
         else:
             for name, rotary in rotary_modules(config).items():
                 setattr(self, name, rotary)
+        self.hook_embed = HookPoint(EMBED)
+        if config.positions == "learned":
+            self.hook_pos_embed = HookPoint(POS_EMBED)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         if config.norm_placement != "post":  # post-norm blocks end normed already
             self.ln_f = make_norm(config)
+            # TransformerLens' name: its final norm is ln_final (ours keeps GPT-2's ln_f)
+            self.hook_normalized = HookPoint(FINAL_NORMALIZED)
         if config.unembedding == "separate":  # else the token table is the unembedding
             bias = config.unembedding_bias
             self.lm_head = nn.Linear(config.embedding_dim, config.vocab_size, bias=bias)
         self.apply(_init_weights)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        need_weights: bool = True,
-        head_mask: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, need_weights: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids (B, T) int64 -> embeddings (B, T, D), attentions (B, L, H, T, T).
 
         H counts query heads, also under grouped-query attention. With
         need_weights=False the attentions are None and every layer uses the fused
-        attention kernel instead (same embeddings, less memory traffic).
-        head_mask (L, H), or (B, L, H) one per sequence: each head's output times its
-        entry before the output projection (0 removes the head, 1 keeps it).
+        attention kernel instead (same embeddings, less memory traffic). What a
+        researcher reads or changes on the way (the residual stream, each head's output,
+        a head removed) goes through the hook points (model/hook_points.py).
         """
-        stream, attentions = self.residual_stream(input_ids, need_weights, head_mask, keep=False)
-        return self.finish(stream[-1]), attentions
-
-    def residual_stream(
-        self,
-        input_ids: torch.Tensor,
-        need_weights: bool = True,
-        head_mask: torch.Tensor | None = None,
-        keep: bool = True,
-        taps: list[torch.Tensor] | None = None,
-        head_means: torch.Tensor | None = None,
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """The residual stream x_0 (what the first block reads) .. x_L (what the last one
-        wrote), each (B, T, D), only x_L unless keep; and the attentions as forward's.
-        taps: where given, receives each block's parts (Block.forward's taps) in order.
-        head_means (L, H, d_k), or (B, L, H, d_k): added to each head's output after the
-        head mask's scale (mean-ablation: scale 0 and the head's mean output)."""
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
@@ -78,33 +74,46 @@ class Encoder(nn.Module):
             x = x * config.embedding_scale
         if config.d_embed is not None:
             x = self.embed_in(x)  # (B, T, d_embed) -> (B, T, D)
+        x = self.hook_embed(x)
         rotary = sliding_rotary = None
         if config.positions == "learned":
-            x = x + self.pos_emb(torch.arange(T, device=input_ids.device))  # (B, T, D)
+            positions = self.pos_emb(torch.arange(T, device=input_ids.device))  # (T, D)
+            x = x + self.hook_pos_embed(positions.expand_as(x))  # (B, T, D)
         else:
             rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
             if config.sliding_rope_theta is not None:  # Gemma 3: the local layers' own
                 sliding_rotary = self.sliding_rotary(T)
-        stream, attentions = [x], []
+        attentions = []
         for layer, block in enumerate(self.blocks):
             positions = rotary
             if sliding_rotary is not None and config.window(layer) is not None:
                 positions = sliding_rotary
-            heads = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
-            means = None if head_means is None else head_means[..., layer, :, :]  # (.., H, d_k)
-            # (B, T, D), (B, H, T, T)
-            x, weights = block(x, need_weights, positions, heads, taps, means)
+            x, weights = block(x, need_weights, positions)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
-            stream = [*stream, x] if keep else [x]
+        embeddings = self.finish(x)
         if not need_weights:
-            return stream, None
-        return stream, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+            return embeddings, None
+        return embeddings, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+
+    def residual_stream(
+        self, input_ids: torch.Tensor, need_weights: bool = True
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The residual stream x_0 (what the first block reads) .. x_L (what the last one
+        wrote, before the final norm), each (B, T, D), read at its hook points; and the
+        attentions as forward's."""
+        L = self.config.n_layers
+        names = [RESID_PRE.format(layer=layer) for layer in range(L)]
+        names.append(RESID_POST.format(layer=L - 1))
+        with captured(self, names) as values:
+            _, attentions = self(input_ids, need_weights)
+        return [values[name] for name in names], attentions
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         """The last residual x_L (B, T, D) -> the model's output: the final norm, and OPT's
         projection back to the embedding width."""
         if self.config.norm_placement != "post":  # post-norm blocks end normed already
-            x = self.ln_f(x)
+            # ln_final.hook_normalized sits before the norm's weight, as TransformerLens' does
+            x = reweigh(self.ln_f, self.hook_normalized(standardize(self.ln_f, x)))
         if self.config.d_embed is not None:
             x = self.embed_out(x)  # (B, T, d_embed)
         return x
@@ -125,27 +134,25 @@ class Encoder(nn.Module):
             logits = torch.tanh(logits / config.logit_softcap) * config.logit_softcap
         return logits
 
-    def logits(
-        self, input_ids: torch.Tensor, head_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) -> next-token logits (B, T, V), as AutoModelForCausalLM's."""
-        embeddings, _ = self(input_ids, need_weights=False, head_mask=head_mask)
+        embeddings, _ = self(input_ids, need_weights=False)
         return self.unembed(embeddings)
 
-    def hidden_states(
-        self, input_ids: torch.Tensor, head_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, L+1, T, D) as transformers' output_hidden_states: x_0 .. x_(L-1), and the
         final norm of x_L (before OPT-350m's projection out, which changes the width)."""
-        stream, _ = self.residual_stream(input_ids, False, head_mask)
+        stream, _ = self.residual_stream(input_ids, False)
         last = self.ln_f(stream[-1]) if self.config.norm_placement != "post" else stream[-1]
         return torch.stack([*stream[:-1], last], dim=1)
 
     def lens(self, residual: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """The logit lens: any layer's residual (..., D) read as if it were the last, by the
         final norm with the scale of `last` (x_L at the same position) frozen, then the
-        unembedding (TransformerLens' accumulated_resid(apply_ln=True) times W_U). With
-        residual = last it is the model's own logits."""
+        unembedding (TransformerLens' apply_ln_to_stack(..., recompute_ln=False) through
+        ln_final, times W_U). With residual = last each state is normalised by its own
+        statistics (TransformerLens >= 2.18's accumulated_resid(apply_ln=True)); at x_L
+        either is the model's own logits."""
         if self.config.norm_placement != "post":
             residual = frozen_norm(self.ln_f, residual, norm_scale(self.ln_f, last))
         if self.config.d_embed is not None:

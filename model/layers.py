@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnserve.model.attention import causal_mask, scaled_dot_product_attention
+from attnserve.model import hooks
+from attnserve.model.attention import attention_weights, causal_mask
 from attnserve.model.config import ModelConfig
+from attnserve.model.hook_points import HookPoint
 from attnserve.model.rope import frequencies
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -45,6 +47,24 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
     if config.norm == "layernorm":
         return nn.LayerNorm(dim, eps=config.layer_norm_eps)
     return RMSNorm(dim, config.layer_norm_eps, plus_one=config.norm == "rmsnorm_plus_one")
+
+
+def standardize(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`norm` of x before its weight (and bias): (x - mean) / sqrt(var + eps) for LayerNorm,
+    x / sqrt(mean x^2 + eps) for RMSNorm (TransformerLens' hook_normalized)."""
+    if isinstance(norm, nn.LayerNorm):
+        return F.layer_norm(x, norm.normalized_shape, eps=norm.eps)
+    assert isinstance(norm, RMSNorm)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+
+
+def reweigh(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The rest of `norm` on a standardized x: times its weight, plus its bias."""
+    if isinstance(norm, nn.LayerNorm):
+        x = x * norm.weight
+        return x if norm.bias is None else x + norm.bias
+    assert isinstance(norm, RMSNorm)
+    return x * (norm.offset + norm.weight)
 
 
 def norm_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -139,6 +159,7 @@ class MultiHeadAttention(nn.Module):
         config: ModelConfig,
         causal: bool = True,
         window: int | None = None,
+        layer: int = 0,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_k = config.n_heads, config.kv_heads, config.head_dim
@@ -163,30 +184,29 @@ class MultiHeadAttention(nn.Module):
             eps = config.layer_norm_eps
             self.q_norm = EachHeadNorm(self.n_heads, self.d_k, eps)
             self.k_norm = EachHeadNorm(self.n_kv_heads, self.d_k, eps)
+        self.hook_q = HookPoint(hooks.Q.format(layer=layer))
+        self.hook_k = HookPoint(hooks.K.format(layer=layer))
+        self.hook_v = HookPoint(hooks.V.format(layer=layer))
+        self.hook_pattern = HookPoint(hooks.PATTERN.format(layer=layer))
+        self.hook_z = HookPoint(hooks.Z.format(layer=layer))
 
     def forward(
         self,
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
-        heads: torch.Tensor | None = None,
-        taps: list[torch.Tensor] | None = None,
-        means: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """heads (H,) or per sequence (B, H): each head's output times this before the
-        output projection (after the concatenation, where the fused kernel's graph keeps
-        its layout); means (H, d_k) or (B, H, d_k), added after that scale (mean-ablation:
-        scale 0 and the head's mean output). taps: where given, the heads' outputs
-        (B, T, H*d_k) are appended to it, as the output projection reads them (direct
-        logit attribution)."""
+        """x (B, T, D) -> the output projection's (B, T, D), and the weights (B, H, T, T)
+        where need_weights (else the fused kernel, which never materialises them).
+        positions: rotary (cos, sin) of each position, or None (learned positions)."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
         if self.qk_norm == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, H, d_k).transpose(1, 2)  # (B, H, T, d_k)
-        k = k.view(B, T, H_kv, d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
-        v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # (B, H_kv, T, d_k)
+        q = self.hook_q(q.view(B, T, H, d_k)).transpose(1, 2)  # (B, H, T, d_k)
+        k = self.hook_k(k.view(B, T, H_kv, d_k)).transpose(1, 2)  # (B, H_kv, T, d_k)
+        v = self.hook_v(v.view(B, T, H_kv, d_k)).transpose(1, 2)  # (B, H_kv, T, d_k)
         if self.qk_norm in ("head", "each_head"):  # per head, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         if positions is not None:  # rotary: (cos, sin) of each position, through q and k only
@@ -196,9 +216,10 @@ class MultiHeadAttention(nn.Module):
             if H_kv != H:  # each K/V head repeated for the query heads that read it
                 k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
                 v = v.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
-            y, probabilities = scaled_dot_product_attention(
-                q, k, v, self.causal, self.window, self.scale, self.softcap
-            )
+            probabilities = self.hook_pattern(
+                attention_weights(q, k, self.causal, self.window, self.scale, self.softcap)
+            )  # (B, H, T, T)
+            y = probabilities @ v  # (B, H, T, d_k)
             weights = probabilities if need_weights else None
         else:
             # Same math through the fused kernel, which never materialises the
@@ -211,14 +232,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=H_kv != H
             )
             weights = None
-        y = y.transpose(1, 2).reshape(B, T, H * d_k)  # heads concatenated: (B, T, H*d_k)
-        if heads is not None:  # ablation: each head's output removed (0) or scaled
-            y = y * heads.repeat_interleave(d_k, dim=-1).unsqueeze(-2)  # (B or 1, 1, H*d_k)
-        if means is not None:  # each head's output moved by a vector of its own
-            y = y + means.flatten(-2).unsqueeze(-2)  # (B or 1, 1, H*d_k)
-        if taps is not None:
-            taps.append(y)
-        return self.proj(y), weights  # (B, T, D), (B, H, T, T)
+        z = self.hook_z(y.transpose(1, 2))  # (B, T, H, d_k): each head's output
+        return self.proj(z.reshape(B, T, H * d_k)), weights  # (B, T, D), (B, H, T, T)
 
 
 class MLP(nn.Module):
@@ -254,8 +269,10 @@ class Block(nn.Module):
     norms of each sublayer's output (ln1_out, ln2_out), output keeps only those, post
     norms the sum. Granite scales each sublayer's output before the add.
 
-    `taps`, where given, receives the attention's head outputs (B, T, H*d_k) and the MLP's
-    output (B, T, D), in that order: the parts the block adds to the residual stream.
+    Its sites (model/hooks.py): the stream it reads (hook_resid_pre), what each sublayer
+    writes (hook_attn_out, hook_mlp_out: after their own output norms, before Granite's
+    scale), the stream between them (hook_resid_mid, sequential blocks) and what it writes
+    (hook_resid_post).
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0) -> None:
@@ -264,42 +281,41 @@ class Block(nn.Module):
         self.scale = config.residual_scale
         if self.placement != "output":
             self.ln1 = make_norm(config)
-        self.attn = MultiHeadAttention(config, window=config.window(layer))
+        self.attn = MultiHeadAttention(config, window=config.window(layer), layer=layer)
         if self.placement != "output" and self.residual != "parallel_one_norm":
             self.ln2 = make_norm(config)
         self.mlp = MLP(config)
         if self.placement in ("sandwich", "output"):
             self.ln1_out = make_norm(config)
             self.ln2_out = make_norm(config)
+        self.hook_resid_pre = HookPoint(hooks.RESID_PRE.format(layer=layer))
+        self.hook_attn_out = HookPoint(hooks.ATTN_OUT.format(layer=layer))
+        if self.residual == "sequential":  # a parallel block has no stream between
+            self.hook_resid_mid = HookPoint(hooks.RESID_MID.format(layer=layer))
+        self.hook_mlp_out = HookPoint(hooks.MLP_OUT.format(layer=layer))
+        self.hook_resid_post = HookPoint(hooks.RESID_POST.format(layer=layer))
 
     def forward(
         self,
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
-        heads: torch.Tensor | None = None,
-        taps: list[torch.Tensor] | None = None,
-        means: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        def attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return self.attn(h, need_weights, positions, heads, taps, means)
+        """x (B, T, D) -> (B, T, D), and the attention weights (B, H, T, T) where asked."""
+        x = self.hook_resid_pre(x)
 
-        if self.residual == "parallel":
-            a, weights = attn(self.ln1(x))
-            return x + self._scaled(a + self._mlp(self.ln2(x), taps)), weights
-        if self.residual == "parallel_one_norm":
+        def attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.attn(h, need_weights, positions)
+
+        if self.residual != "sequential":
             h = self.ln1(x)
             a, weights = attn(h)
-            return x + self._scaled(a + self._mlp(h, taps)), weights
+            m = self.mlp(h if self.residual == "parallel_one_norm" else self.ln2(x))
+            a, m = self.hook_attn_out(a), self.hook_mlp_out(m)
+            return self.hook_resid_post(x + self._scaled(a + m)), weights
         x, weights = self._sublayer(x, 1, attn)
-        x, _ = self._sublayer(x, 2, lambda h: (self._mlp(h, taps), None))
-        return x, weights
-
-    def _mlp(self, h: torch.Tensor, taps: list[torch.Tensor] | None) -> torch.Tensor:
-        y = self.mlp(h)  # (B, T, D)
-        if taps is not None:
-            taps.append(y)
-        return y
+        x, _ = self._sublayer(self.hook_resid_mid(x), 2, lambda h: (self.mlp(h), None))
+        return self.hook_resid_post(x), weights
 
     def _sublayer(
         self,
@@ -307,14 +323,16 @@ class Block(nn.Module):
         index: int,
         f: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x plus one sublayer's output, with the norms where this model has them."""
+        """x plus one sublayer's output (1: attention, 2: MLP), with the norms where this
+        model has them."""
+        out = self.hook_attn_out if index == 1 else self.hook_mlp_out
         if self.placement == "post":  # norm(x + f(x))
             y, weights = f(x)
-            return getattr(self, f"ln{index}")(x + y), weights
+            return getattr(self, f"ln{index}")(x + out(y)), weights
         y, weights = f(x if self.placement == "output" else getattr(self, f"ln{index}")(x))
         if self.placement in ("sandwich", "output"):
             y = getattr(self, f"ln{index}_out")(y)
-        return x + self._scaled(y), weights
+        return x + self._scaled(out(y)), weights
 
     def _scaled(self, y: torch.Tensor) -> torch.Tensor:
         return y * self.scale if self.scale != 1.0 else y

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnserve.export.hf_import import load_hf
+from attnserve.model.hook_points import head_ablation, hooked
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from benchmarks.hf_checkpoints import build_checkpoint
 from tests.export.families import FAMILY_SHAPES
@@ -127,9 +128,10 @@ def test_head_mask_equals_scaling_the_output_projections_input(families, family)
     unmasked, _ = transformers_readouts(reference, ids)
     assert np.abs(unmasked - want_logits).max() > 100 * LOGITS_TOLERANCE  # the mask matters
     with torch.no_grad():
-        logits = model.logits(torch.from_numpy(ids), head_mask=mask).numpy()
-        hidden = model.hidden_states(torch.from_numpy(ids), head_mask=mask).numpy()
-        _, attentions = model(torch.from_numpy(ids), head_mask=mask)
+        with hooked(model, head_ablation(mask)):
+            logits = model.logits(torch.from_numpy(ids)).numpy()
+            hidden = model.hidden_states(torch.from_numpy(ids)).numpy()
+            _, attentions = model(torch.from_numpy(ids))
         _, plain_attentions = model(torch.from_numpy(ids))
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
@@ -166,9 +168,8 @@ def test_mean_ablation_equals_replacing_the_output_projections_input(families, f
     mask[layer, head] = 0.0
     means = torch.zeros(config.n_layers, config.n_heads, d_k)
     means[layer, head] = mean
-    with torch.no_grad():
-        stream, _ = model.residual_stream(torch.from_numpy(ids), False, mask, head_means=means)
-        logits = model.unembed(model.finish(stream[-1])).numpy()
+    with torch.no_grad(), hooked(model, head_ablation(mask, means)):
+        logits = model.logits(torch.from_numpy(ids)).numpy()
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
     plain, _ = transformers_readouts(reference, ids)
     assert np.abs(plain - want_logits).max() > 100 * LOGITS_TOLERANCE  # the mean matters

@@ -11,6 +11,7 @@ import torch
 from attnserve.model.config import ConfigError, ModelConfig, RopeScaling
 from attnserve.model.encoder import Encoder, build_encoder
 from attnserve.model.footprint import parameter_count
+from attnserve.model.hook_points import head_ablation, hooked
 from attnserve.model.layers import Rotary, apply_rotary
 
 WINDOW = 5
@@ -136,7 +137,8 @@ def test_the_readouts_agree_with_the_forward_pass(model):
         stream, _ = model.residual_stream(x)
         hidden = model.hidden_states(x)
         ones = torch.ones(model.config.n_layers, model.config.n_heads)
-        masked, masked_attentions = model(x, head_mask=ones)
+        with hooked(model, head_ablation(ones)):
+            masked, masked_attentions = model(x)
         lens = model.lens(torch.stack(stream, dim=1), stream[-1][:, None])  # (B, L+1, T, V)
         unembedded = model.unembed(embeddings)
     assert logits.shape == (2, 20, model.config.vocab_size)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
+from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, readout_sites
 from attnserve.model.config import ModelConfig
+from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.plan import inputs_of, plan_request
@@ -21,16 +23,16 @@ TEXTS = ["The cat sat on the mat.", "Heads"]
 def reference(small_model, ids: list[int], head_mask=None) -> dict[str, np.ndarray]:
     """What PyTorch computes of one sequence: hidden states, logits, the lens grid."""
     x = torch.tensor([ids])
-    mask = None if head_mask is None else torch.from_numpy(head_mask)
-    with torch.inference_mode():
-        stream, attentions = small_model.residual_stream(x, head_mask=mask)
+    changes = {} if head_mask is None else head_ablation(torch.from_numpy(head_mask))
+    with torch.inference_mode(), hooked(small_model, changes):
+        stream, attentions = small_model.residual_stream(x)
         residual = torch.stack(stream, 1)[0]  # (L+1, T, D)
         lens = small_model.lens(residual, residual[-1].expand_as(residual))
         return {
-            "hidden": small_model.hidden_states(x, head_mask=mask)[0].numpy(),
-            "logits": small_model.logits(x, head_mask=mask)[0].numpy(),
+            "hidden": small_model.hidden_states(x)[0].numpy(),
+            "logits": small_model.logits(x)[0].numpy(),
             "lens": lens.numpy(),  # (L+1, T, V)
-            "embeddings": small_model(x, head_mask=mask)[0][0].numpy(),
+            "embeddings": small_model(x)[0][0].numpy(),
             "attentions": attentions[0].numpy(),
         }
 
@@ -132,16 +134,19 @@ def test_a_head_mask_changes_everything_the_request_returns(client, small_model)
 
 
 def attribution_reference(small_model, ids: list[int], targets, head_mask=None):
-    """PyTorch's Encoder.attribution at every position of one sequence, from its taps."""
-    taps: list[torch.Tensor] = []
-    mask = None if head_mask is None else torch.from_numpy(head_mask)
-    with torch.inference_mode():
-        stream, _ = small_model.residual_stream(torch.tensor([ids]), False, mask, taps=taps)
-        heads, mlps = (torch.stack(taps[i::2], 1)[0].transpose(0, 1) for i in range(2))
+    """PyTorch's Encoder.attribution at every position of one sequence, from the parts
+    read at its hook points."""
+    changes = {} if head_mask is None else head_ablation(torch.from_numpy(head_mask))
+    sites = readout_sites(SMALL_CONFIG)
+    reads = [site for names in sites.values() for site in names]
+    with torch.inference_mode(), hooked(small_model, changes), captured(small_model, reads) as v:
+        small_model(torch.tensor([ids]), need_weights=False)
+        readouts = stacked(v, sites)
+        stream = readouts[RESIDUAL_STREAM_NAME][0]  # (L+1, T, D)
+        heads, mlps = (readouts[name][0].transpose(0, 1) for name in PARTS_NAMES)  # (T, L, .)
         rows = torch.tensor([list(targets)] * len(ids))
         return [
-            p.numpy()
-            for p in small_model.attribution(heads, mlps, stream[0][0], stream[-1][0], rows)
+            p.numpy() for p in small_model.attribution(heads, mlps, stream[0], stream[-1], rows)
         ]
 
 
@@ -200,9 +205,8 @@ def test_mean_ablation_replaces_a_heads_output_by_the_mean_given(client, small_m
     means[0, 2], means[1, 1] = torch.from_numpy(mean), -torch.from_numpy(mean)
     for encoding in out:
         ids = torch.tensor([encoding.token_ids.tolist()])
-        with torch.inference_mode():
-            stream, _ = small_model.residual_stream(ids, False, mask, head_means=means)
-            embeddings = small_model.finish(stream[-1])[0]
+        with torch.inference_mode(), hooked(small_model, head_ablation(mask, means)):
+            embeddings = small_model(ids, need_weights=False)[0][0]
             logits = small_model.unembed(embeddings[-1:])
         np.testing.assert_allclose(encoding.embeddings, embeddings.numpy(), atol=1e-4)
         np.testing.assert_allclose(encoding.predictions.logits[0], logits.numpy(), atol=1e-4)

@@ -12,8 +12,12 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_ONNX_FILENAME,
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
+    PARTS_NAMES,
     READOUTS_ONNX_FILENAME,
+    RESIDUAL_STREAM_NAME,
+    readout_sites,
 )
+from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
@@ -33,18 +37,17 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
     run = small_runtime.readout_graphs.stream(ids, mask, parts=True)
     embeddings, stream = run.embeddings, run.residual
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
-    taps: list[torch.Tensor] = []
-    with torch.inference_mode():
-        want_stream, want_attentions = small_model.residual_stream(
-            torch.from_numpy(ids), head_mask=torch.from_numpy(mask), taps=taps
-        )
-        want_embeddings = small_model.finish(want_stream[-1])
-    np.testing.assert_allclose(stream, torch.stack(want_stream, 1).numpy(), rtol=0, atol=1e-4)
+    sites = readout_sites(SMALL_CONFIG)
+    reads = [site for names in sites.values() for site in names]
+    changes = head_ablation(torch.from_numpy(mask))
+    with torch.inference_mode(), hooked(small_model, changes), captured(small_model, reads) as v:
+        want_embeddings, want_attentions = small_model(torch.from_numpy(ids))
+        want = {name: value.numpy() for name, value in stacked(v, sites).items()}
+    np.testing.assert_allclose(stream, want[RESIDUAL_STREAM_NAME], rtol=0, atol=1e-4)
     np.testing.assert_allclose(run.attentions, want_attentions.numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(embeddings, want_embeddings.numpy(), rtol=0, atol=1e-4)
-    for got, offset in ((run.heads, 0), (run.mlps, 1)):
-        want = torch.stack(taps[offset::2], 1).numpy()  # (B, L, T, .)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    for got, name in zip((run.heads, run.mlps), PARTS_NAMES, strict=True):  # (B, L, T, .)
+        np.testing.assert_allclose(got, want[name], rtol=0, atol=1e-4)
     assert np.all(run.heads[1, 0, :, 2 * SMALL_CONFIG.head_dim : 3 * SMALL_CONFIG.head_dim] == 0)
     # each sequence got its own mask: the unmasked one is what the served graphs give
     served, _ = small_runtime.run(ids[:1])

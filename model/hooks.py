@@ -1,0 +1,45 @@
+"""The sites of the model a researcher reads or changes, named as TransformerLens names them.
+
+Torch-free: the service validates the names a request sends against `hook_names(config)`;
+the model (model/hook_points.py) gives each of its HookPoint modules one of these names.
+Shapes are TransformerLens' too: B batch, T positions, D d_model, H query heads, H_kv
+key/value heads, d_k head_dim.
+"""
+
+from __future__ import annotations
+
+from attnserve.model.config import ModelConfig
+
+EMBED = "hook_embed"  # (B, T, D) token embeddings as they enter the stream (scaled, projected)
+POS_EMBED = "hook_pos_embed"  # (B, T, D) the learned position table's rows (GPT-2, OPT)
+RESID_PRE = "blocks.{layer}.hook_resid_pre"  # (B, T, D) what the block reads
+ATTN_OUT = "blocks.{layer}.hook_attn_out"  # (B, T, D) what attention writes (Granite: unscaled)
+RESID_MID = "blocks.{layer}.hook_resid_mid"  # (B, T, D) between attention and MLP (sequential)
+MLP_OUT = "blocks.{layer}.hook_mlp_out"  # (B, T, D) what the MLP writes (Granite: unscaled)
+RESID_POST = "blocks.{layer}.hook_resid_post"  # (B, T, D) what the block writes
+Q = "blocks.{layer}.attn.hook_q"  # (B, T, H, d_k) queries, before per-head norms and rotation
+K = "blocks.{layer}.attn.hook_k"  # (B, T, H_kv, d_k) keys, likewise
+V = "blocks.{layer}.attn.hook_v"  # (B, T, H_kv, d_k) values
+PATTERN = "blocks.{layer}.attn.hook_pattern"  # (B, H, T, T) attention weights (query rows)
+Z = "blocks.{layer}.attn.hook_z"  # (B, T, H, d_k) each head's output, before W_O
+FINAL_NORMALIZED = "ln_final.hook_normalized"  # (B, T, D) the final norm's output
+
+LAYER_SITES = (RESID_PRE, Q, K, V, PATTERN, Z, ATTN_OUT, RESID_MID, MLP_OUT, RESID_POST)
+
+
+def hook_names(config: ModelConfig) -> list[str]:
+    """Every site of a model of `config`, in the order a forward pass reaches them.
+    hook_pattern is reached only where the weights are computed (not by the fused kernel's
+    graphs); hook_resid_mid only in sequential blocks (a parallel block's attention and MLP
+    read the same input); ln_final only where the model has a final norm."""
+    names = [EMBED]
+    if config.positions == "learned":
+        names.append(POS_EMBED)
+    for layer in range(config.n_layers):
+        for site in LAYER_SITES:
+            if site == RESID_MID and config.residual != "sequential":
+                continue
+            names.append(site.format(layer=layer))
+    if config.norm_placement != "post":  # post-norm blocks end normed already
+        names.append(FINAL_NORMALIZED)
+    return names
