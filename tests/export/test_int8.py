@@ -95,7 +95,7 @@ def test_int8_serves_against_pytorch_within_its_recorded_fidelity(int8_dir):
 def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir):
     """int8 is for fitting: one copy of its weights, however much memory there is, unless
     instances are asked for."""
-    from attnserve.service.server import session_layout
+    from attnserve.service.models import session_layout
     from attnserve.service.settings import Settings
 
     _, out = int8_dir
@@ -114,7 +114,7 @@ def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_dir, "INT8_MIN_COSINE", 0.9999999)  # beyond 8 bits' reach
     out = tmp_path / "refused"
-    with pytest.raises(ParityError, match=r"embedding cosine \S+ >= 0\.9999999"):
+    with pytest.raises(ParityError, match=r"embedding cosine \S+ < 0\.9999999"):
         write_model_dir(build_encoder(CONFIG), out, log=lambda _: None, precisions=("int8",))
     assert not out.exists()
 
