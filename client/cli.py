@@ -54,6 +54,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     readouts.add_argument("--predict", action="store_true", help="the next-token predictions")
     readouts.add_argument("--lens", action="store_true", help="the logit lens of every layer")
     readouts.add_argument(
+        "--lens-norm",
+        choices=["frozen", "own"],
+        default="frozen",
+        help="each state through the final norm with the last state's scale (frozen: "
+        "TransformerLens' apply_ln_to_stack) or its own (TransformerLens >= 2.18's "
+        "accumulated_resid(apply_ln=True))",
+    )
+    readouts.add_argument(
         "--hidden-norms", action="store_true", help="the norm of every layer's hidden state"
     )
     readouts.add_argument(
@@ -227,7 +235,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         truncate=args.truncate,
         return_tokens=args.tokens,
         predictions=args.predict and predictions,
-        logit_lens=args.lens and predictions,
+        logit_lens=args.lens and {**predictions, "lens_norm": args.lens_norm},
         hidden_states=args.hidden_norms
         and {"positions": args.positions, "norms": True, "omit_states": True},
         attribution=_attribution_request(attribute, args.positions),

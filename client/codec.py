@@ -13,6 +13,7 @@ from attnserve.v1.wire import (
     ATTRIBUTION_PARTS,
     HEAD_REDUCTIONS,
     LAYOUTS,
+    LENS_NORMS,
     POOLINGS,
     RESULTS_FIELD,
     from_tensor,
@@ -168,10 +169,11 @@ def build_request(
     `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
     `hidden_states`, `predictions`, `logit_lens`: True, or the fields of the .proto's
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
-    [-1], "top_k": 3}`). `attribution`: the fields of LogitAttributionRequest as a dict
-    (`{"target_ids": [id], "positions": [-1]}`). `head_mask`: (n_layers, n_heads) scales,
-    or {(layer, head): scale}; 0 removes a head. `head_means`: {(layer, head): head_dim
-    floats} added to those heads' outputs after their scale (with scale 0: mean-ablation).
+    [-1], "top_k": 3, "lens_norm": "own"}`). `attribution`: the fields of
+    LogitAttributionRequest as a dict (`{"target_ids": [id], "positions": [-1]}`).
+    `head_mask`: (n_layers, n_heads) scales, or {(layer, head): scale}; 0 removes a head.
+    `head_means`: {(layer, head): head_dim floats} added to those heads' outputs after their
+    scale (with scale 0: mean-ablation).
     `model` names a served model (empty: the server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
@@ -212,6 +214,9 @@ def build_request(
         if value is not False:
             getattr(options, name).SetInParent()  # True: every default
             if isinstance(value, Mapping):
+                value = dict(value)
+                if isinstance(value.get("lens_norm"), str):  # "frozen" or "own"
+                    value["lens_norm"] = _choice("lens_norm", value["lens_norm"], LENS_NORMS)
                 getattr(options, name).MergeFrom(type(getattr(options, name))(**value))
     if attribution is not None:
         options.attribution.MergeFrom(pb.LogitAttributionRequest(**attribution))

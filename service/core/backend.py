@@ -61,6 +61,8 @@ class PredictionsSelection:
     top_k: int
     targets: tuple[int, ...] = ()
     logits: bool = False
+    # each state normalised by its own statistics, not the last state's scale (the lens)
+    own_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,9 @@ class WeightsInfo:
 
 
 class Backend(Protocol):
-    """Runs batches of right-padded token ids. Inputs are already validated (the transports
-    check every id and length once, per request), so a backend never refuses an id."""
+    """Runs batches of right-padded token ids. Inputs are already validated (the data
+    plane's plan checks every id and length once, per request), so a backend never refuses
+    an id."""
 
     @property
     def config(self) -> ModelConfig:
@@ -150,12 +153,14 @@ class Backend(Protocol):
 
     @property
     def precision(self) -> str:
-        """ "fp32" or "fp16" (what is computed inside; inputs and outputs stay float32)."""
+        """ "fp32", "fp16" or "int8" (what is computed inside; inputs and outputs stay
+        float32)."""
 
     @property
     def readouts(self) -> frozenset[str]:
-        """What `read` can compute: "stream" (hidden states, head masks) and "lens"
-        (predictions, the logit lens); empty where the model has no readouts graphs."""
+        """What `read` can compute: "stream" (hidden states, head masks), "lens"
+        (predictions, the logit lens) and "attribution"; empty where the model has no
+        readouts graphs."""
 
     def attend(
         self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]

@@ -23,7 +23,7 @@ from attnserve.service.core.backend import (
     ReadoutSelection,
 )
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
-from attnserve.service.core.fields import indices, positions
+from attnserve.service.core.fields import enum_field, indices, positions
 from attnserve.v1 import encoder_service_pb2 as pb
 
 STREAM = "stream"  # the readouts graph: hidden states and head masks
@@ -193,12 +193,14 @@ def _predictions(
             f"{field}.target_ids: {len(request.target_ids)} ids, more than {MAX_TARGETS}"
         )
     _token_ids(f"{field}.target_ids", request.target_ids, config)
+    norm = enum_field(f"{field}.lens_norm", request.lens_norm, pb.LensNorm, pb.LENS_NORM_FROZEN)
     return PredictionsSelection(
         layers=tuple(layers),
         positions=_positions(f"{field}.positions", request.positions, length, index),
         top_k=top_k,
         targets=tuple(request.target_ids),
         logits=request.logits,
+        own_norm=norm == pb.LENS_NORM_OWN,
     )
 
 

@@ -57,6 +57,8 @@ PARAMETERS = {
                          "logit_lens.layers"),
     "lens_positions": _spec(list, "logit-lens positions; -1 is the last (default all)",
                             "logit_lens.positions"),
+    "lens_norm": _spec(str, "frozen (the last state's scale, default) | own (each state's)",
+                       "logit_lens.lens_norm"),
     "top_tokens": _spec(int, "how many most probable tokens (default 5)", "predictions.top_k",
                         "logit_lens.top_k"),
     "target_ids": _spec(list, "token ids whose probabilities to return",
@@ -98,7 +100,9 @@ def parameter_names() -> Iterator[None]:
         raise type(exc)(message) from exc
 
 
-def read_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:
+def checked_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:
+    """A request's parameters (as the wire read them) checked against PARAMETERS: each of its
+    type, unknown ones refused, the ones clients send on their own left out."""
     out: dict[str, Any] = {}
     for name, value in parameters.items():
         if name in IGNORED_PARAMETERS or name.startswith(IGNORED_PREFIX):

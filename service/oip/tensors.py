@@ -58,9 +58,9 @@ from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan, Input
 from attnserve.service.core.response import pooled
 from attnserve.service.oip.messages import InferRequest, InputTensor
-from attnserve.service.oip.parameters import PARAMETERS, choice, read_parameters
+from attnserve.service.oip.parameters import PARAMETERS, checked_parameters, choice
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import ATTRIBUTION_PARTS, HEAD_REDUCTIONS, LAYOUTS, POOLINGS
+from attnserve.v1.wire import ATTRIBUTION_PARTS, HEAD_REDUCTIONS, LAYOUTS, LENS_NORMS, POOLINGS
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -160,7 +160,7 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
     the data plane's plan, as Encode's are); InvalidInputError names the field."""
     values = _read_inputs(request)
     head_mask, head_means = values.pop("head_mask", None), values.pop("head_means", None)
-    params = read_parameters(request.parameters)
+    params = checked_parameters(request.parameters)
     outputs = _requested_outputs(request, params)
 
     inputs: list[Input]
@@ -212,7 +212,7 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
     groups = (
         (HIDDEN_OUTPUTS, ("hidden_layers", "hidden_positions")),
         (PREDICTION_OUTPUTS, ("prediction_positions",)),
-        (LENS_OUTPUTS, ("lens_layers", "lens_positions")),
+        (LENS_OUTPUTS, ("lens_layers", "lens_positions", "lens_norm")),
         (ATTRIBUTION_OUTPUTS, tuple(p for p in PARAMETERS if p.startswith("attribution_"))),
     )
     for names, parameters in groups:
@@ -241,6 +241,7 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         lens = options.logit_lens
         lens.layers[:] = params.get("lens_layers", [])
         lens.positions[:] = params.get("lens_positions", [])
+        lens.lens_norm = choice("lens_norm", params.get("lens_norm", "frozen"), LENS_NORMS)
         lens.top_k, lens.target_ids[:] = top_k, targets
     if asked & set(ATTRIBUTION_OUTPUTS):
         if "attribution_target_ids" not in params:

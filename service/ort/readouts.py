@@ -4,7 +4,7 @@ lens of any residual rows (model_lens.onnx) and direct logit attribution of any 
 (model_attribution.onnx).
 
 Their sessions open when first asked for. Where the model's memory layout allows copies of
-the weights (service/server.py `session_layout`: not one session) they prepack them, as the
+the weights (service/models.py `session_layout`: not one session) they prepack them, as the
 served graphs do: unpacked, every matrix product repacks its weights at every run (the lens
 repacks the whole unembedding), which made a logit lens of 8 tokens cost 2.5x their
 embeddings. In one session they read the weights where the file is mapped instead, adding
@@ -265,7 +265,10 @@ class ReadoutGraphs:
         layers, positions = list(selection.layers), list(selection.positions)
         grid = (len(layers), len(positions))
         residual = stream[layers][:, positions].reshape(-1, stream.shape[-1])  # (N, D)
-        last = np.repeat(stream[-1, positions][None], len(layers), 0).reshape(residual.shape)
+        if selection.own_norm:  # each state read as if it were the last: its own scale
+            last = residual
+        else:  # the last state's scale at each position, frozen for every layer
+            last = np.repeat(stream[-1, positions][None], len(layers), 0).reshape(residual.shape)
         targets = np.tile(np.asarray(selection.targets, dtype=np.int64), (len(residual), 1))
         out = self.lens(residual, last, selection.top_k, targets, selection.logits)
         return Predictions(

@@ -34,6 +34,12 @@ class HeadReduction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HEAD_REDUCTION_MEAN: _ClassVar[HeadReduction]
     HEAD_REDUCTION_MAX: _ClassVar[HeadReduction]
 
+class LensNorm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LENS_NORM_UNSPECIFIED: _ClassVar[LensNorm]
+    LENS_NORM_FROZEN: _ClassVar[LensNorm]
+    LENS_NORM_OWN: _ClassVar[LensNorm]
+
 class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
@@ -54,6 +60,9 @@ HEAD_REDUCTION_UNSPECIFIED: HeadReduction
 HEAD_REDUCTION_NONE: HeadReduction
 HEAD_REDUCTION_MEAN: HeadReduction
 HEAD_REDUCTION_MAX: HeadReduction
+LENS_NORM_UNSPECIFIED: LensNorm
+LENS_NORM_FROZEN: LensNorm
+LENS_NORM_OWN: LensNorm
 TRUNCATION_UNSPECIFIED: Truncation
 TRUNCATION_NONE: Truncation
 TRUNCATION_RIGHT: Truncation
@@ -119,18 +128,20 @@ class HiddenStatesRequest(_message.Message):
     def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., norms: _Optional[bool] = ..., omit_states: _Optional[bool] = ...) -> None: ...
 
 class TokenPredictionsRequest(_message.Message):
-    __slots__ = ("layers", "positions", "top_k", "target_ids", "logits")
+    __slots__ = ("layers", "positions", "top_k", "target_ids", "logits", "lens_norm")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
+    LENS_NORM_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedScalarFieldContainer[int]
     positions: _containers.RepeatedScalarFieldContainer[int]
     top_k: int
     target_ids: _containers.RepeatedScalarFieldContainer[int]
     logits: bool
-    def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., target_ids: _Optional[_Iterable[int]] = ..., logits: _Optional[bool] = ...) -> None: ...
+    lens_norm: LensNorm
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., target_ids: _Optional[_Iterable[int]] = ..., logits: _Optional[bool] = ..., lens_norm: _Optional[_Union[LensNorm, str]] = ...) -> None: ...
 
 class LogitAttributionRequest(_message.Message):
     __slots__ = ("positions", "target_ids", "contrast_ids")

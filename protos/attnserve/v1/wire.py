@@ -32,6 +32,7 @@ HEAD_REDUCTIONS = cast(  # none, mean, max
 LAYOUTS = cast(  # full, causal_packed
     dict[str, pb.AttentionLayout], choices(pb.AttentionLayout, "ATTENTION_LAYOUT_")
 )
+LENS_NORMS = cast(dict[str, pb.LensNorm], choices(pb.LensNorm, "LENS_NORM_"))  # frozen, own
 # LogitAttribution's tensors in the .proto's order: the parts that add up to a logit
 ATTRIBUTION_PARTS = tuple(
     field.name

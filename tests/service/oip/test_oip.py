@@ -172,6 +172,7 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
         parameters={
             "hidden_layers": "0,2",
             "lens_positions": "-1",
+            "lens_norm": "own",
             "top_tokens": 2,
             "target_ids": "5,9",
         },
@@ -183,7 +184,7 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
             head_mask=mask,
             hidden_states={"layers": [0, 2]},
             predictions={"top_k": 2, "target_ids": [5, 9], "logits": True},
-            logit_lens={"positions": [-1], "top_k": 2},
+            logit_lens={"positions": [-1], "top_k": 2, "lens_norm": "own"},
         )
     hidden = array(outputs["hidden_states"])
     assert hidden.shape == (2, 2, 6, SMALL_CONFIG.d_model)
@@ -318,6 +319,12 @@ def test_mean_ablation_through_tritonclient(triton, oip_server):
             ["lens_token_ids"],
             {"lens_layers": "3"},
             "parameters.lens_layers: 3 is outside [-3, 3)",
+        ),
+        (
+            [ids_input([[1, 2]])],
+            ["lens_token_ids"],
+            {"lens_norm": "both"},
+            "lens_norm must be one of",
         ),
         (
             [ids_input([[1, 2]])],
