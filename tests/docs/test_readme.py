@@ -1,6 +1,6 @@
-"""The README's tour and the Open Inference Protocol's examples in docs/api.md run as written
-against a server of the default model (what `make serve` serves), and every relative link
-of the README and docs/ points at a file."""
+"""The README's tour and the Python client's and the Open Inference Protocol's examples in
+docs/api.md run as written against a server of the default model (what `make serve`
+serves), and every relative link of the README and docs/ points at a file."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ def blocks(page: str, section: str) -> list[tuple[str, str]]:
 
 
 def tour_blocks() -> list[tuple[str, str]]:
-    return blocks("README.md", "A one-minute tour") + blocks(
-        "docs/api.md", "The Open Inference Protocol"
+    return (
+        blocks("README.md", "A one-minute tour")
+        + blocks("docs/api.md", "The Python client and the command line")
+        + blocks("docs/api.md", "The Open Inference Protocol")
     )
 
 
