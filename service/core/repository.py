@@ -152,7 +152,16 @@ class ModelRepository:
 
     @property
     def ready(self) -> bool:
-        return bool(self.served) and all(d.refusal is None for d in self.served.values())
+        return self.unready_reason is None
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why requests would be refused now ("no model", or each refusing model's reason:
+        loading, warming up, draining), or None when every served model is ready."""
+        if not self.served:
+            return "no model"
+        refusals = [f"{name}: {d.refusal}" for name, d in self.served.items() if d.refusal]
+        return "; ".join(refusals) or None
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -14,11 +14,8 @@ router = APIRouter(prefix="/health", tags=["health"])
 async def ready(request: Request) -> JSONResponse:
     """Readiness: 200 SERVING once every model is warm; 503 NOT_SERVING before and while
     draining (the states of the gRPC health service)."""
-    refusals = {
-        name: d.refusal for name, d in state(request).repository.served.items() if d.refusal
-    }
-    if refusals or not state(request).repository.served:
-        reason = "; ".join(f"{name}: {why}" for name, why in refusals.items()) or "no model"
+    reason = state(request).repository.unready_reason
+    if reason is not None:
         return JSONResponse({"status": "NOT_SERVING", "reason": reason}, 503)
     return JSONResponse({"status": "SERVING"})
 

@@ -3,6 +3,7 @@
 import urllib.request
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -135,8 +136,15 @@ def test_not_ready_until_warm(small_model_dir, small_runtime):
                 c.encode("too early")
             assert excinfo.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "warming up" in excinfo.value.details()
+            # HTTP's probe asks the repository the same question, and says why
+            cold_http = httpx.get(cold.http_url + "/health")
+            assert cold_http.status_code == 503
+            reason = cold.running.repository.unready_reason
+            assert cold_http.json() == {"status": "NOT_SERVING", "reason": reason}
+            assert reason is not None and reason.startswith(f"{SMALL_CONFIG.name}: ")
             cold.call(cold.running.warm_up())
             assert c.health() == "SERVING"
+            assert httpx.get(cold.http_url + "/health").json() == {"status": "SERVING"}
             assert len(c.encode("now").encodings) == 1
     finally:
         cold.stop()
