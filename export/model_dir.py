@@ -272,8 +272,8 @@ def write_streamed_int8(
     return report
 
 
-# The graphs made from the float32 ones: precision -> (converter, (source, target) graphs).
-# precision -> (its converter, the (float32 source, graph) pairs it makes)
+# The graphs made from the float32 ones: precision -> (its converter, the (float32 source,
+# graph) pairs it makes)
 DERIVED: dict[
     str, tuple[Callable[[Path, Path, WeightsFile], object], tuple[tuple[str, str], ...]]
 ] = {

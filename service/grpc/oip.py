@@ -20,7 +20,7 @@ from attnserve.oip.wire import (
     element_count,
     from_bytes,
     numpy_dtype,
-    read_parameters,
+    parameters_from_proto,
     unpack_bytes,
     write_parameter,
 )
@@ -92,12 +92,12 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def RepositoryModelLoad(self, request, context) -> oip.RepositoryModelLoadResponse:
-        await self.oip_server.load(request.model_name, read_parameters(request.parameters))
+        await self.oip_server.load(request.model_name, parameters_from_proto(request.parameters))
         return oip.RepositoryModelLoadResponse()
 
     @handle_errors
     async def RepositoryModelUnload(self, request, context) -> oip.RepositoryModelUnloadResponse:
-        await self.oip_server.unload(request.model_name, read_parameters(request.parameters))
+        await self.oip_server.unload(request.model_name, parameters_from_proto(request.parameters))
         return oip.RepositoryModelUnloadResponse()
 
     @handle_errors
@@ -142,14 +142,17 @@ def infer_request(message: oip.ModelInferRequest) -> InferRequest:
             model_name=message.model_name,
             model_version=message.model_version,
             id=message.id,
-            parameters=read_parameters(message.parameters),
+            parameters=parameters_from_proto(message.parameters),
             outputs=[
-                RequestedOutput(o.name, read_parameters(o.parameters)) for o in message.outputs
+                RequestedOutput(o.name, parameters_from_proto(o.parameters))
+                for o in message.outputs
             ],
         )
         raw = list(message.raw_input_contents)
         tensors = [
-            InputTensor(t.name, t.datatype, tuple(t.shape), None, read_parameters(t.parameters))
+            InputTensor(
+                t.name, t.datatype, tuple(t.shape), None, parameters_from_proto(t.parameters)
+            )
             for t in message.inputs
         ]
         on_the_wire = [i for i, t in enumerate(tensors) if not t.in_shared_memory]

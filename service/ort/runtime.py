@@ -1,7 +1,7 @@
 """The ONNX Runtime backend: a model directory's graphs in ORT sessions.
 
 It owns the sessions and nothing else (no queueing, no transport, no request
-validation: the transports check ids once per request). Torch-free.
+validation: the data plane's plan checks ids once per request). Torch-free.
 """
 
 from __future__ import annotations

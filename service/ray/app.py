@@ -22,21 +22,27 @@ from ray import serve
 from ray.serve import Application
 
 from attnserve.oip import grpc_service_pb2 as oip
+from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.core.errors import NotReadyError
 from attnserve.service.http.app import create_app
 from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.server import compose
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
 # Each replica runs the project's code on Ray's own event loop, not on a second loop in
 # another thread: the code never blocks its loop (ONNX Runtime runs on the batcher's
 # threads), and the hop between the two loops cost 4-5 ms a request here (BENCHMARKS.md).
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-# What Serve's gRPC proxy registers: the project's generated add_*_to_server functions.
+# What Serve's gRPC proxy registers: the project's generated add_*_to_server functions, by
+# import path (deploy/ray/serve.yaml lists the same; tests/service/ray checks it does).
 GRPC_SERVICERS = [
-    "attnserve.v1.encoder_service_pb2_grpc.add_EncoderServiceServicer_to_server",
-    "attnserve.oip.grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server",
+    f"{function.__module__}.{function.__name__}"
+    for function in (
+        pb_grpc.add_EncoderServiceServicer_to_server,
+        oip_grpc.add_GRPCInferenceServiceServicer_to_server,
+    )
 ]
 
 

@@ -104,7 +104,7 @@ def unpack_bytes(data: bytes | memoryview, field: str) -> list[bytes]:
     return items
 
 
-def read_parameters(parameters: Mapping[str, oip.InferParameter]) -> dict[str, Parameter]:
+def parameters_from_proto(parameters: Mapping[str, oip.InferParameter]) -> dict[str, Parameter]:
     """A protobuf parameter map as Python values (an unset parameter is left out)."""
     values = {}
     for name, parameter in parameters.items():

@@ -18,11 +18,20 @@ from tests.service.ray.test_ray_serve import IDS, free_port, wait_for
 
 pytest.importorskip("ray", reason="the ray extra: `make install` has it")
 
+from attnserve.service.ray.app import GRPC_SERVICERS
+
+SHIPPED = REPO_ROOT / "deploy" / "ray" / "serve.yaml"
+
+
+def test_the_shipped_config_registers_the_servicers_the_app_serves():
+    config = yaml.safe_load(SHIPPED.read_text())
+    assert config["grpc_options"]["grpc_servicer_functions"] == GRPC_SERVICERS
+
 
 def test_serve_run_serves_the_shipped_config(tmp_path, small_model_dir, client):
     """`serve run deploy/ray/serve.yaml` (the model and ports changed for the test) serves
     HTTP and gRPC with the direct server's answers; Ctrl-C stops it."""
-    config = yaml.safe_load((REPO_ROOT / "deploy" / "ray" / "serve.yaml").read_text())
+    config = yaml.safe_load(SHIPPED.read_text())
     ports = {"http": free_port(), "grpc": free_port()}
     config["http_options"] |= {"host": "127.0.0.1", "port": ports["http"]}
     config["grpc_options"]["port"] = ports["grpc"]
