@@ -44,8 +44,8 @@ from attnserve.client import AsyncEncoderClient, ClientOptions, keep_freed_heap
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.service.core.batcher import Batcher, BatcherOptions
 from attnserve.service.core.metrics import Metrics
-from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.models import model_instances
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.settings import Settings
 from benchmarks.echo import Echo, echo_server
 from benchmarks.full_maps import (

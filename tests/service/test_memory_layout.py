@@ -13,8 +13,8 @@ import pytest
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.footprint import SERVE_BASE_BYTES
 from attnserve.service.core.errors import ModelLoadError
-from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.models import EXTRA_COPIES_SHARE, session_layout
+from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
 from tests.conftest import SMALL_CONFIG
 
