@@ -107,7 +107,7 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     graphs (embeddings only, and with attention) per instance. Extra copies are worth it only
     while they are cheap: beyond EXTRA_COPIES_SHARE of the memory, the model keeps one
     session, whose graph with attention also answers embeddings (for large models it costs
-    them nothing: docs/BENCHMARKS.md "Sizes"); so does every int8 model unless instances are
+    them nothing: docs/BENCHMARKS.md "Real sizes"); so does every int8 model unless instances are
     asked for. A model whose one copy does not fit is refused."""
     weights = model_dir.weight_bytes(settings.precision)
     available = settings.memory_limit or available_memory()

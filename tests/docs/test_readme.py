@@ -82,3 +82,12 @@ def test_every_metric_is_documented():
     exported = {metric.name for metric in Metrics().registry.collect()}
     documented = {name.removesuffix("_total") for name in re.findall(r"`(attnserve_\w+)`", page)}
     assert exported and documented == exported
+
+
+def test_the_benchmarks_page_answers_each_question_once():
+    """docs/BENCHMARKS.md is a product page, not a lab log: each heading once (earlier runs
+    live in research/benchmark-runs), at most 400 lines."""
+    lines = (REPO_ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()
+    headings = [line for line in lines if line.startswith("#")]
+    assert len(headings) == len(set(headings))
+    assert len(lines) <= 400
