@@ -7,12 +7,31 @@ Hugging Face `tokenizers` library exactly as transformers' fast tokenizers do.
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.config import ModelConfig
 
 VISIBLE_SPACE = "\u2423"  # "␣": spaces shown in token labels
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's (GPT-2's) character for each byte, inverted: printable bytes stand
+    for themselves, the others for 256 + their rank among them."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    chars = [*map(chr, printable), *(chr(256 + n) for n in range(len(others)))]
+    return dict(zip(chars, printable + others, strict=True))
+
+
+_BYTE_OF = _byte_level_alphabet()
+# Bytes that are not a whole UTF-8 character are shown as the byte tokenizer shows them.
+_BYTES_SHOWN = "attnserve-bytes"
+codecs.register_error(
+    _BYTES_SHOWN,
+    lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end),  # type: ignore[attr-defined]
+)
 
 
 class ByteTokenizer:
@@ -60,10 +79,12 @@ class HFTokenizer:
     kind = "hf"
 
     def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer  # only needed for "hf" models
+        from tokenizers import Tokenizer, decoders  # only needed for "hf" models
 
         self.path = path
         self._tokenizer = Tokenizer.from_file(str(path))
+        # byte-level BPE (GPT-2's): every piece's characters stand for bytes
+        self._byte_level = isinstance(self._tokenizer.decoder, decoders.ByteLevel)
 
     def encode(self, text: str) -> list[int]:
         # As GPT2TokenizerFast: the file's own post-processor decides on special tokens.
@@ -73,12 +94,19 @@ class HFTokenizer:
         return self._tokenizer.decode(ids)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        """Each token's own text (byte-level pieces decoded), spaces made visible."""
-        return [
-            self._tokenizer.decode([i], skip_special_tokens=False).replace(" ", VISIBLE_SPACE)
-            or (self._tokenizer.id_to_token(i) or f"<{i}>")
-            for i in ids
-        ]
+        """Each token's own text (byte-level pieces decoded), spaces made visible; a piece
+        that is part of a character (an emoji's four bytes, each its own token) shows its
+        bytes as the byte tokenizer does ("<0xF0>"), not as a replacement character."""
+        return [self._token_string(i).replace(" ", VISIBLE_SPACE) for i in ids]
+
+    def _token_string(self, token_id: int) -> str:
+        text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+        piece = self._tokenizer.id_to_token(token_id) or f"<{token_id}>"
+        if "\ufffd" not in text:
+            return text or piece
+        if self._byte_level and set(piece) <= _BYTE_OF.keys():
+            return bytes(_BYTE_OF[c] for c in piece).decode("utf-8", errors=_BYTES_SHOWN)
+        return piece  # e.g. a byte-fallback piece, "<0xF0>" already
 
 
 Tokenizer = ByteTokenizer | HFTokenizer
