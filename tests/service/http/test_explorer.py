@@ -45,7 +45,7 @@ def browser():
 
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     page.elsewhere = []  # every request that did not go to the server
     page.on(
@@ -59,6 +59,7 @@ def page(browser, server):
 def hover_cell(page, row: int, col: int) -> str:
     canvas = page.locator("#heatmap")
     cell, margin = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "margin"))
+    canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     page.mouse.move(box["x"] + margin + (col + 0.5) * cell, box["y"] + margin + (row + 0.5) * cell)
     info = page.locator(f'#hover-info[data-row="{row}"][data-col="{col}"]')
@@ -173,6 +174,108 @@ def test_the_logit_lens_grid_and_heads_switched_off_show_the_servers_numbers(
     assert page.elsewhere == []
 
 
+def test_a_layers_heads_side_by_side_and_a_click_enlarges_one(page, server, client):
+    """Small multiples: every head of the layer, each scaled to its own largest weight;
+    clicking one shows it in the map and the URL."""
+    expected = client.encode(TEXT, attention=True)[0]
+    t = len(expected.token_ids)
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}&layer=1&view=mean")
+    page.locator("#heatmap[data-rows]").wait_for()
+    heads = page.locator("#heads canvas")
+    assert heads.count() == SMALL_CONFIG.n_heads
+    for head in range(SMALL_CONFIG.n_heads):
+        peak = float(heads.nth(head).get_attribute("data-peak"))
+        want = expected.attention[1, head][np.tril_indices(t)].max()
+        assert peak == pytest.approx(want, abs=2e-3)
+    page.locator('#heads canvas[data-head="2"]').click()
+    page.locator('#heatmap[data-view="head"]').wait_for()
+    assert (page.input_value("#layer"), page.input_value("#head")) == ("1", "2")
+    assert "head=2" in page.url and "view=head" in page.url
+    assert page.locator('#heads canvas.selected[data-head="2"]').count() == 1
+    assert float(page.locator("#scale-max").text_content()) == pytest.approx(
+        expected.attention[1, 2][np.tril_indices(t)].max(), abs=2e-3
+    )
+
+
+def test_heads_switched_off_redraw_every_view_and_live_in_the_url(page, server, client, tmp_path):
+    """A shared URL with heads off shows the model without them: the maps, the heads side by
+    side and the lens are the API's under that head mask; a click puts a head back."""
+    off = {(0, 1): 0.0, (0, 3): 0.0}
+    ablated = client.encode(TEXT, attention=True, head_mask=off, logit_lens={"top_k": 1})[0]
+    plain = client.encode(TEXT, attention=True)[0]
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}&layer=1&head=0&view=head&off=0.1,0.3")
+    page.locator('#ablation[data-ready="true"][data-off="[[0,1],[0,3]]"]').wait_for()
+    assert page.locator("#switches td.off").count() == 2
+    assert "without L0H1, L0H3" in page.locator("#caption-a").text_content()
+    # layer 1's attention reads a stream the removed heads no longer write to: at the cell
+    # where that moves it most, the page shows the ablated weight, not the plain one
+    moved = np.tril(np.abs(ablated.attention[1, 0] - plain.attention[1, 0]))
+    row, col = np.unravel_index(np.argmax(moved), moved.shape)
+    weight = float(hover_cell(page, row=int(row), col=int(col)).rsplit(" ", 1)[1])
+    assert weight == pytest.approx(ablated.attention[1, 0, row, col], abs=1e-3)
+    assert moved[row, col] > 4e-3
+    small = float(page.locator('#heads canvas[data-head="3"]').get_attribute("data-peak"))
+    t = len(ablated.token_ids)
+    assert small == pytest.approx(ablated.attention[1, 3][np.tril_indices(t)].max(), abs=2e-3)
+    cell = page.locator(f'#lens td[data-layer="2"][data-position="{t - 1}"]')
+    assert int(cell.get_attribute("data-id")) == ablated.logit_lens.top_ids[2, t - 1, 0]
+    page.screenshot(path=str(tmp_path / "explorer-off.png"), full_page=True)
+    # a click puts a head back, in the URL too
+    page.locator('#switches td[data-layer="0"][data-head="3"]').click()
+    page.locator('#ablation[data-ready="true"][data-off="[[0,1]]"]').wait_for()
+    assert "off=0.1" in page.url and "0.3" not in page.url.split("off=")[1]
+    assert page.elsewhere == []
+
+
+def test_the_lens_is_readable_and_follows_a_token_across_the_layers(page, server, client):
+    """Dark cells carry white text; a token typed in shows its probability and rank after
+    the last position at every state, as the API's lens logits give them."""
+    token = "t"  # one byte: one token of the byte tokenizer
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}&target={token}")
+    table = page.locator('#lens-target[data-ready="true"]')
+    table.wait_for()
+    assert int(table.get_attribute("data-id")) == ord(token)
+    lens = client.encode(TEXT, logit_lens={"positions": [-1], "logits": True})[0].logit_lens
+    rows = page.locator("#lens-target tr[data-layer]")
+    assert rows.count() == SMALL_CONFIG.n_layers + 1
+    for state in range(SMALL_CONFIG.n_layers + 1):
+        logits = lens.logits[state, 0].astype(np.float64)
+        probability = softmax(logits)[ord(token)]
+        rank = 1 + int((logits > logits[ord(token)]).sum())
+        row = rows.nth(state)
+        assert float(row.get_attribute("data-probability")) == pytest.approx(probability, rel=1e-4)
+        assert int(row.get_attribute("data-rank")) == rank
+    # a text of two tokens is refused, naming them
+    page.fill("#target", "th")
+    page.click("#target-form button")
+    note = page.locator("#target-note")
+    note.wait_for()
+    page.wait_for_function("document.getElementById('target-note').textContent.length > 0")
+    assert note.text_content() == '"th" is 2 tokens ("t", "h"), not one'
+
+
+def test_the_lens_grid_is_readable_on_a_trained_model(browser, default_export):
+    """The default model is trained: its later layers are confident, their cells dark, and
+    their text white; the rest dark text on light cells."""
+    served = ServerThread(default_export[0])
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    try:
+        page = context.new_page()
+        page.goto(f"{served.http_url}/?text={quote('The cat sat on the mat.')}")
+        page.locator('#ablation[data-ready="true"]').wait_for()
+        colours = page.eval_on_selector_all(
+            "#lens td",
+            "tds => tds.map(td => [Number(td.dataset.probability), getComputedStyle(td).color])",
+        )
+        dark = [colour for probability, colour in colours if probability > 0.5]
+        light = [colour for probability, colour in colours if probability <= 0.5]
+        assert dark and light  # both kinds of cell, so both rules are tried
+        assert set(dark) == {"rgb(255, 255, 255)"} and "rgb(255, 255, 255)" not in light
+    finally:
+        context.close()
+        served.stop()
+
+
 def test_a_model_without_the_lens_says_so_and_still_shows_attention(
     browser, small_model_dir, tmp_path
 ):
@@ -209,7 +312,7 @@ def test_typing_a_text_and_pressing_show(page, server):
 
 def test_a_server_with_a_token_lets_the_page_ask_for_it(browser, small_model_dir, small_runtime):
     secured = ServerThread(small_model_dir, small_runtime, auth_token="s3cret")
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     status = "document.getElementById('status').textContent"
     try:
@@ -234,7 +337,7 @@ def test_a_server_with_a_token_lets_the_page_ask_for_it(browser, small_model_dir
 def test_grouped_query_heads_show_the_key_value_head_they_read(browser, families):
     """Llama with 7 query heads on 1 KV head: every head is labelled with its KV group."""
     grouped = ServerThread(families.exported("llama"))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
     page = context.new_page()
     try:
         page.goto(f"{grouped.http_url}/?text={quote(TEXT)}&head=6")

@@ -9,7 +9,9 @@
 const $ = (id) => document.getElementById(id);
 // panes.a and panes.b: { packed, tokens, model, text } once encoded; b only when comparing.
 // predictions: pane a's next-token distribution and logit lens, with every head on.
-const state = { panes: { a: null, b: null }, kvHeads: null, predictions: null };
+// off: the heads switched off, "layer.head" (in the URL as off=1.2,0.3); every view shows
+// the model without them.
+const state = { panes: { a: null, b: null }, kvHeads: null, predictions: null, off: new Set(), bosId: null };
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
 
@@ -179,9 +181,64 @@ function drawMap(canvas, view, signed, highlight) {
   return { cell, margin, rowIndex, t, full, tokens, peak };
 }
 
+// One head's map at thumbnail size: no labels, colours scaled to its own largest weight.
+function drawSmall(canvas, full, t) {
+  const cell = Math.max(1, Math.floor(96 / t));
+  canvas.width = canvas.height = cell * t;
+  let peak = 0;
+  for (let i = 0; i < t; i++) for (let j = 0; j <= i; j++) peak = Math.max(peak, full[i * t + j]);
+  const g = canvas.getContext("2d");
+  for (let i = 0; i < t; i++) {
+    for (let j = 0; j < t; j++) {
+      g.fillStyle = j > i ? "#f4f4f4" : colour(full[i * t + j] / (peak || 1));
+      g.fillRect(j * cell, i * cell, cell, cell);
+    }
+  }
+  canvas.dataset.peak = String(peak);
+}
+
+// Every head of the selected layer side by side (small multiples, as CircuitsVis and
+// bertviz show them); a click enlarges one in the map below.
+function drawHeads() {
+  const box = $("heads");
+  box.innerHTML = "";
+  const pane = state.panes.a;
+  if (!pane) return;
+  const { packed, tokens } = pane;
+  const t = tokens.length, [layers, heads] = packed.shape;
+  const layer = Number($("layer").value);
+  if (layer >= layers) return;
+  $("heads-caption").textContent = `layer ${layer}, every head (click one to enlarge it):`;
+  for (let h = 0; h < heads; h++) {
+    const figure = box.appendChild(document.createElement("figure"));
+    const canvas = figure.appendChild(document.createElement("canvas"));
+    drawSmall(canvas, headMatrix(packed, layer, h, t), t);
+    const off = state.off.has(`${layer}.${h}`);
+    figure.appendChild(document.createElement("figcaption")).textContent = headLabel(h) + (off ? " off" : "");
+    figure.classList.toggle("off", off);
+    Object.assign(canvas.dataset, { layer, head: h });
+    canvas.title = `layer ${layer}, head ${h}: click to enlarge`;
+    canvas.classList.toggle("selected", $("view").value === "head" && Number($("head").value) === h);
+    canvas.onclick = () => { $("head").value = String(h); $("view").value = "head"; update(); };
+  }
+}
+
+// The switched-off heads as [layer, head] pairs, in order.
+function offList() {
+  return [...state.off].map((key) => key.split(".").map(Number))
+    .sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+}
+
+function offLabel() {
+  const off = offList();
+  return off.length ? `, without ${off.map(([l, h]) => `L${l}H${h}`).join(", ")}` : "";
+}
+
 function caption(pane) {
   const p = state.panes[pane];
-  return p ? `${p.model}: ${JSON.stringify(p.text.length > 60 ? p.text.slice(0, 57) + "..." : p.text)}` : "";
+  if (!p) return "";
+  const text = JSON.stringify(p.text.length > 60 ? p.text.slice(0, 57) + "..." : p.text);
+  return `${p.model}: ${text}${p.off ? offLabel() : ""}`;
 }
 
 // Every map with the controls' layer, head and view: the first, the second and their
@@ -300,6 +357,7 @@ function markSelected() {
 const URL_PARAMS = {
   text: "text", layer: "layer", head: "head", view: "view", rows: "rows",
   "model-a": "model", compare: "compare", "model-b": "model_b", "text-b": "text_b",
+  target: "target",
 };
 
 function saveUrl() {
@@ -309,6 +367,7 @@ function saveUrl() {
     if ((id === "model-b" && how !== "model") || (id === "text-b" && how !== "text")) continue;
     if ($(id).value) params.set(name, $(id).value);
   }
+  if (state.off.size) params.set("off", offList().map(([l, h]) => `${l}.${h}`).join(","));
   history.replaceState(null, "", "?" + params.toString());
 }
 
@@ -322,6 +381,7 @@ function showCompareInputs() {
 function update() {
   saveUrl();
   draw();
+  drawHeads();
   markSelected();
 }
 
@@ -386,6 +446,7 @@ async function loadModelInfo() {
     const info = await response.json();
     const grouped = info.nKvHeads < info.nHeads;
     state.kvHeads = grouped ? info.kvHeads : null;
+    state.bosId = info.bosId === undefined ? null : Number(info.bosId);
     $("model").textContent = info.name;
     $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
       (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
@@ -413,20 +474,26 @@ async function loadModels() {
   return true;
 }
 
-// One text through one model: every layer and head, float16, causal-packed.
-async function encode(model, text) {
-  const answer = await post("/v1/encode", {
-    model,
-    inputs: [{ text }],
-    options: {
-      skipTokenEmbeddings: true,
-      returnTokens: true,
-      truncation: "TRUNCATION_RIGHT",
-      attention: { dtype: "DTYPE_FLOAT16", layout: "ATTENTION_LAYOUT_CAUSAL_PACKED" },
-    },
-  });
+// The head mask of some switched-off heads, as the API takes it.
+function headMask(off) {
+  return off.map(([layer, head]) => ({ layer, head, scale: 0 }));
+}
+
+// One text through one model: every layer and head, float16, causal-packed; without the
+// switched-off heads where `off` names any.
+async function encode(model, text, off = []) {
+  const options = {
+    skipTokenEmbeddings: true,
+    returnTokens: true,
+    truncation: "TRUNCATION_RIGHT",
+    attention: { dtype: "DTYPE_FLOAT16", layout: "ATTENTION_LAYOUT_CAUSAL_PACKED" },
+  };
+  if (off.length) options.headMask = headMask(off);
+  const answer = await post("/v1/encode", { model, inputs: [{ text }], options });
   const result = answer.results[0];
-  const encoding = { packed: decodeTensor(result.attention), tokens: result.tokens, model, text };
+  const encoding = {
+    packed: decodeTensor(result.attention), tokens: result.tokens, model, text, off: off.length > 0,
+  };
   return { encoding, result, ms: Number(answer.timings.totalNs) / 1e6 };
 }
 
@@ -438,8 +505,8 @@ function decodeNumbers(tensor) {  // float32 or int32, base64 little-endian
   return tensor.dtype === "DTYPE_INT32" ? new Int32Array(bytes.buffer) : new Float32Array(bytes.buffer);
 }
 
-// The next-token distribution after the last token (logits, softmaxed here) and, unless
-// heads are off, the logit lens of every layer and position.
+// The next-token distribution after the last token (logits, softmaxed here) and the logit
+// lens of every layer and position, without the heads `off` names.
 async function predict(model, text, off = []) {
   const options = {
     skipTokenEmbeddings: true,
@@ -447,8 +514,8 @@ async function predict(model, text, off = []) {
     truncation: "TRUNCATION_RIGHT",
     predictions: { positions: [-1], topK: 10, logits: true },
   };
-  if (off.length) options.headMask = off.map(([layer, head]) => ({ layer, head, scale: 0 }));
-  else options.logitLens = { topK: 5 };
+  options.logitLens = { topK: 5 };
+  if (off.length) options.headMask = headMask(off);
   const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
   const logits = decodeNumbers(result.predictions.logits);
   let peak = -Infinity;
@@ -478,6 +545,7 @@ function drawLens(result) {
       const td = tr.insertCell();
       td.textContent = lens.topTokens[first];
       td.style.background = colour(probabilities[first]);
+      td.style.color = probabilities[first] > 0.5 ? "#fff" : "#1d1d1f";  // readable on dark
       Object.assign(td.dataset, { layer, position, id: ids[first], probability: probabilities[first] });
       const top = [...Array(k).keys()].map((j) =>
         `${JSON.stringify(lens.topTokens[first + j])} ${probabilities[first + j].toFixed(3)}`);
@@ -501,41 +569,88 @@ function drawSwitches(layers, heads) {
       td.textContent = h;
       td.title = `layer ${l}, head ${h}: click to switch it off or on`;
       Object.assign(td.dataset, { layer: l, head: h });
-      td.onclick = () => { td.classList.toggle("off"); ablate(); };
+      td.classList.toggle("off", state.off.has(`${l}.${h}`));
+      td.onclick = () => {
+        const key = `${l}.${h}`;
+        if (!state.off.delete(key)) state.off.add(key);
+        td.classList.toggle("off", state.off.has(key));
+        saveUrl();
+        show();  // every view again, without the heads now off
+      };
     }
   }
 }
 
 // The next-token distribution with the switched-off heads removed, beside the model's own.
-async function ablate() {
-  const off = [...$("switches").querySelectorAll("td.off")].map((td) => [Number(td.dataset.layer), Number(td.dataset.head)]);
-  const before = state.predictions;
-  $("ablation").dataset.ready = "false";
-  try {
-    const after = off.length ? await predict(state.panes.a.model, state.panes.a.text, off) : before;
-    const names = new Map([...before.names, ...after.names]);
-    const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => before.probabilities[j] - before.probabilities[i]);
-    const table = $("ablation");
-    table.innerHTML = "<tr><th>next token</th><th>before</th><th>after</th><th>change</th></tr>";
-    for (const id of ids) {
-      const tr = table.insertRow();
-      const [b, a] = [before.probabilities[id], after.probabilities[id]];
-      for (const text of [JSON.stringify(names.get(id)), b.toFixed(4), a.toFixed(4), (a - b >= 0 ? "+" : "") + (a - b).toFixed(4)])
-        tr.insertCell().textContent = text;
-      Object.assign(tr.dataset, { id, before: b, after: a });
-    }
-    table.dataset.off = JSON.stringify(off);
-    table.dataset.ready = "true";
-  } catch (error) {
-    $("lens-note").hidden = false;
-    $("lens-note").textContent = `heads off: ${error.message}`;
+function drawAblation(before, after, off) {
+  const names = new Map([...before.names, ...after.names]);
+  const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => before.probabilities[j] - before.probabilities[i]);
+  const table = $("ablation");
+  table.innerHTML = "<tr><th>next token</th><th>before</th><th>after</th><th>change</th></tr>";
+  for (const id of ids) {
+    const tr = table.insertRow();
+    const [b, a] = [before.probabilities[id], after.probabilities[id]];
+    for (const text of [JSON.stringify(names.get(id)), b.toFixed(4), a.toFixed(4), (a - b >= 0 ? "+" : "") + (a - b).toFixed(4)])
+      tr.insertCell().textContent = text;
+    Object.assign(tr.dataset, { id, before: b, after: a });
   }
+  table.dataset.off = JSON.stringify(off);
+  table.dataset.ready = "true";
+}
+
+// The token to follow (its text, which the model's tokenizer must make one token): its
+// probability after the last position and its rank among the vocabulary at every state.
+async function followTarget(model, text, off) {
+  const table = $("lens-target");
+  table.innerHTML = "";
+  delete table.dataset.ready;
+  const wanted = $("target").value;
+  $("target-note").textContent = "";
+  if (!wanted) return;
+  const pieces = (await post("/v1/encode", {
+    model, inputs: [{ text: wanted }], options: { skipTokenEmbeddings: true, returnTokens: true },
+  })).results[0];
+  let ids = pieces.tokenIds.map(Number), tokens = pieces.tokens;
+  if (ids.length && ids[0] === state.bosId) { ids = ids.slice(1); tokens = tokens.slice(1); }
+  if (ids.length !== 1) {
+    $("target-note").textContent = `${JSON.stringify(wanted)} is ${ids.length} tokens (${tokens.map((t) => JSON.stringify(t)).join(", ")}), not one`;
+    return;
+  }
+  const options = {
+    skipTokenEmbeddings: true,
+    truncation: "TRUNCATION_RIGHT",
+    logitLens: { positions: [-1], topK: 1, logits: true, targetIds: [ids[0]] },
+  };
+  if (off.length) options.headMask = headMask(off);
+  const lens = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0].logitLens;
+  const logits = decodeNumbers(lens.logits);
+  const v = logits.length / lens.layers.length;
+  table.innerHTML = `<tr><th>state</th><th>p(${JSON.stringify(tokens[0])})</th><th>rank</th></tr>`;
+  lens.layers.forEach((layer, s) => {
+    const row = logits.subarray(s * v, (s + 1) * v);
+    let peak = -Infinity;
+    for (const x of row) peak = Math.max(peak, x);
+    let total = 0;
+    for (const x of row) total += Math.exp(x - peak);
+    const mine = row[ids[0]];
+    let rank = 1;
+    for (const x of row) if (x > mine) rank += 1;
+    const probability = Math.exp(mine - peak) / total;
+    const tr = table.insertRow();
+    for (const cell of [layer, probability.toFixed(4), rank]) tr.insertCell().textContent = cell;
+    Object.assign(tr.dataset, { layer, probability, rank });
+  });
+  table.dataset.id = String(ids[0]);
+  table.dataset.ready = "true";
 }
 
 async function showLens(model, text) {
   $("ablation").dataset.ready = "false";
+  const off = offList();
+  let shown;
   try {
     state.predictions = await predict(model, text);
+    shown = off.length ? await predict(model, text, off) : state.predictions;
   } catch (error) {  // e.g. a model exported before the readouts: said, attention still shown
     $("lens-section").hidden = true;
     $("lens-note").hidden = false;
@@ -544,13 +659,14 @@ async function showLens(model, text) {
   }
   $("lens-note").hidden = true;
   $("lens-section").hidden = false;
-  drawLens(state.predictions.result);
-  const layers = state.predictions.result.logitLens.layers.length - 1;
-  if ($("switches").rows.length !== layers || $("switches").dataset.model !== model) {
-    drawSwitches(layers, state.panes.a.packed.shape[1]);
-    $("switches").dataset.model = model;
+  drawLens(shown.result);
+  drawSwitches(state.predictions.result.logitLens.layers.length - 1, state.panes.a.packed.shape[1]);
+  drawAblation(state.predictions, shown, off);
+  try {
+    await followTarget(model, text, off);
+  } catch (error) {
+    $("target-note").textContent = error.message;
   }
-  await ablate();
 }
 
 function headLabel(h) {
@@ -567,9 +683,10 @@ async function show(event) {
     const how = $("compare").value;
     const second = how === "model" ? [$("model-b").value, text]
       : how === "text" ? [$("model-a").value, $("text-b").value] : null;
+    const off = offList();  // the other text goes through the same model, the same heads off
     const [first, other] = await Promise.all([
-      encode($("model-a").value, text),
-      second && second[1] ? encode(...second) : null,
+      encode($("model-a").value, text, off),
+      second && second[1] ? encode(...second, how === "text" ? off : []) : null,
     ]);
     const result = first.result;
     state.panes = { a: first.encoding, b: other ? other.encoding : null };
@@ -598,19 +715,30 @@ async function init() {
   const params = new URLSearchParams(location.search);
   for (const [id, name] of Object.entries(URL_PARAMS))
     if (params.get(name) && !["layer", "head", "model-a", "model-b"].includes(id)) $(id).value = params.get(name);
+  for (const key of (params.get("off") || "").split(",")) if (/^\d+\.\d+$/.test(key)) state.off.add(key);
   showCompareInputs();
   fillSelect("layer", 1, 0);
   fillSelect("head", 1, 0);
   $("controls").addEventListener("submit", show);
   for (const id of ["layer", "head", "view", "rows"]) $(id).addEventListener("change", update);
   $("compare").addEventListener("change", () => { showCompareInputs(); show(); });
-  $("model-a").addEventListener("change", async () => { await loadModelInfo(); await show(); });
+  $("model-a").addEventListener("change", async () => {
+    state.off.clear();  // another model's heads
+    await loadModelInfo();
+    await show();
+  });
   $("model-b").addEventListener("change", () => show());
   for (const [id, which] of [["heatmap", "a"], ["heatmap-b", "b"], ["heatmap-diff", "diff"]]) {
     $(id).addEventListener("mousemove", (event) => hover(event, which));
     $(id).addEventListener("mouseleave", () => draw());
   }
   $("auth").addEventListener("submit", useToken);
+  $("target-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    saveUrl();
+    try { await followTarget(state.panes.a.model, state.panes.a.text, offList()); }
+    catch (error) { $("target-note").textContent = error.message; }
+  });
   if (!(await loadModels())) return askForToken("This server needs its bearer token.");
   await loadModelInfo();
   if (params.get("text")) await show();
