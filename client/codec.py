@@ -395,7 +395,7 @@ def _attribution(result: _Tensors) -> LogitAttribution | None:
         list(a.message.positions),
         list(a.message.target_ids),
         list(a.message.contrast_ids),
-        *(a.array(name) for name in ATTRIBUTION_PARTS),
+        **{name: a.array(name) for name in ATTRIBUTION_PARTS},
     )
 
 

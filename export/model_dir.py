@@ -77,6 +77,23 @@ class ExportReport:
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
 
+def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The float32 graphs an export of `precisions` traces, (file name, kind), in order; the
+    one place that decides which are written. The traced full graph serves fp32 on every
+    provider and is fp16's source; the fused one, made from the embeddings graph, is what
+    int8 is made from (the traced one where the fused kernel cannot compute the attention:
+    Gemma 2). The lens and attribution graphs are float32's, where the model has them."""
+    traced = []
+    if {"fp32", "fp16"} & set(precisions) or not config.fuses_attention:
+        traced.append((ONNX_FILENAME, "full"))
+    traced.append((EMBEDDINGS_ONNX_FILENAME, "embeddings"))
+    if "fp32" in precisions and config.unembedding != "none":
+        traced.append((LENS_ONNX_FILENAME, "lens"))
+        if config.attribution_refusal is None:
+            traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
+    return traced
+
+
 def write_model_dir(
     model: Encoder,
     out: str | Path,
@@ -120,16 +137,7 @@ def write_model_dir(
         # storage through them, whoever keeps a reference.
         tensors = dict(model.named_parameters())
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            # The traced full graph serves fp32 on every provider and is fp16's source; the
-            # fused one, made from the embeddings graph, is what int8 is made from (the
-            # traced one where the fused kernel cannot compute the attention: Gemma 2).
-            traced = [(EMBEDDINGS_ONNX_FILENAME, "embeddings")]
-            if {"fp32", "fp16"} & set(precisions) or not config.fuses_attention:
-                traced.insert(0, (ONNX_FILENAME, "full"))
-            if "fp32" in precisions and config.unembedding != "none":
-                traced.append((LENS_ONNX_FILENAME, "lens"))
-                if config.attribution_refusal is None:
-                    traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
+            traced = traced_graphs(config, precisions)
             # the readouts (fp32 only) are the full graph's trace before it loses them
             readouts = scratch / READOUTS_ONNX_FILENAME if "fp32" in precisions else None
             with tracer(config, [kind for _, kind in traced], trace_ahead) as traced_graph:
@@ -235,10 +243,7 @@ def write_streamed_int8(
         )
         shutil.rmtree(scratch / "prefix")
         progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
-        # The attention graph int8 is made from: the fused one, else the traced (Gemma 2)
-        traced = [(EMBEDDINGS_ONNX_FILENAME, "embeddings")]
-        if not config.fuses_attention:
-            traced.append((ONNX_FILENAME, "full"))
+        traced = traced_graphs(config, ("int8",))
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             for filename, kind in traced:
                 log(f"tracing {filename}, widening one tensor at a time...")

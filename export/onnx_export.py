@@ -118,7 +118,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
         "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
-        "attribution": (list(ATTRIBUTION_INPUTS), list(ATTRIBUTION_OUTPUTS)),
+        "attribution": (list(ATTRIBUTION_INPUTS), list(ATTRIBUTION_OUTPUTS.values())),
     }
     module = _MODULES[kind]
     with torch.device("meta"):

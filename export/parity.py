@@ -173,7 +173,7 @@ def _attribution_reference(model: Encoder, references: list[Reference]) -> Refer
     inputs = [np.ascontiguousarray(x) for x in inputs]
     with torch.inference_mode():
         parts = model.attribution(*(torch.from_numpy(x) for x in inputs))
-    outputs = dict(zip(ATTRIBUTION_OUTPUTS, (p.numpy() for p in parts), strict=True))
+    outputs = dict(zip(ATTRIBUTION_OUTPUTS.values(), (p.numpy() for p in parts), strict=True))
     return Reference(case.shape, dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True)), outputs)
 
 

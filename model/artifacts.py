@@ -53,13 +53,24 @@ def readout_sites(config: ModelConfig) -> dict[str, list[str]]:
 # written where the parts add up to the logit (ModelConfig.attribution_refusal).
 ATTRIBUTION_ONNX_FILENAME = "model_attribution.onnx"
 ATTRIBUTION_INPUTS = (*PARTS_NAMES, "first", "last", "targets")
-# float32 [rows, n, layers, heads], [rows, n, layers] twice, [rows, n] twice
-ATTRIBUTION_OUTPUTS = (
-    "head_attribution",
-    "bias_attribution",
-    "mlp_attribution",
-    "embedding_attribution",
-    "constant_attribution",
+# The parts a logit is split into, in the order Encoder.attribution returns them: the one
+# list of their names (attnserve.v1's LogitAttribution, the backend's Attribution and the
+# V2 outputs, attribution_<part>, use these; tests/service/test_names.py holds them to it).
+ATTRIBUTION_PARTS = ("heads", "attention_biases", "mlps", "embeddings", "constants")
+# The attribution graph's output of each part, float32 [rows, n, layers, heads],
+# [rows, n, layers] twice, [rows, n] twice (the names directories were written with)
+ATTRIBUTION_OUTPUTS = dict(
+    zip(
+        ATTRIBUTION_PARTS,
+        (
+            "head_attribution",
+            "bias_attribution",
+            "mlp_attribution",
+            "embedding_attribution",
+            "constant_attribution",
+        ),
+        strict=True,
+    )
 )
 # Embeddings only, through ONNX's fused Attention op: faster where no weights are wanted.
 EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnserve.model.artifacts import ATTRIBUTION_PARTS
 from attnserve.model.config import ModelConfig
 from attnserve.oip.wire import BYTES
 from attnserve.service.core.batcher import SequenceResult
@@ -60,7 +61,7 @@ from attnserve.service.core.response import pooled
 from attnserve.service.oip.messages import InferRequest, InputTensor
 from attnserve.service.oip.parameters import PARAMETERS, checked_parameters, choice
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import ATTRIBUTION_PARTS, HEAD_REDUCTIONS, LAYOUTS, LENS_NORMS, POOLINGS
+from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, LENS_NORMS, POOLINGS
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -104,8 +105,8 @@ PREDICTION_OUTPUTS = (
 )
 LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
 # attribution_<field> is the field of the data plane's Attribution
-ATTRIBUTION_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS)
-READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_OUTPUTS
+ATTRIBUTION_V2_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS)
+READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_V2_OUTPUTS
 _INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids")  # padded with -1
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").
 _PREDICTION_FIELDS = {
@@ -213,7 +214,7 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         (HIDDEN_OUTPUTS, ("hidden_layers", "hidden_positions")),
         (PREDICTION_OUTPUTS, ("prediction_positions",)),
         (LENS_OUTPUTS, ("lens_layers", "lens_positions", "lens_norm")),
-        (ATTRIBUTION_OUTPUTS, tuple(p for p in PARAMETERS if p.startswith("attribution_"))),
+        (ATTRIBUTION_V2_OUTPUTS, tuple(p for p in PARAMETERS if p.startswith("attribution_"))),
     )
     for names, parameters in groups:
         for parameter in parameters:
@@ -243,7 +244,7 @@ def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) 
         lens.positions[:] = params.get("lens_positions", [])
         lens.lens_norm = choice("lens_norm", params.get("lens_norm", "frozen"), LENS_NORMS)
         lens.top_k, lens.target_ids[:] = top_k, targets
-    if asked & set(ATTRIBUTION_OUTPUTS):
+    if asked & set(ATTRIBUTION_V2_OUTPUTS):
         if "attribution_target_ids" not in params:
             raise InvalidInputError(
                 "outputs: the attribution outputs need the attribution_target_ids parameter"
@@ -368,7 +369,7 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         kind, field = _PREDICTION_FIELDS[name]
         values = [getattr(getattr(r.readouts, kind), field) for r in results]
         return [v[0] for v in values] if kind == "predictions" else values  # one layer: L
-    if name in ATTRIBUTION_OUTPUTS:
+    if name in ATTRIBUTION_V2_OUTPUTS:
         part = name.removeprefix("attribution_")
         attributions = [r.readouts.attribution if r.readouts else None for r in results]
         return [getattr(a, part) for a in attributions]

@@ -81,7 +81,7 @@ class LensOutput:
 _GRAPHS = {
     STREAM: (READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME),
     LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
-    ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS[0]),
+    ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS["heads"]),
 }
 
 
@@ -177,15 +177,17 @@ class ReadoutGraphs:
         first: np.ndarray,
         last: np.ndarray,
         targets: np.ndarray,
-    ) -> list[np.ndarray]:
+    ) -> dict[str, np.ndarray]:
         """Direct logit attribution at N positions (model/encoder.py Encoder.attribution):
-        heads (N, L, H*d_k), mlps (N, L, D), x_0 and x_L (N, D), targets (N, n) -> the
-        parts of heads (N, n, L, H), attention biases, MLPs (N, n, L), the embeddings and
-        the constant (N, n). Large N runs in chunks of bounded memory."""
+        heads (N, L, H*d_k), mlps (N, L, D), x_0 and x_L (N, D), targets (N, n) -> each
+        part by its name (ATTRIBUTION_PARTS): heads (N, n, L, H), attention biases, MLPs
+        (N, n, L), the embeddings and the constants (N, n). Large N runs in chunks of
+        bounded memory."""
         step = attribution_chunk_rows(self.config, targets.shape[1])
         inputs = (heads, mlps, first, last, targets)
         rows = dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True))
-        return self._run_rows(ATTRIBUTION, ATTRIBUTION_OUTPUTS, rows, step)
+        values = self._run_rows(ATTRIBUTION, list(ATTRIBUTION_OUTPUTS.values()), rows, step)
+        return dict(zip(ATTRIBUTION_OUTPUTS, values, strict=True))
 
     def _run_rows(
         self,
@@ -254,8 +256,8 @@ class ReadoutGraphs:
         parts = self.attribution(heads, mlps, first, last, np.tile(ids, (len(positions), 1)))
         n = len(selection.targets)
         if selection.contrasts:  # logit(target) - logit(contrast): each part's difference
-            parts = [part[:, :n] - part[:, n:] for part in parts]
-        return Attribution(*parts)
+            parts = {name: part[:, :n] - part[:, n:] for name, part in parts.items()}
+        return Attribution(**parts)
 
     def _predictions(
         self, stream: np.ndarray, selection: PredictionsSelection | None

@@ -355,8 +355,10 @@ def test_exported_attribution_equals_transformers_decomposed(families, family):
     run = graphs.stream(ids, ones, attentions=False, parts=True)
     inputs = [run.heads[0].swapaxes(0, 1), run.mlps[0].swapaxes(0, 1)]
     inputs += [run.residual[0, 0], run.residual[0, -1]]
-    got = graphs.attribution(
-        *(np.ascontiguousarray(x) for x in inputs), np.tile(targets, (len(inputs[2]), 1))
+    got = list(
+        graphs.attribution(
+            *(np.ascontiguousarray(x) for x in inputs), np.tile(targets, (len(inputs[2]), 1))
+        ).values()
     )
     for part, wanted in zip(got, want, strict=True):
         assert part.shape == wanted.shape

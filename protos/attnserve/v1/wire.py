@@ -33,7 +33,8 @@ LAYOUTS = cast(  # full, causal_packed
     dict[str, pb.AttentionLayout], choices(pb.AttentionLayout, "ATTENTION_LAYOUT_")
 )
 LENS_NORMS = cast(dict[str, pb.LensNorm], choices(pb.LensNorm, "LENS_NORM_"))  # frozen, own
-# LogitAttribution's tensors in the .proto's order: the parts that add up to a logit
+# LogitAttribution's tensors in the .proto's order: the parts that add up to a logit, named
+# as model/artifacts.py's ATTRIBUTION_PARTS names them (tests/service/test_names.py)
 ATTRIBUTION_PARTS = tuple(
     field.name
     for field in pb.LogitAttribution.DESCRIPTOR.fields

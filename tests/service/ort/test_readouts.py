@@ -10,6 +10,7 @@ import torch
 
 from attnserve.model.artifacts import (
     ATTRIBUTION_ONNX_FILENAME,
+    ATTRIBUTION_PARTS,
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PARTS_NAMES,
@@ -107,7 +108,8 @@ def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monke
     got = small_runtime.readout_graphs.attribution(*inputs, targets)
     with torch.inference_mode():
         want = small_model.attribution(*(torch.from_numpy(x) for x in (*inputs, targets)))
-    for part, wanted in zip(got, want, strict=True):
+    assert list(got) == list(ATTRIBUTION_PARTS)  # by name, in Encoder.attribution's order
+    for part, wanted in zip(got.values(), want, strict=True):
         np.testing.assert_allclose(part, wanted.numpy(), rtol=0, atol=1e-5)
 
 
