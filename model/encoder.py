@@ -78,7 +78,9 @@ class Encoder(nn.Module):
         rotary = sliding_rotary = None
         if config.positions == "learned":
             positions = self.pos_emb(torch.arange(T, device=input_ids.device))  # (T, D)
-            x = x + self.hook_pos_embed(positions.expand_as(x))  # (B, T, D)
+            if self.hook_pos_embed.active:  # TransformerLens' shape, only for whoever asks
+                positions = self.hook_pos_embed(positions.expand_as(x))  # (B, T, D)
+            x = x + positions
         else:
             rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
             if config.sliding_rope_theta is not None:  # Gemma 3: the local layers' own
@@ -112,8 +114,11 @@ class Encoder(nn.Module):
         """The last residual x_L (B, T, D) -> the model's output: the final norm, and OPT's
         projection back to the embedding width."""
         if self.config.norm_placement != "post":  # post-norm blocks end normed already
-            # ln_final.hook_normalized sits before the norm's weight, as TransformerLens' does
-            x = reweigh(self.ln_f, self.hook_normalized(standardize(self.ln_f, x)))
+            if self.hook_normalized.active:  # the site sits before the norm's weight, as
+                # TransformerLens' does: split the norm there only for whoever asks
+                x = reweigh(self.ln_f, self.hook_normalized(standardize(self.ln_f, x)))
+            else:
+                x = self.ln_f(x)
         if self.config.d_embed is not None:
             x = self.embed_out(x)  # (B, T, d_embed)
         return x

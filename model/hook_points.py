@@ -31,6 +31,12 @@ class HookPoint(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    @property
+    def active(self) -> bool:
+        """Whether a hook reads or changes this site now (a graph traced without one costs
+        nothing for it)."""
+        return bool(self._forward_hooks)
+
     def extra_repr(self) -> str:
         return self.name
 
