@@ -10,7 +10,7 @@ through the model's forward signatures.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -76,8 +76,7 @@ def captured(model: nn.Module, names: list[str]) -> Iterator[dict[str, torch.Ten
 
         return hook
 
-    with ExitStack() as stack:
-        stack.enter_context(hooked(model, {name: store(name) for name in names}))
+    with hooked(model, {name: store(name) for name in names}):
         yield values
 
 
