@@ -1,0 +1,145 @@
+"""How `attnserve encode` shows an answer: as text for a person (each id beside its token's
+text) or as JSON."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnserve.client.codec import EncodeOutput, Encoding, LogitAttribution, TokenPredictions
+from attnserve.v1.wire import ATTRIBUTION_PARTS
+
+
+def output_json(out: EncodeOutput) -> dict:
+    return {
+        "model_version": out.model_version,
+        "timings_ns": {"queue": out.queue_ns, "inference": out.inference_ns, "total": out.total_ns},
+        "results": [
+            {
+                "token_ids": e.token_ids.tolist(),
+                "embeddings": _list(e.embeddings),
+                "pooled": _list(e.pooled),
+                "attention": _list(e.attention),
+                "attention_layers": e.layers,
+                "attention_heads": e.heads,
+                "attention_rows": e.rows,
+                "attention_indices": _list(e.indices),
+                "head_entropy": _list(e.head_entropy),
+                "truncated": e.truncated,
+                "tokens": e.tokens,
+                "hidden_state_norms": _list(e.hidden_state_norms),
+                "predictions": _predictions_json(e.predictions),
+                "logit_lens": _predictions_json(e.logit_lens),
+                "attribution": _attribution_json(e.attribution),
+            }
+            for e in out
+        ],
+    }
+
+
+def print_encoding(e: Encoding, target_ids: list[int], texts: dict[int, str]) -> None:
+    if e.tokens:
+        print(f"    tokens {' '.join(e.tokens)}")
+    if e.embeddings is not None:
+        print(
+            f"    embeddings {e.embeddings.shape}, norm of last token "
+            f"{np.linalg.norm(e.embeddings[-1]):.4f}"
+        )
+    if e.pooled is not None:
+        print(f"    pooled {e.pooled.shape}, first values {np.round(e.pooled[:4], 4)}")
+    if e.attention is not None:
+        print(
+            f"    attention {e.attention.shape} for layers {e.layers} heads {e.heads} "
+            f"rows {e.rows if len(e.rows) < 8 else f'{e.rows[:4]}...'}"
+        )
+    if e.indices is not None:
+        print(f"    top-{e.indices.shape[-1]} key positions, last row {e.indices[..., -1, :]}")
+    if e.head_entropy is not None:
+        print(f"    head entropy (nats, layers x heads)\n{np.round(e.head_entropy, 3)}")
+    if e.hidden_state_norms is not None:
+        for position, norms in zip(e.hidden_state_positions, e.hidden_state_norms.T, strict=True):
+            print(f"    hidden-state norms at {position}, by layer: {np.round(norms, 2)}")
+    if e.predictions is not None:
+        _print_predictions("next token", e.predictions, target_ids, texts)
+    if e.logit_lens is not None:
+        _print_predictions("logit lens", e.logit_lens, target_ids, texts)
+    if e.attribution is not None:
+        _print_attribution(e.attribution, texts)
+
+
+def _token(token_id: int, texts: dict[int, str]) -> str:
+    """An id with its text: "' Mary' (289)"."""
+    return f"{texts[token_id]!r} ({token_id})" if token_id in texts else str(token_id)
+
+
+def _attribution_parts(a: LogitAttribution, i: int, j: int) -> dict[str, float]:
+    """Every part of one position's (i) and target's (j) logit, by name."""
+    parts = {"embeddings": float(a.embeddings[i, j]), "constant": float(a.constants[i, j])}
+    for layer, heads in enumerate(a.heads[i, j]):
+        parts |= {f"L{layer}H{head}": float(v) for head, v in enumerate(heads)}
+        parts[f"L{layer} bias"] = float(a.attention_biases[i, j, layer])
+        parts[f"L{layer} MLP"] = float(a.mlps[i, j, layer])
+    return parts
+
+
+def _print_attribution(a: LogitAttribution, texts: dict[int, str], shown: int = 6) -> None:
+    for i, position in enumerate(a.positions):
+        for j, target in enumerate(a.target_ids):
+            versus = f" - logit {_token(a.contrast_ids[j], texts)}" if a.contrast_ids else ""
+            parts = _attribution_parts(a, i, j)
+            largest = sorted(parts.items(), key=lambda item: -abs(item[1]))[:shown]
+            print(
+                f"    logit {_token(target, texts)}{versus} after position {position}: "
+                f"{a.total[i, j]:.4f} = "
+                + ", ".join(f"{name} {value:+.3f}" for name, value in largest)
+                + (" + ..." if len(parts) > shown else "")
+            )
+
+
+def _attribution_json(a: LogitAttribution | None) -> dict | None:
+    if a is None:
+        return None
+    return {
+        "positions": a.positions,
+        "target_ids": a.target_ids,
+        "contrast_ids": a.contrast_ids,
+        "total": a.total.tolist(),
+        **{name: getattr(a, name).tolist() for name in ATTRIBUTION_PARTS},
+    }
+
+
+def _print_predictions(
+    title: str, p: TokenPredictions, target_ids: list[int], texts: dict[int, str]
+) -> None:
+    for j, position in enumerate(p.positions):
+        print(f"    {title} after position {position}:")
+        for i, layer in enumerate(p.layers):
+            top = ", ".join(
+                f"{token!r} {probability:.3f}"
+                for token, probability in zip(
+                    p.top_tokens[i, j], p.top_probabilities[i, j], strict=True
+                )
+            )
+            targets = ""
+            if p.target_probabilities is not None:
+                targets = "; targets " + ", ".join(
+                    f"{_token(t, texts)} {probability:.4f}"
+                    for t, probability in zip(target_ids, p.target_probabilities[i, j], strict=True)
+                )
+            print(f"      layer {layer:>3}: {top}{targets}")
+
+
+def _predictions_json(p: TokenPredictions | None) -> dict | None:
+    if p is None:
+        return None
+    return {
+        "layers": p.layers,
+        "positions": p.positions,
+        "top_ids": p.top_ids.tolist(),
+        "top_tokens": p.top_tokens.tolist(),
+        "top_probabilities": p.top_probabilities.tolist(),
+        "target_probabilities": _list(p.target_probabilities),
+    }
+
+
+def _list(array: np.ndarray | None) -> list | None:
+    return None if array is None else array.tolist()
