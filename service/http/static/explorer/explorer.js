@@ -11,7 +11,10 @@ const $ = (id) => document.getElementById(id);
 // predictions: pane a's next-token distribution and logit lens, with every head on.
 // off: the heads switched off, "layer.head" (in the URL as off=1.2,0.3); every view shows
 // the model without them.
-const state = { panes: { a: null, b: null }, kvHeads: null, predictions: null, off: new Set(), bosId: null };
+const state = {
+  panes: { a: null, b: null }, kvHeads: null, predictions: null, predictionsKey: null,
+  off: new Set(), bosId: null,
+};
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
 
@@ -649,7 +652,11 @@ async function showLens(model, text) {
   const off = offList();
   let shown;
   try {
-    state.predictions = await predict(model, text);
+    const key = JSON.stringify([model, text]);  // the model's own, asked once per text
+    if (state.predictionsKey !== key) {
+      state.predictions = await predict(model, text);
+      state.predictionsKey = key;
+    }
     shown = off.length ? await predict(model, text, off) : state.predictions;
   } catch (error) {  // e.g. a model exported before the readouts: said, attention still shown
     $("lens-section").hidden = true;
@@ -674,7 +681,10 @@ function headLabel(h) {
 }
 
 async function show(event) {
-  if (event) event.preventDefault();
+  if (event) {  // the Show button: everything asked afresh (a reload may have changed the model)
+    event.preventDefault();
+    state.predictionsKey = null;
+  }
   const text = $("text").value;
   if (!text) return;
   $("status").className = "";
