@@ -19,9 +19,9 @@ import numpy as np
 
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
+from attnserve.model.packing import packed_length
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from attnserve.v1.wire import packed_length
 from benchmarks.full_maps import encode_ms, runtime_ms
 from benchmarks.peer_env import TritonDriver, peer_venv
 from benchmarks.peers import LATENCY_LENGTHS

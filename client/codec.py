@@ -8,6 +8,7 @@ from typing import TypeVar, cast
 
 import numpy as np
 
+from attnserve.model.packing import unpack_causal
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import (
     ATTRIBUTION_PARTS,
@@ -18,7 +19,6 @@ from attnserve.v1.wire import (
     RESULTS_FIELD,
     from_tensor,
     split_tensor_data,
-    unpack_causal,
 )
 
 Input = str | Sequence[int] | np.ndarray  # text, or token ids

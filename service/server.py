@@ -42,7 +42,7 @@ from attnserve.service.grpc.reflection import enable_reflection
 from attnserve.service.http.app import create_app
 from attnserve.service.http.server import HttpServer
 from attnserve.service.models import load_models
-from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.model import OipProtocol
 from attnserve.service.oip.shared_memory import SharedMemoryRegistry
 from attnserve.service.settings import Settings, env_name, flag_name
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -151,7 +151,7 @@ class Services:
     models, and the transport-free protocol and servicers each API mounts."""
 
     repository: ModelRepository
-    oip_server: OipServer
+    oip_protocol: OipProtocol
     encoder: EncoderServicer
     inference: InferenceServicer
 
@@ -165,9 +165,9 @@ async def compose(
     """The models of `settings` built (with --model, `backend` if given; not yet warm) and
     the services over them. `repository_api` False: no loads or unloads (Ray Serve)."""
     repository = await load_models(settings, backend)
-    oip_server = OipServer(repository, shared_memory or SharedMemoryRegistry(), repository_api)
+    oip_protocol = OipProtocol(repository, shared_memory or SharedMemoryRegistry(), repository_api)
     return Services(
-        repository, oip_server, EncoderServicer(repository), InferenceServicer(oip_server)
+        repository, oip_protocol, EncoderServicer(repository), InferenceServicer(oip_protocol)
     )
 
 
@@ -179,7 +179,7 @@ async def start_server(
     if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
         keep_freed_heap()
     services = await compose(settings, backend)
-    repository, oip_server = services.repository, services.oip_server
+    repository, oip_protocol = services.repository, services.oip_protocol
     metrics = repository.metrics
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -218,7 +218,7 @@ async def start_server(
         )
     http = None
     if settings.http_port >= 0:
-        app = create_app(repository, settings, oip_server)
+        app = create_app(repository, settings, oip_protocol)
         http = _listening("http_port", settings, lambda: HttpServer(app, settings))
     await server.start()
     if http:

@@ -15,12 +15,13 @@ import numpy as np
 
 from attnserve.client.codec import parse_response
 from attnserve.model.config import ModelConfig
+from attnserve.model.packing import pack_causal, unpack_causal
 from attnserve.service.core.backend import AttentionSelection
-from attnserve.service.core.response import EncodeAnswer
 from attnserve.service.ort.reducer import AttentionReducer
 from attnserve.service.ort.runtime import RuntimeOptions, session_options
+from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import SplicedMessage, pack_causal, unpack_causal
+from attnserve.v1.wire import SplicedMessage
 
 T = 512
 

@@ -3,11 +3,12 @@ response, model info.
 
 A transport finds the data plane of the model a request names inside
 `ModelRepository.observed` (core/repository.py: the request metrics and the log of
-unexpected errors, so every transport counts alike), turns its wire format into an
-`EncodeRequest`, awaits `DataPlane.encode` (or `results`), and maps the typed errors it
-raises (core/status.py). The data plane owns readiness and draining (so every transport
-refuses alike), plans the request once, reserves its room in the process's memory budget,
-hands the sequences to the batcher and builds the answer; it never sees gRPC or HTTP.
+unexpected errors, so every transport counts alike), turns its wire format into inputs and
+EncodeOptions (core/request.py), enters `DataPlane.results`, builds its answer from the
+arrays, and maps the typed errors it raises (core/status.py). The data plane owns
+readiness and draining (so every transport refuses alike), plans the request once,
+reserves its room in the process's memory budget and hands the sequences to the batcher;
+it never sees gRPC, HTTP or any API's messages.
 """
 
 from __future__ import annotations
@@ -25,15 +26,8 @@ from attnserve.service.core.budget import ByteBudget, request_bytes
 from attnserve.service.core.errors import DeadlineExceededError, NotReadyError
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.metrics import ModelMetrics
-from attnserve.service.core.plan import (
-    EncodePlan,
-    Input,
-    check_response_size,
-    inputs_of,
-    plan_request,
-)
-from attnserve.service.core.response import EncodeAnswer, build_response, split_attention_layers
-from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
+from attnserve.service.core.request import EncodeOptions, Input
 
 log = logging.getLogger(__name__)
 
@@ -112,48 +106,18 @@ class DataPlane:
             return False
         return True
 
-    async def encode(self, request: pb.EncodeRequest, timeout: float | None = None) -> EncodeAnswer:
-        """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
-        caller will still wait (its deadline); queued work past it is dropped unrun."""
-        start = time.perf_counter_ns()
-        async with self.results(inputs_of(request), request.options, timeout) as (plan, results):
-            return self._answer(plan, results, request.request_id, start)
-
-    async def encode_layers(
-        self, request: pb.EncodeRequest, timeout: float | None = None
-    ) -> AsyncIterator[bytes]:
-        """EncodeLayers' answer as serialized EncodeLayersResponses: the response without the
-        attention weights, then the weights one layer of one input at a time. The request
-        holds its room in the memory budget until the last part has been taken."""
-        start = time.perf_counter_ns()
-        inputs, options = inputs_of(request), request.options
-        async with self.results(inputs, options, timeout, by_layer=True) as (plan, results):
-            rest, layers = split_attention_layers(plan, results)
-            answer = self._answer(plan, rest, request.request_id, start)
-            yield answer.serialize_in(pb.EncodeLayersResponse(), "response")
-            for layer in layers:
-                yield layer.serialize()
-
-    def _answer(
-        self, plan: EncodePlan, results: list[SequenceResult], request_id: str, start_ns: int
-    ) -> EncodeAnswer:
-        """The EncodeResponse of a request received at `start_ns` (perf_counter_ns)."""
-        answer = build_response(plan, results, self.tokenizer, self.backend.version, request_id)
-        answer.message.timings.total_ns = time.perf_counter_ns() - start_ns
-        return answer
-
     @contextlib.asynccontextmanager
     async def results(
         self,
         inputs: Sequence[Input],
-        options: pb.EncodeOptions,
+        options: EncodeOptions,
         timeout: float | None = None,
         by_layer: bool = False,
     ) -> AsyncIterator[tuple[EncodePlan, list[SequenceResult]]]:
         """Refuse or admit, plan and run a request (texts or numpy ids, and its options);
         yields the plan and each sequence's arrays, which stay counted in the memory budget
-        until the caller has built its answer from them (Encode's protobuf, the Open
-        Inference Protocol's outputs, OpenAI's vectors). `by_layer`: the answer goes out as
+        until the caller has built its answer from them (attnserve.v1's EncodeResponse, the
+        Open Inference Protocol's outputs, OpenAI's vectors). `by_layer`: the answer goes out as
         EncodeLayers' messages (only the largest must fit in one)."""
         if self.refusal:
             raise NotReadyError(self.refusal)
@@ -205,29 +169,3 @@ class DataPlane:
         self._released_since_trim = 0
         if self._releasing is None or self._releasing.done():
             self._releasing = asyncio.ensure_future(self.batcher.release_memory())
-
-    def model_info(self) -> pb.GetModelInfoResponse:
-        c = self.backend.config
-        return pb.GetModelInfoResponse(
-            name=self.name,
-            version=self.backend.version,
-            n_layers=c.n_layers,
-            n_heads=c.n_heads,
-            n_kv_heads=c.kv_heads,
-            kv_heads=c.kv_head_of,
-            d_model=c.d_model,
-            max_seq_len=c.max_seq_len,
-            vocab_size=c.vocab_size,
-            tokenizer=self.tokenizer.kind,
-            provider=self.backend.provider,
-            precision=self.backend.precision,
-            config_json=c.to_json(),
-            max_message_bytes=self.max_message_bytes,
-            max_batch_tokens=self.batcher.options.max_batch_tokens,
-            bos_id=c.bos_id,
-            pad_id=c.pad_id,
-            weight_bytes=self.weights.disk_bytes,
-            resident_weight_bytes=self.weights.resident_bytes,
-            attention_max_abs_diff=self.weights.attention_max_abs_diff,
-            embedding_cosine_min=self.weights.embedding_cosine_min,
-        )

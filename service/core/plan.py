@@ -1,8 +1,7 @@
 """Inputs and EncodeOptions -> EncodePlan: every input tokenized and validated, once.
 
-The inputs are texts or token ids as numpy arrays, whatever the transport (attnserve.v1's
-EncodeRequest through `inputs_of`, the Open Inference Protocol's tensors and OpenAI's lists
-directly). Every check names the request field and the limit it breaks; nothing here
+The inputs are texts or token ids as numpy arrays, the options core/request.py's, whatever
+the transport. Every check names the request field and the limit it breaks; nothing here
 touches the transport, the queue or the model. What passes here is what the batcher and
 the backend may trust.
 """
@@ -16,26 +15,31 @@ from functools import partial
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.model.packing import packed_length
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
-from attnserve.service.core.fields import enum_field, indices, positions
+from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.readouts import plan_readouts, readout_response_bytes
-from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import HEAD_REDUCTIONS, packed_length
+from attnserve.service.core.request import (
+    AttentionOptions,
+    EncodeOptions,
+    HeadReduction,
+    Input,
+    Layout,
+    Pooling,
+)
 
 # Room for everything in a response besides tensor bytes (ids, shapes, framing).
 _OVERHEAD_BYTES_PER_TOKEN = 16
 _OVERHEAD_BYTES = 4096
-
-Input = str | np.ndarray  # a text, or its token ids (1-D, int64)
 
 
 @dataclass(frozen=True)
 class EncodePlan:
     sequences: list[np.ndarray]  # (T,) int64 each, validated
     truncated: list[bool]
-    pooling: int  # pb.Pooling value
+    pooling: Pooling
     token_embeddings: bool
     attention: list[AttentionSelection] | None  # one per sequence, or None: no attention
     return_tokens: bool
@@ -49,23 +53,9 @@ class EncodePlan:
         return self.readouts or self.attention
 
 
-def inputs_of(request: pb.EncodeRequest) -> list[Input]:
-    """attnserve.v1's inputs as the plan takes them: each text, or its ids as int64."""
-    inputs: list[Input] = []
-    for index, item in enumerate(request.inputs):
-        kind = item.WhichOneof("content")
-        if kind == "text":
-            inputs.append(item.text)
-        elif kind == "token_ids":
-            inputs.append(np.array(list(item.token_ids.ids), dtype=np.int64))
-        else:
-            raise InvalidInputError(f"inputs[{index}]: set either text or token_ids")
-    return inputs
-
-
 def plan_request(
     inputs: Sequence[Input],
-    options: pb.EncodeOptions,
+    options: EncodeOptions,
     config: ModelConfig,
     tokenizer: Tokenizer,
     readable: frozenset[str] = frozenset(),
@@ -74,10 +64,6 @@ def plan_request(
     the readouts the backend computes (Backend.readouts)."""
     if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")
-    truncation = enum_field(
-        "options.truncation", options.truncation, pb.Truncation, default=pb.TRUNCATION_NONE
-    )
-    pooling = enum_field("options.pooling", options.pooling, pb.Pooling, default=pb.POOLING_NONE)
     sequences, truncated = [], []
     for index, item in enumerate(inputs):
         field = f"inputs[{index}]"
@@ -89,7 +75,7 @@ def plan_request(
         if not len(ids):
             raise InvalidInputError(f"{field}: the sequence is empty")
         cut = len(ids) > config.max_seq_len
-        if cut and truncation != pb.TRUNCATION_RIGHT:
+        if cut and not options.truncate:
             raise InvalidInputError(
                 f"{field} has {len(ids)} tokens, more than max_seq_len={config.max_seq_len}; "
                 "send fewer or set options.truncation=TRUNCATION_RIGHT"
@@ -104,41 +90,29 @@ def plan_request(
         sequences.append(array)
         truncated.append(cut)
     attention = (
-        _plan_attention(options.attention, config, sequences)
-        if options.HasField("attention")
-        else None
+        None if options.attention is None else _plan_attention(options.attention, config, sequences)
     )
     return EncodePlan(
         sequences,
         truncated,
-        pooling,
-        not options.skip_token_embeddings,
+        options.pooling,
+        options.token_embeddings,
         attention,
         options.return_tokens,
         plan_readouts(options, config, sequences, attention, readable),
     )
 
 
-_REDUCTIONS: dict[int, str] = {number: name for name, number in HEAD_REDUCTIONS.items()}
-
-
 def _plan_attention(
-    request: pb.AttentionRequest, config: ModelConfig, sequences: list[np.ndarray]
+    request: AttentionOptions, config: ModelConfig, sequences: list[np.ndarray]
 ) -> list[AttentionSelection]:
     """One selection per sequence (query_positions resolve against each one's length)."""
     field = "options.attention"
     layers = indices(f"{field}.layers", request.layers, config.n_layers)
     heads = indices(f"{field}.heads", request.heads, config.n_heads)
-    if request.dtype not in (pb.DTYPE_UNSPECIFIED, pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16):
-        raise InvalidInputError(
-            f"{field}.dtype: {request.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
-        )
-    layout = enum_field(
-        f"{field}.layout", request.layout, pb.AttentionLayout, pb.ATTENTION_LAYOUT_FULL
-    )
-    packed = layout == pb.ATTENTION_LAYOUT_CAUSAL_PACKED
-    reduction = enum_field(f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, 0)
-    if request.rollout and reduction == pb.HEAD_REDUCTION_NONE:
+    packed = request.layout == Layout.CAUSAL_PACKED
+    reduction = request.head_reduction
+    if request.rollout and reduction == HeadReduction.NONE:
         raise InvalidInputError(
             f"{field}.rollout needs the heads combined: set {field}.head_reduction to "
             "HEAD_REDUCTION_MEAN or HEAD_REDUCTION_MAX (or leave it unspecified: mean)"
@@ -162,18 +136,18 @@ def _plan_attention(
             f"{field}.omit_weights leaves nothing to return: set {field}.head_entropy "
             f"or {field}.top_k too"
         )
-    if reduction == pb.HEAD_REDUCTION_UNSPECIFIED:
-        reduction = pb.HEAD_REDUCTION_MEAN if request.rollout else pb.HEAD_REDUCTION_NONE
+    if reduction is None:
+        reduction = HeadReduction.MEAN if request.rollout else HeadReduction.NONE
     selection = partial(
         AttentionSelection,
         layers=tuple(sorted(layers) if request.rollout else layers),
         heads=tuple(heads),
-        reduction=_REDUCTIONS[reduction],
+        reduction=reduction.value,
         rollout=request.rollout,
         top_k=request.top_k,
         entropy=request.head_entropy,
         weights=not request.omit_weights,
-        float16=request.dtype == pb.DTYPE_FLOAT16,
+        float16=request.float16,
         packed=packed,
     )
     return [
@@ -197,7 +171,7 @@ def response_bytes(plan: EncodePlan, config: ModelConfig) -> int:
         total += t * _OVERHEAD_BYTES_PER_TOKEN
         if plan.token_embeddings:
             total += t * config.embedding_dim * 4
-        if plan.pooling != pb.POOLING_NONE:
+        if plan.pooling != Pooling.NONE:
             total += config.embedding_dim * 4
         if plan.attention:
             total += attention_bytes(plan.attention[index], t)
@@ -265,3 +239,9 @@ def _attention_values(s: AttentionSelection, length: int) -> int:
     rows = length if s.rows is None else len(s.rows)
     per_head = packed_length(length) if s.packed else rows * (s.top_k or length)
     return layers * heads * per_head
+
+
+def pooled(embeddings: np.ndarray, pooling: Pooling) -> np.ndarray:
+    """One vector of a sequence's (T, d_model) embeddings: their mean, or the last token's
+    (in a causal model only the last token has seen the whole input)."""
+    return embeddings.mean(axis=0) if pooling == Pooling.MEAN else embeddings[-1]

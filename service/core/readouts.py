@@ -23,8 +23,15 @@ from attnserve.service.core.backend import (
     ReadoutSelection,
 )
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
-from attnserve.service.core.fields import enum_field, indices, positions
-from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.service.core.fields import indices, positions
+from attnserve.service.core.request import (
+    AttributionOptions,
+    EncodeOptions,
+    HeadScale,
+    HiddenStatesOptions,
+    LensNorm,
+    PredictionsOptions,
+)
 
 STREAM = "stream"  # the readouts graph: hidden states and head masks
 LENS = "lens"  # the lens graph: predictions and the logit lens
@@ -48,7 +55,7 @@ _TOKEN_STRING_BYTES = 16  # about what a top token's display string weighs on th
 
 
 def plan_readouts(
-    options: pb.EncodeOptions,
+    options: EncodeOptions,
     config: ModelConfig,
     sequences: list[np.ndarray],
     attention: list[AttentionSelection] | None,
@@ -58,7 +65,7 @@ def plan_readouts(
     asked = [
         f
         for f in ("hidden_states", "predictions", "logit_lens", "attribution")
-        if options.HasField(f)
+        if getattr(options, f) is not None
     ]
     if options.head_mask:
         asked.append("head_mask")
@@ -81,6 +88,8 @@ def plan_readouts(
     head_mask, head_means = (
         _head_mask(options.head_mask, config) if options.head_mask else (None, None)
     )
+    hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
+    attribution = options.attribution
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
@@ -89,26 +98,26 @@ def plan_readouts(
                 head_mask=head_mask,
                 head_means=head_means,
                 attention=attention[index] if attention else None,
-                hidden_states=_hidden_states(options.hidden_states, config, length, index)
-                if options.HasField("hidden_states")
-                else None,
-                predictions=_predictions(
-                    "options.predictions", options.predictions, config, length, index
-                )
-                if options.HasField("predictions")
-                else None,
-                lens=_predictions("options.logit_lens", options.logit_lens, config, length, index)
-                if options.HasField("logit_lens")
-                else None,
-                attribution=_attribution(options.attribution, config, length, index)
-                if options.HasField("attribution")
-                else None,
+                hidden_states=None
+                if hidden is None
+                else _hidden_states(hidden, config, length, index),
+                predictions=None
+                if predictions is None
+                else _predictions("options.predictions", predictions, config, length, index),
+                lens=None
+                if lens is None
+                else _predictions("options.logit_lens", lens, config, length, index),
+                attribution=None
+                if attribution is None
+                else _attribution(attribution, config, length, index),
             )
         )
     return selections
 
 
-def _head_mask(entries, config: ModelConfig) -> tuple[np.ndarray, np.ndarray | None]:
+def _head_mask(
+    entries: tuple[HeadScale, ...], config: ModelConfig
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The scales (L, H), 1 but for the heads listed, and the means (L, H, d_k) if any
     entry has one (zeros elsewhere), float32."""
     mask = np.ones((config.n_layers, config.n_heads), dtype=np.float32)
@@ -146,7 +155,7 @@ def _head_mask(entries, config: ModelConfig) -> tuple[np.ndarray, np.ndarray | N
 
 
 def _hidden_states(
-    request: pb.HiddenStatesRequest, config: ModelConfig, length: int, index: int
+    request: HiddenStatesOptions, config: ModelConfig, length: int, index: int
 ) -> HiddenStatesSelection:
     field = "options.hidden_states"
     layers = indices(f"{field}.layers", request.layers, config.n_layers + 1)
@@ -170,7 +179,7 @@ def _hidden_states(
 
 def _predictions(
     field: str,
-    request: pb.TokenPredictionsRequest,
+    request: PredictionsOptions,
     config: ModelConfig,
     length: int,
     index: int,
@@ -193,19 +202,18 @@ def _predictions(
             f"{field}.target_ids: {len(request.target_ids)} ids, more than {MAX_TARGETS}"
         )
     _token_ids(f"{field}.target_ids", request.target_ids, config)
-    norm = enum_field(f"{field}.lens_norm", request.lens_norm, pb.LensNorm, pb.LENS_NORM_FROZEN)
     return PredictionsSelection(
         layers=tuple(layers),
         positions=_positions(f"{field}.positions", request.positions, length, index),
         top_k=top_k,
         targets=tuple(request.target_ids),
         logits=request.logits,
-        own_norm=norm == pb.LENS_NORM_OWN,
+        own_norm=request.lens_norm == LensNorm.OWN,
     )
 
 
 def _attribution(
-    request: pb.LogitAttributionRequest, config: ModelConfig, length: int, index: int
+    request: AttributionOptions, config: ModelConfig, length: int, index: int
 ) -> AttributionSelection:
     field = "options.attribution"
     targets, contrasts = request.target_ids, request.contrast_ids
@@ -227,7 +235,7 @@ def _attribution(
     )
 
 
-def _token_ids(field: str, ids, config: ModelConfig) -> None:
+def _token_ids(field: str, ids: tuple[int, ...], config: ModelConfig) -> None:
     for token in ids:
         if not 0 <= token < config.vocab_size:
             raise InvalidInputError(
@@ -235,7 +243,7 @@ def _token_ids(field: str, ids, config: ModelConfig) -> None:
             )
 
 
-def _positions(name: str, values, length: int, index: int) -> tuple[int, ...]:
+def _positions(name: str, values: tuple[int, ...], length: int, index: int) -> tuple[int, ...]:
     return positions(name, values, length, index) if values else tuple(range(length))
 
 

@@ -8,7 +8,7 @@ import grpc
 
 from attnserve.service.core.auth import check_bearer
 from attnserve.service.core.errors import UnauthenticatedError
-from attnserve.service.core.status import status_for
+from attnserve.service.grpc.utils import status_for
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 

@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.core.response import EncodeAnswer
-from attnserve.service.core.status import log_unexpected, status_for
-from attnserve.service.grpc.utils import handle_errors, handle_stream_errors
+from attnserve.service.core.status import log_unexpected
+from attnserve.service.grpc.utils import handle_errors, handle_stream_errors, status_for
+from attnserve.service.v1.encode import encode, encode_layers, model_info
+from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -30,7 +31,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> EncodeAnswer:
         with self.repository.observed("Encode") as find:
-            return await find(request.model).encode(request, context.time_remaining())
+            return await encode(find(request.model), request, context.time_remaining())
 
     async def EncodeStream(
         self,
@@ -68,7 +69,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         (anything unexpected is INTERNAL, and logged: this is the stream's error wrapper)."""
         try:
             with self.repository.observed("EncodeStream") as find:
-                answer = await find(request.model).encode(request, context.time_remaining())
+                answer = await encode(find(request.model), request, context.time_remaining())
         except Exception as exc:
             log_unexpected("EncodeStream", exc)
             message = str(exc) or type(exc).__name__
@@ -85,8 +86,8 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         """The answer, then its attention weights one layer per message (serialized
         EncodeLayersResponses)."""
         with self.repository.observed("EncodeLayers") as find:
-            dataplane = find(request.request.model)
-            async for part in dataplane.encode_layers(request.request, context.time_remaining()):
+            plane = find(request.request.model)
+            async for part in encode_layers(plane, request.request, context.time_remaining()):
                 yield part
 
     @handle_errors
@@ -94,7 +95,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
         with self.repository.observed("GetModelInfo") as find:
-            return find(request.model).model_info()
+            return model_info(find(request.model))
 
 
 def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> None:

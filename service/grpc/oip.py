@@ -1,4 +1,4 @@
-"""The Open Inference Protocol over gRPC: inference.GRPCInferenceService over OipServer.
+"""The Open Inference Protocol over gRPC: inference.GRPCInferenceService over OipProtocol.
 
 Served on the same port as attnserve.v1, so that tritonclient, perf_analyzer and KServe's
 platform talk to attnserve unmodified. This module only translates protobuf to and from
@@ -32,7 +32,7 @@ from attnserve.service.oip.messages import (
     InputTensor,
     RequestedOutput,
 )
-from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.model import OipProtocol
 
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # InferTensorContents' typed list of each numeric datatype the model reads.
@@ -40,8 +40,8 @@ CONTENTS_FIELDS = {"INT64": "int64_contents", "INT32": "int_contents", BYTES: "b
 
 
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, oip_server: OipServer) -> None:
-        self.oip_server = oip_server
+    def __init__(self, oip_protocol: OipProtocol) -> None:
+        self.oip_protocol = oip_protocol
 
     @handle_errors
     async def ServerLive(self, request, context) -> oip.ServerLiveResponse:
@@ -49,11 +49,11 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @handle_errors
     async def ServerReady(self, request, context) -> oip.ServerReadyResponse:
-        return oip.ServerReadyResponse(ready=self.oip_server.ready)
+        return oip.ServerReadyResponse(ready=self.oip_protocol.ready)
 
     @handle_errors
     async def ModelReady(self, request, context) -> oip.ModelReadyResponse:
-        with self.oip_server.observed("ModelReady") as find:
+        with self.oip_protocol.observed("ModelReady") as find:
             try:
                 model = find(request.name, request.version)
             except ModelNotFoundError:
@@ -63,58 +63,60 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     @handle_errors
     async def ServerMetadata(self, request, context) -> oip.ServerMetadataResponse:
         return json_format.ParseDict(
-            self.oip_server.server_metadata(), oip.ServerMetadataResponse()
+            self.oip_protocol.server_metadata(), oip.ServerMetadataResponse()
         )
 
     @handle_errors
     async def ModelMetadata(self, request, context) -> oip.ModelMetadataResponse:
-        with self.oip_server.observed("ModelMetadata") as find:
+        with self.oip_protocol.observed("ModelMetadata") as find:
             document = find(request.name, request.version).metadata()
             return json_format.ParseDict(document, oip.ModelMetadataResponse())
 
     @handle_errors
     async def ModelConfig(self, request, context) -> oip.ModelConfigResponse:
-        with self.oip_server.observed("ModelConfig") as find:
+        with self.oip_protocol.observed("ModelConfig") as find:
             document = find(request.name, request.version).config()
             return json_format.ParseDict(document, oip.ModelConfigResponse())
 
     @handle_errors
     async def ModelStatistics(self, request, context) -> oip.ModelStatisticsResponse:
-        with self.oip_server.observed("ModelStatistics") as find:
+        with self.oip_protocol.observed("ModelStatistics") as find:
             model = find(request.name, request.version) if request.name else None
-            document = self.oip_server.statistics(model)
+            document = self.oip_protocol.statistics(model)
             return json_format.ParseDict(document, oip.ModelStatisticsResponse())
 
     @handle_errors
     async def RepositoryIndex(self, request, context) -> oip.RepositoryIndexResponse:
-        document = {"models": self.oip_server.index(request.ready)}
+        document = {"models": self.oip_protocol.index(request.ready)}
         return json_format.ParseDict(document, oip.RepositoryIndexResponse())
 
     @handle_errors
     async def RepositoryModelLoad(self, request, context) -> oip.RepositoryModelLoadResponse:
-        await self.oip_server.load(request.model_name, parameters_from_proto(request.parameters))
+        await self.oip_protocol.load(request.model_name, parameters_from_proto(request.parameters))
         return oip.RepositoryModelLoadResponse()
 
     @handle_errors
     async def RepositoryModelUnload(self, request, context) -> oip.RepositoryModelUnloadResponse:
-        await self.oip_server.unload(request.model_name, parameters_from_proto(request.parameters))
+        await self.oip_protocol.unload(
+            request.model_name, parameters_from_proto(request.parameters)
+        )
         return oip.RepositoryModelUnloadResponse()
 
     @handle_errors
     async def SystemSharedMemoryRegister(self, request, context):
-        registry = self.oip_server.shared_memory
+        registry = self.oip_protocol.shared_memory
         registry.register(request.name, request.key, request.offset, request.byte_size)
         return oip.SystemSharedMemoryRegisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.oip_server.shared_memory.unregister(request.name)
+        self.oip_protocol.shared_memory.unregister(request.name)
         return oip.SystemSharedMemoryUnregisterResponse()
 
     @handle_errors
     async def SystemSharedMemoryStatus(self, request, context):
         response = oip.SystemSharedMemoryStatusResponse()
-        for r in self.oip_server.shared_memory.status(request.name):
+        for r in self.oip_protocol.shared_memory.status(request.name):
             response.regions[r.name].CopyFrom(
                 oip.SystemSharedMemoryStatusResponse.RegionStatus(
                     name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
@@ -126,7 +128,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: oip.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> oip.ModelInferResponse:
-        with self.oip_server.observed("ModelInfer") as find:
+        with self.oip_protocol.observed("ModelInfer") as find:
             translated = infer_request(request)
             model = find(translated.model_name, translated.model_version)
             return infer_response(await model.infer(translated, context.time_remaining()))

@@ -14,11 +14,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from attnserve.service.core.status import log_unexpected, status_for
+from attnserve.service.core.status import code_name, log_unexpected
 
 Response = TypeVar("Response")
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Response]]
 StreamMethod = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[Response]]
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code of an error (the one table's); anything unexpected is INTERNAL."""
+    return grpc.StatusCode[code_name(exc)]
 
 
 def handle_errors(method: Method[Response]) -> Method[Response]:

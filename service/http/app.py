@@ -19,12 +19,14 @@ from attnserve.service.http import encode, health, oip, openai
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
-from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.model import OipProtocol
 from attnserve.service.settings import Settings
 
 
-def create_app(repository: ModelRepository, settings: Settings, oip_server: OipServer) -> FastAPI:
-    """The HTTP app over the served models; `oip_server` is shared with the gRPC transport."""
+def create_app(
+    repository: ModelRepository, settings: Settings, oip_protocol: OipProtocol
+) -> FastAPI:
+    """The HTTP app over the served models; `oip_protocol` is shared with the gRPC transport."""
     app = FastAPI(
         title="attnserve",
         description="Contextual embeddings and attention weights of a causal self-attention "
@@ -33,7 +35,7 @@ def create_app(repository: ModelRepository, settings: Settings, oip_server: OipS
         docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from a CDN: see pages.py
         redoc_url=None,
     )
-    app.state.attnserve = AppState(repository, settings, oip_server, int(time.time()))
+    app.state.attnserve = AppState(repository, settings, oip_protocol, int(time.time()))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

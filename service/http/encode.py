@@ -13,6 +13,8 @@ from google.protobuf.message import Message
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
+from attnserve.service.v1.encode import encode as encode_v1
+from attnserve.service.v1.encode import model_info as model_info_v1
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import from_tensor
 
@@ -33,7 +35,7 @@ async def model_info(request: Request, model: str = "") -> dict:
     (default: the default model): sizes, limits, and `kvHeads`, the key/value head each
     query head reads."""
     with state(request).repository.observed("GET /v1/model-info") as find:
-        return json_format.MessageToDict(find(model).model_info())
+        return json_format.MessageToDict(model_info_v1(find(model)))
 
 
 @router.post("/encode")
@@ -48,7 +50,7 @@ async def encode(
     with state(request).repository.observed("POST /v1/encode") as find:
         encode_request, as_lists = _encode_request(body)
         timeout = deadline(request)
-        answer = await find(encode_request.model).encode(encode_request, timeout)
+        answer = await encode_v1(find(encode_request.model), encode_request, timeout)
         return _encode_response(answer.filled(), as_lists)
 
 

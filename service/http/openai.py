@@ -12,12 +12,10 @@ from pydantic import BaseModel, Field
 
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import INT64
-from attnserve.service.core.plan import Input
-from attnserve.service.core.response import pooled
+from attnserve.service.core.plan import pooled
+from attnserve.service.core.request import EncodeOptions, Input, Pooling
 from attnserve.service.http.errors import ErrorRoute
 from attnserve.service.http.state import authorized, deadline, state
-from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import POOLINGS
 
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
@@ -56,8 +54,8 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
         dataplane = find(body.model or "")
         config = dataplane.backend.config
         inputs = _inputs(body, config.embedding_dim)
-        options = pb.EncodeOptions(
-            pooling=POOLINGS[s.settings.embeddings_pooling], skip_token_embeddings=True
+        options = EncodeOptions(
+            pooling=Pooling(s.settings.embeddings_pooling), token_embeddings=False
         )
         data = []
         async with dataplane.results(inputs, options, deadline(request)) as (plan, results):

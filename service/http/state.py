@@ -1,5 +1,5 @@
 """What the HTTP routes read from the app: the models, the settings, the Open Inference
-Protocol's server (OipServer).
+Protocol's calls (OipProtocol).
 
 The routes are module-level (one router per API); create_app puts these on `app.state`
 and the routes take them from the request, so no route is a closure over the server.
@@ -14,7 +14,7 @@ from fastapi import Request
 from attnserve.service.core.auth import check_bearer
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.model import OipProtocol
 from attnserve.service.settings import Settings
 
 
@@ -22,7 +22,7 @@ from attnserve.service.settings import Settings
 class AppState:
     repository: ModelRepository
     settings: Settings
-    oip_server: OipServer
+    oip_protocol: OipProtocol
     started: int  # the Unix time the app was made (OpenAI's model "created")
 
 

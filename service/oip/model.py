@@ -1,7 +1,7 @@
 """The Open Inference Protocol, transport-free: what /v2 over HTTP and
 inference.GRPCInferenceService over gRPC both call (service/http/oip.py, service/grpc/oip.py).
 
-`OipServer` is the protocol's view of the server (its metadata, the repository extension,
+`OipProtocol` is the protocol's view of the server (its metadata, the repository extension,
 the shared-memory regions, statistics per model version); `OipModel` that of one served
 model version. Requests and answers are Python values (service/oip/messages.py);
 metadata, config, statistics and the index are the protocol's JSON documents, which the
@@ -77,8 +77,9 @@ class _Statistics:
     last_ms: int = 0
 
 
-class OipServer:
-    """The protocol's view of the server: every served model, by name and version."""
+class OipProtocol:
+    """The protocol's calls over every served model (by name and version): health,
+    metadata, inference, the repository and shared-memory extensions; no transport."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """The encoder as Open Inference Protocol (KServe V2) tensors: ModelInfer <-> Encode.
 
 A ModelInfer request becomes the data plane's inputs (its rows of ids as numpy arrays, or
-its texts) and attnserve.v1's EncodeOptions, so it runs through the same plan, memory
+its texts) and EncodeOptions (core/request.py), so it runs through the same plan, memory
 budget and batcher as Encode (its requests, attnserve.v1's and HTTP's batch together and get
 the same numbers); the data plane's arrays become named tensors. Transport-free: OipModel
 (service/oip/model.py) and tests call these functions.
@@ -38,16 +38,18 @@ with top_k; the readouts, from hidden_states on, only when named):
   attribution_embeddings        FP32 [batch, positions, targets]
   attribution_constants         FP32 [batch, positions, targets]
                                 (parameter attribution_target_ids)
-Options are request parameters named as in attnserve.v1's AttentionRequest,
-HiddenStatesRequest, TokenPredictionsRequest and LogitAttributionRequest
-(service/oip/parameters.py).
+Options are request parameters, each setting the options its row of the one table says
+(service/oip/parameters.py PARAMETERS); the outputs asked say which groups of options are
+computed.
 Ragged results are zero-padded to the longest row (-1 for token ids predicted and
 attention_indices).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +58,19 @@ from attnserve.model.config import ModelConfig
 from attnserve.oip.wire import BYTES
 from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.plan import EncodePlan, Input
-from attnserve.service.core.response import pooled
+from attnserve.service.core.plan import EncodePlan, pooled
+from attnserve.service.core.request import (
+    AttentionOptions,
+    AttributionOptions,
+    EncodeOptions,
+    HeadScale,
+    HiddenStatesOptions,
+    Input,
+    Pooling,
+    PredictionsOptions,
+)
 from attnserve.service.oip.messages import InferRequest, InputTensor
-from attnserve.service.oip.parameters import PARAMETERS, checked_parameters, choice
-from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import HEAD_REDUCTIONS, LAYOUTS, LENS_NORMS, POOLINGS
+from attnserve.service.oip.parameters import PARAMETERS, checked_parameters
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -118,7 +127,15 @@ _PREDICTION_FIELDS = {
     "lens_probabilities": ("lens", "top_probabilities"),
     "lens_target_probabilities": ("lens", "target_probabilities"),
 }
-_DTYPE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16}
+# The group of options (a field of EncodeOptions) each set of outputs asks for: a group is
+# computed when one of its outputs is asked, and its parameters are refused otherwise.
+OPTION_GROUPS = {
+    "attention": (ATTENTION_OUTPUTS, AttentionOptions),
+    "hidden_states": (HIDDEN_OUTPUTS, HiddenStatesOptions),
+    "predictions": (PREDICTION_OUTPUTS, PredictionsOptions),
+    "logit_lens": (LENS_OUTPUTS, PredictionsOptions),
+    "attribution": (ATTRIBUTION_V2_OUTPUTS, AttributionOptions),
+}
 
 
 @dataclass(frozen=True)
@@ -126,7 +143,7 @@ class InferPlan:
     """What a ModelInfer request asks of the data plane, and the outputs, in order."""
 
     inputs: list[Input]  # texts, or rows of ids (int64)
-    options: pb.EncodeOptions
+    options: EncodeOptions
     outputs: list[str]
 
 
@@ -182,89 +199,73 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
             "for ragged rows) or text (BYTES [batch])"
         )
 
-    options = pb.EncodeOptions()
-    options.skip_token_embeddings = "embeddings" not in outputs
-    if params.get("truncate"):
-        options.truncation = pb.TRUNCATION_RIGHT
-    if "pooled" in outputs:
-        pooling = params.get("pooling", "last")
-        options.pooling = choice("pooling", pooling, POOLINGS)
-        if options.pooling == pb.POOLING_NONE:
-            raise InvalidInputError("parameters: pooling=none, but the pooled output was asked")
-    if any(name in outputs for name in ATTENTION_OUTPUTS):
-        _fill_attention(options.attention, params, outputs)
-    elif any(
-        name.startswith("attention_") or name in ("head_reduction", "rollout", "top_k")
-        for name in params
-    ):
-        raise InvalidInputError(
-            "parameters: attention options need an attention output "
-            f"(outputs: one of {', '.join(ATTENTION_OUTPUTS)})"
-        )
-    _fill_readouts(options, params, outputs)
-    if head_mask is not None or head_means is not None:
-        _fill_head_mask(options, head_mask, head_means, config)
-    return InferPlan(inputs, options, outputs)
-
-
-def _fill_readouts(options: pb.EncodeOptions, params: dict, outputs: list[str]) -> None:
-    """The readout requests the outputs name, with their parameters (refused without)."""
-    asked = set(outputs)
-    groups = (
-        (HIDDEN_OUTPUTS, ("hidden_layers", "hidden_positions")),
-        (PREDICTION_OUTPUTS, ("prediction_positions",)),
-        (LENS_OUTPUTS, ("lens_layers", "lens_positions", "lens_norm")),
-        (ATTRIBUTION_V2_OUTPUTS, tuple(p for p in PARAMETERS if p.startswith("attribution_"))),
+    mask = (
+        ()
+        if head_mask is None and head_means is None
+        else _head_mask(head_mask, head_means, config)
     )
-    for names, parameters in groups:
-        for parameter in parameters:
-            if parameter in params and not asked & set(names):
-                raise InvalidInputError(
-                    f"parameters: {parameter} needs one of the outputs {', '.join(names)}"
-                )
-    if asked & set(HIDDEN_OUTPUTS):
-        hidden = options.hidden_states
-        hidden.layers[:] = params.get("hidden_layers", [])
-        hidden.positions[:] = params.get("hidden_positions", [])
-        hidden.norms = "hidden_state_norms" in asked
-        hidden.omit_states = "hidden_states" not in asked
-    targets = params.get("target_ids", [])
-    for target_output in ("target_probabilities", "lens_target_probabilities"):
-        if target_output in asked and not targets:
-            raise InvalidInputError(f"outputs: {target_output} needs the target_ids parameter")
-    top_k = params.get("top_tokens", 0)
-    if asked & set(PREDICTION_OUTPUTS):
-        predictions = options.predictions
-        predictions.positions[:] = params.get("prediction_positions", [])
-        predictions.top_k, predictions.target_ids[:] = top_k, targets
-        predictions.logits = "logits" in asked
-    if asked & set(LENS_OUTPUTS):
-        lens = options.logit_lens
-        lens.layers[:] = params.get("lens_layers", [])
-        lens.positions[:] = params.get("lens_positions", [])
-        lens.lens_norm = choice("lens_norm", params.get("lens_norm", "frozen"), LENS_NORMS)
-        lens.top_k, lens.target_ids[:] = top_k, targets
-    if asked & set(ATTRIBUTION_V2_OUTPUTS):
-        if "attribution_target_ids" not in params:
+    return InferPlan(inputs, _options(params, outputs, mask), outputs)
+
+
+def _options(
+    params: dict[str, Any], outputs: list[str], head_mask: tuple[HeadScale, ...]
+) -> EncodeOptions:
+    """Each parameter into the options its row of PARAMETERS names, in the groups the
+    outputs ask for (a parameter of no asked group is refused); what the outputs say
+    themselves (which tensors, entropy, norms, logits) beside."""
+    asked = set(outputs)
+    groups = {group for group, (names, _) in OPTION_GROUPS.items() if asked & set(names)}
+    values: dict[str, dict[str, Any]] = defaultdict(dict)  # group ("": none) -> option -> value
+    for name, value in params.items():
+        fields = [f.removeprefix("options.").rpartition(".") for f in PARAMETERS[name].fields]
+        if not any(not group or group in groups for group, _, _ in fields):
+            wanted = [o for group, _, _ in fields for o in OPTION_GROUPS[group][0]]
             raise InvalidInputError(
-                "outputs: the attribution outputs need the attribution_target_ids parameter"
+                f"parameters: {name} needs one of the outputs {', '.join(wanted)}"
             )
-        attribution = options.attribution
-        attribution.positions[:] = params.get("attribution_positions", [])
-        attribution.target_ids[:] = params["attribution_target_ids"]
-        attribution.contrast_ids[:] = params.get("attribution_contrast_ids", [])
-    if ("top_tokens" in params or targets) and not asked & set(PREDICTION_OUTPUTS + LENS_OUTPUTS):
+        for group, _, option in fields:
+            if not group or group in groups:
+                values[group][option] = value
+    top = values.pop("", {})
+    if "pooled" in asked:
+        top.setdefault("pooling", Pooling.LAST)
+        if top["pooling"] == Pooling.NONE:
+            raise InvalidInputError("parameters: pooling=none, but the pooled output was asked")
+    else:
+        top["pooling"] = Pooling.NONE
+    if "attention" in groups:
+        values["attention"] |= {
+            "head_entropy": "head_entropy" in asked,
+            "omit_weights": "attention" not in asked,
+        }
+        if "attention_indices" in asked and not values["attention"].get("top_k"):
+            raise InvalidInputError("outputs: attention_indices needs the top_k parameter")
+    if "hidden_states" in groups:
+        values["hidden_states"] |= {
+            "norms": "hidden_state_norms" in asked,
+            "omit_states": "hidden_states" not in asked,
+        }
+    if "predictions" in groups:
+        values["predictions"]["logits"] = "logits" in asked
+    for target_output, group in (
+        ("target_probabilities", "predictions"),
+        ("lens_target_probabilities", "logit_lens"),
+    ):
+        if target_output in asked and not values[group].get("target_ids"):
+            raise InvalidInputError(f"outputs: {target_output} needs the target_ids parameter")
+    if "attribution" in groups and not values["attribution"].get("target_ids"):
         raise InvalidInputError(
-            "parameters: top_tokens and target_ids need a prediction or lens output"
+            "outputs: the attribution outputs need the attribution_target_ids parameter"
         )
+    options = {group: OPTION_GROUPS[group][1](**values[group]) for group in groups}
+    return EncodeOptions(
+        **top, token_embeddings="embeddings" in asked, head_mask=head_mask, **options
+    )
 
 
-def _fill_head_mask(
-    options: pb.EncodeOptions,
-    mask: np.ndarray | None,
-    means: np.ndarray | None,
-    config: ModelConfig,
-) -> None:
+def _head_mask(
+    mask: np.ndarray | None, means: np.ndarray | None, config: ModelConfig
+) -> tuple[HeadScale, ...]:
     """A HeadScale for each head whose scale is not 1 or whose mean is not zero."""
     heads = (config.n_layers, config.n_heads)
     for name, values, shape in (
@@ -278,10 +279,15 @@ def _fill_head_mask(
             )
     mask = np.ones(heads, np.float32) if mask is None else mask
     moved = np.zeros(heads, bool) if means is None else (means != 0).any(-1)
-    for layer, head in np.argwhere((mask != 1) | moved):
-        entry = options.head_mask.add(layer=layer, head=head, scale=mask[layer, head])
-        if means is not None and moved[layer, head]:
-            entry.mean[:] = means[layer, head].tolist()
+    return tuple(
+        HeadScale(
+            int(layer),
+            int(head),
+            float(mask[layer, head]),
+            tuple(means[layer, head].tolist()) if means is not None and moved[layer, head] else (),
+        )
+        for layer, head in np.argwhere((mask != 1) | moved)
+    )
 
 
 def _read_inputs(request: InferRequest) -> dict:
@@ -330,24 +336,6 @@ def _requested_outputs(request: InferRequest, params: dict[str, object]) -> list
         if names.index(name) != i:
             raise InvalidInputError(f"outputs[{i}].name: {name} asked twice")
     return names
-
-
-def _fill_attention(attention: pb.AttentionRequest, params: dict, outputs: list[str]) -> None:
-    attention.layers[:] = params.get("attention_layers", [])
-    attention.heads[:] = params.get("attention_heads", [])
-    attention.query_positions[:] = params.get("attention_rows", [])
-    attention.dtype = choice("attention_dtype", params.get("attention_dtype", "FP32"), _DTYPE)
-    attention.layout = choice("attention_layout", params.get("attention_layout", "full"), LAYOUTS)
-    if "head_reduction" in params:
-        attention.head_reduction = choice(
-            "head_reduction", params["head_reduction"], HEAD_REDUCTIONS
-        )
-    attention.rollout = bool(params.get("rollout", False))
-    attention.top_k = int(params.get("top_k", 0))
-    attention.head_entropy = "head_entropy" in outputs
-    attention.omit_weights = "attention" not in outputs
-    if "attention_indices" in outputs and not attention.top_k:
-        raise InvalidInputError("outputs: attention_indices needs the top_k parameter")
 
 
 # ------------------------------------------------------------------ the answer

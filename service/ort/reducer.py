@@ -14,9 +14,9 @@ from collections import OrderedDict
 import numpy as np
 import onnxruntime as ort
 
+from attnserve.model.packing import pack_causal
 from attnserve.service.core.backend import AttentionOutput, AttentionSelection
 from attnserve.service.ort.reducer_graph import Recipe, build_graph
-from attnserve.v1.wire import pack_causal
 
 
 class AttentionReducer:

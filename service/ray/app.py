@@ -84,12 +84,12 @@ class Encoder:
         # No shared memory (a region lives on one host) and no loads (they would reach one
         # replica of many).
         services = await compose(self.settings, None, SharedMemoryRegistry(root=None), False)
-        self.repository, self.oip_server = services.repository, services.oip_server
+        self.repository, self.oip_protocol = services.repository, services.oip_protocol
         self.encoder, self.inference = services.encoder, services.inference
         await self.repository.warm_up()
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.repository, self.settings, self.oip_server)
+        return create_app(self.repository, self.settings, self.oip_protocol)
 
     async def check_health(self) -> None:
         """Ray's health check: a replica whose models are not all serving is unhealthy."""
@@ -99,7 +99,7 @@ class Encoder:
     # attnserve.v1.EncoderService (the streams too: Ray's proxy streams both ways).
 
     # Ray's proxy serializes messages itself: the answers the servicer leaves spliced for
-    # grpc (service/core/response.py) are handed over as messages.
+    # grpc (service/v1/response.py) are handed over as messages.
 
     async def Encode(self, request: pb.EncodeRequest, grpc_context: Any) -> pb.EncodeResponse:
         return (await self.encoder.Encode(request, RayContext(grpc_context))).filled()

@@ -2,8 +2,11 @@ import numpy as np
 import pytest
 
 from attnserve.client.codec import build_request, parse_response
+from attnserve.model.packing import pack_causal, packed_length
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import fill_tensor, pack_causal, packed_length
+from attnserve.v1.wire import (
+    fill_tensor,
+)
 
 
 def test_single_text_single_ids_and_lists():

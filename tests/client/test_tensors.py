@@ -1,17 +1,15 @@
 import numpy as np
 import pytest
 
+from attnserve.model.packing import pack_causal, packed_length, unpack_causal
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import (
     SplicedMessage,
     fill_tensor,
     from_tensor,
     nested,
-    pack_causal,
-    packed_length,
     split_tensor_data,
     to_tensor,
-    unpack_causal,
 )
 
 

@@ -79,6 +79,20 @@ def test_the_wheel_has_one_top_level_package(wheel):
     assert "attnserve = attnserve.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+def test_every_package_of_the_tree_is_in_the_wheel(wheel):
+    """pyproject.toml lists the packages: a new folder left off the list would be missing
+    from every install and present in every checkout."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    root = REPO_ROOT / "attnserve"
+    packages = {
+        (Path(folder) / "__init__.py").relative_to(REPO_ROOT).as_posix()
+        for folder, _, files in os.walk(root, followlinks=True)
+        if "__init__.py" in files and "__pycache__" not in folder
+    }
+    assert "attnserve/service/v1/__init__.py" in packages
+    assert packages - names == set()
+
+
 def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_path):
     """A fresh venv, `pip install --no-deps` of the wheel: attnserve.* is there, `model`,
     `service`, `client`, `export`, `bench`, `benchmarks` (the suite beside the package) and

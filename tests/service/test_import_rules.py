@@ -1,6 +1,9 @@
-"""Each folder of the service imports only what its role allows: the data plane (core) no
-transport and no engine, the engine (ort) no transport, the transports no engine. Read from
-the source (every import statement, at any depth), so a new module is covered as written."""
+"""Each folder of the service imports only what its role allows, in layers: the data plane
+(core) and the engine (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
+the Open Inference Protocol's) translate between one API and the core; the transports (grpc,
+http) carry them; ray/ hosts it all on Ray Serve. Nothing imports a layer above its own, no
+protocol the other, no transport the engine. Read from the source (every import statement,
+at any depth), so a new module is covered as written."""
 
 import ast
 from pathlib import Path
@@ -10,12 +13,24 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 SERVICE = REPO_ROOT / "service"
-TRANSPORTS = ("grpc", "http", "oip", "ray")
 ENGINE = ("attnserve.service.ort", "onnxruntime", "onnx", "torch")
+WEB = ("fastapi", "starlette")
+# the generated code and the wire of each API (attnserve/v1, attnserve/oip), and gRPC's
+APIS = ("attnserve.v1", "attnserve.oip", "grpc", "google.protobuf")
+
+
+def _folders(*names: str) -> tuple[str, ...]:
+    return tuple(f"attnserve.service.{name}" for name in names)
+
+
 RULES = {  # folder -> module prefixes it must not import
-    "core": (*(f"attnserve.service.{t}" for t in TRANSPORTS), *ENGINE, "fastapi", "starlette"),
-    "ort": (*(f"attnserve.service.{t}" for t in TRANSPORTS), "fastapi", "starlette", "torch"),
-    **dict.fromkeys(TRANSPORTS[:3], ENGINE),
+    "core": (*_folders("v1", "oip", "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
+    "ort": (*_folders("v1", "oip", "grpc", "http", "ray"), *WEB, *APIS, "torch"),
+    "v1": (*_folders("oip", "grpc", "http", "ray"), *ENGINE, *WEB, "attnserve.oip", "grpc"),
+    "oip": (*_folders("v1", "grpc", "http", "ray"), *ENGINE, *WEB, "attnserve.v1", "grpc"),
+    "grpc": (*_folders("http", "ray"), *ENGINE, *WEB),
+    "http": (*_folders("grpc", "ray"), *ENGINE),
+    "ray": ENGINE,
 }
 
 
@@ -46,6 +61,11 @@ def test_a_folder_imports_only_what_its_role_allows(folder):
     assert broken(folder) == []
 
 
+def test_every_folder_has_rules():
+    folders = {p.name for p in SERVICE.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert folders == set(RULES)
+
+
 def test_the_rules_see_an_import_that_breaks_them(tmp_path):
     """The check itself: a transport module that reached for the engine is named."""
     (tmp_path / "service" / "grpc").mkdir(parents=True)
@@ -54,4 +74,15 @@ def test_the_rules_see_an_import_that_breaks_them(tmp_path):
     )
     assert broken("grpc", tmp_path / "service") == [
         "service/grpc/bad.py:2 imports attnserve.service.ort.runtime"
+    ]
+
+
+def test_the_core_may_not_speak_an_api(tmp_path):
+    (tmp_path / "service" / "core").mkdir(parents=True)
+    (tmp_path / "service" / "core" / "bad.py").write_text(
+        "import grpc\nfrom attnserve.v1 import encoder_service_pb2 as pb\n"
+    )
+    assert broken("core", tmp_path / "service") == [
+        "service/core/bad.py:1 imports grpc",
+        "service/core/bad.py:2 imports attnserve.v1",
     ]

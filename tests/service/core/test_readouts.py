@@ -12,7 +12,8 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.errors import UnsupportedError
-from attnserve.service.core.plan import inputs_of, plan_request
+from attnserve.service.core.plan import plan_request
+from attnserve.service.v1.options import inputs_of, options_of
 from attnserve.v1.wire import ATTRIBUTION_PARTS
 from tests.conftest import SMALL_CONFIG
 
@@ -276,7 +277,11 @@ def test_an_answer_too_large_for_a_message_names_the_readouts(small_model_dir, s
 
 def plan(request, config: ModelConfig, readable: set[str]):
     return plan_request(
-        inputs_of(request), request.options, config, ByteTokenizer(config), frozenset(readable)
+        inputs_of(request),
+        options_of(request.options),
+        config,
+        ByteTokenizer(config),
+        frozenset(readable),
     )
 
 

@@ -21,7 +21,7 @@ from attnserve.client import ClientOptions, EncoderClient
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.core import dataplane, repository
-from attnserve.service.oip.model import OipServer
+from attnserve.service.oip.model import OipProtocol
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import OTHER_CONFIG, SMALL_CONFIG, ServerThread, make_repository
 
@@ -137,7 +137,7 @@ def test_an_unexpected_error_in_any_call_is_logged_and_internal(two_models, capl
     def broken(self) -> dict:
         raise RuntimeError("a bug in the metadata")
 
-    monkeypatch.setattr(OipServer, "server_metadata", broken)
+    monkeypatch.setattr(OipProtocol, "server_metadata", broken)
     with caplog.at_level(logging.ERROR), grpc.insecure_channel(two_models.address) as channel:
         with pytest.raises(grpc.RpcError) as excinfo:
             oip_grpc.GRPCInferenceServiceStub(channel).ServerMetadata(oip.ServerMetadataRequest())

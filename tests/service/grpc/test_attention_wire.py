@@ -4,7 +4,7 @@ dtype asked for."""
 import numpy as np
 import pytest
 
-from attnserve.v1.wire import packed_length
+from attnserve.model.packing import packed_length
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ MODEL = SMALL_CONFIG.name
 
 
 @pytest.fixture(scope="module")
-def oip_server(small_model_dir):
+def v2_server(small_model_dir):
     server = spawn_server(small_model_dir, "--provider", "cpu")
     yield server
     server.process.terminate()
@@ -68,8 +68,8 @@ class Triton:
 
 
 @pytest.fixture(scope="module", params=["grpc", "http"])
-def triton(request, oip_server):
-    address = oip_server.address if request.param == "grpc" else f"127.0.0.1:{oip_server.http_port}"
+def triton(request, v2_server):
+    address = v2_server.address if request.param == "grpc" else f"127.0.0.1:{v2_server.http_port}"
     client = Triton(request.param, address)
     yield client
     client.client.close()
@@ -112,7 +112,7 @@ def test_health_and_metadata_through_tritonclient(triton, small_runtime):
     assert [i["name"] for i in config["input"]] == ["input_ids", "input_lengths", "text"]
 
 
-def test_model_infer_equals_encode(triton, oip_server):
+def test_model_infer_equals_encode(triton, v2_server):
     rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 256, 256, 256]]  # the second is 3 long
     lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [6, 3]}
     answer = triton.infer(
@@ -121,7 +121,7 @@ def test_model_infer_equals_encode(triton, oip_server):
         parameters={"pooling": "mean"},
     )
     outputs = answer["outputs"]
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         expected = client.encode([rows[0], rows[1][:3]], pooling="mean")
     embeddings = array(outputs["embeddings"])
     assert embeddings.shape == (2, 6, SMALL_CONFIG.d_model)
@@ -134,7 +134,7 @@ def test_model_infer_equals_encode(triton, oip_server):
     assert array(outputs["lengths"]).tolist() == [6, 3]
 
 
-def test_text_and_attention_options_through_tritonclient(triton, oip_server):
+def test_text_and_attention_options_through_tritonclient(triton, v2_server):
     text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["attention"]}
     answer = triton.infer(
         [text],
@@ -142,7 +142,7 @@ def test_text_and_attention_options_through_tritonclient(triton, oip_server):
         parameters={"attention_layers": "1", "attention_rows": "-1", "head_reduction": "mean"},
     )
     outputs = answer["outputs"]
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         (expected,) = client.encode(
             "attention", layers=[1], rows=[-1], head_reduction="mean", head_entropy=True
         )
@@ -152,7 +152,7 @@ def test_text_and_attention_options_through_tritonclient(triton, oip_server):
     assert array(outputs["token_ids"])[0].tolist() == list(expected.token_ids)
 
 
-def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(triton, oip_server):
+def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(triton, v2_server):
     """The readouts as V2 tensors equal Encode's, rows of different lengths zero-padded."""
     rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 256, 256, 256]]
     lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [6, 3]}
@@ -178,7 +178,7 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
         },
     )
     outputs = answer["outputs"]
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         expected = client.encode(
             [rows[0], rows[1][:3]],
             head_mask=mask,
@@ -205,12 +205,12 @@ def test_head_mask_hidden_states_predictions_and_lens_through_tritonclient(trito
     assert lens.shape == (2, SMALL_CONFIG.n_layers + 1, 1, 2)
     np.testing.assert_allclose(lens[1], expected[1].logit_lens.top_probabilities, atol=1e-7)
     # the mask was applied: without it the logits differ
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         plain = client.encode(rows[0], predictions={"logits": True})
     assert np.abs(plain[0].predictions.logits[0] - logits[0]).max() > 1e-4
 
 
-def test_attribution_through_tritonclient(triton, oip_server):
+def test_attribution_through_tritonclient(triton, v2_server):
     """Direct logit attribution as V2 tensors equals Encode's, rows zero-padded."""
     rows = [[5, 6, 7, 8, 9], [11, 12, 256, 256, 256]]
     lengths = {"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [5, 2]}
@@ -227,7 +227,7 @@ def test_attribution_through_tritonclient(triton, oip_server):
         parameters={"attribution_target_ids": "5,9", "attribution_contrast_ids": "7,7"},
     )
     outputs = answer["outputs"]
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         expected = client.encode(
             [rows[0], rows[1][:2]], attribution={"target_ids": [5, 9], "contrast_ids": [7, 7]}
         )
@@ -241,7 +241,7 @@ def test_attribution_through_tritonclient(triton, oip_server):
         assert not got[1, 2:].any()  # past the second row's length: zeros
 
 
-def test_mean_ablation_through_tritonclient(triton, oip_server):
+def test_mean_ablation_through_tritonclient(triton, v2_server):
     """head_mask and head_means as V2 inputs equal Encode's HeadScale entries."""
     L, H, d_k = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads, SMALL_CONFIG.head_dim
     mask = np.ones((L, H), np.float32)
@@ -260,7 +260,7 @@ def test_mean_ablation_through_tritonclient(triton, oip_server):
             }
         )
     answer = triton.infer(inputs, outputs=["embeddings"])
-    with EncoderClient(oip_server.address) as client:
+    with EncoderClient(v2_server.address) as client:
         (expected,) = client.encode(
             [5, 6, 7, 8],
             head_mask={(0, 3): 0.0},

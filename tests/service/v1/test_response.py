@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.service.core.response import EncodeAnswer
+from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import SPLICE_MIN_BYTES, SplicedMessage
 

@@ -1,11 +1,11 @@
-"""Results -> EncodeResponse: the whole answer (tensors, tokens, timings) built in one place,
-its large tensors spliced into the bytes it is sent as (v1/wire.py SplicedMessage)."""
+"""The data plane's results -> attnserve.v1's EncodeResponse: the whole answer (tensors,
+tokens, timings) built in one place, its large tensors spliced into the bytes it is sent as
+(attnserve/v1/wire.py SplicedMessage)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 from google.protobuf.message import Message
 
 from attnserve.model.tokenizer import Tokenizer
@@ -17,7 +17,8 @@ from attnserve.service.core.backend import (
     ReadoutSelection,
 )
 from attnserve.service.core.batcher import SequenceResult
-from attnserve.service.core.plan import EncodePlan
+from attnserve.service.core.plan import EncodePlan, pooled
+from attnserve.service.core.request import Pooling
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import ATTRIBUTION_PARTS, RESULTS_FIELD, SplicedMessage, nested
 
@@ -102,12 +103,6 @@ def split_attention_layers(
     return rest, layers
 
 
-def pooled(embeddings: np.ndarray, pooling: int) -> np.ndarray:
-    """One vector of a sequence's (T, d_model) embeddings: their mean, or the last token's
-    (in a causal model only the last token has seen the whole input)."""
-    return embeddings.mean(axis=0) if pooling == pb.POOLING_MEAN else embeddings[-1]
-
-
 def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: EncodePlan) -> None:
     """Write input `index`'s result into `out` (an EncodeResult)."""
     message = out.message
@@ -115,7 +110,7 @@ def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: 
     message.truncated = plan.truncated[index]
     if plan.token_embeddings:
         out.put("embeddings", result.embeddings)
-    if plan.pooling != pb.POOLING_NONE:
+    if plan.pooling != Pooling.NONE:
         out.put("pooled", pooled(result.embeddings, plan.pooling))
     if result.attention is not None and plan.attention is not None:
         selection, a = plan.attention[index], result.attention

@@ -1,0 +1,107 @@
+"""What a request asks of a model, whatever its wire: the inputs and the options, as plain
+values. Every transport translates into these (attnserve.v1's messages in service/v1/, the
+Open Inference Protocol's tensors and parameters in service/oip/, OpenAI's lists in
+service/http/openai.py); the plan (core/plan.py) checks them against the model.
+
+The options are named as attnserve.v1's EncodeOptions names its fields, so that an error
+names the field ("options.attention.layers: 7 is outside [-2, 2)") in the words of the
+API's reference; the Open Inference Protocol renames them to its parameters
+(service/oip/parameters.py). Index lists left empty mean all of them; negative indices
+count from the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+Input = str | np.ndarray  # a text, or its token ids (1-D, int64)
+
+
+class Pooling(StrEnum):
+    NONE = "none"
+    MEAN = "mean"
+    LAST = "last"  # in a causal model only the last token has seen the whole input
+
+
+class HeadReduction(StrEnum):
+    NONE = "none"
+    MEAN = "mean"
+    MAX = "max"
+
+
+class Layout(StrEnum):
+    FULL = "full"
+    CAUSAL_PACKED = "causal_packed"  # the lower triangle, row by row
+
+
+class LensNorm(StrEnum):
+    FROZEN = "frozen"  # every state scaled by the last state's final-norm statistics
+    OWN = "own"  # each state normalised by its own
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    layers: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+    query_positions: tuple[int, ...] = ()  # the rows; none: every row
+    float16: bool = False
+    layout: Layout = Layout.FULL
+    head_reduction: HeadReduction | None = None  # None: mean with rollout, else none
+    rollout: bool = False
+    top_k: int = 0  # 0: every key
+    head_entropy: bool = False
+    omit_weights: bool = False
+
+
+@dataclass(frozen=True)
+class HiddenStatesOptions:
+    layers: tuple[int, ...] = ()  # states 0..L
+    positions: tuple[int, ...] = ()
+    omit_states: bool = False
+    norms: bool = False
+
+
+@dataclass(frozen=True)
+class PredictionsOptions:
+    """The model's next-token predictions, or the logit lens of earlier states."""
+
+    layers: tuple[int, ...] = ()  # states 0..L (the lens only)
+    positions: tuple[int, ...] = ()
+    top_k: int = 0  # 0: the default
+    target_ids: tuple[int, ...] = ()
+    logits: bool = False
+    lens_norm: LensNorm = LensNorm.FROZEN
+
+
+@dataclass(frozen=True)
+class AttributionOptions:
+    positions: tuple[int, ...] = ()
+    target_ids: tuple[int, ...] = ()
+    contrast_ids: tuple[int, ...] = ()  # none, or one per target
+
+
+@dataclass(frozen=True)
+class HeadScale:
+    """One head's output times `scale`, plus `mean` (head_dim floats) where given."""
+
+    layer: int
+    head: int
+    scale: float = 0.0
+    mean: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    truncate: bool = False  # cut inputs past max_seq_len instead of refusing them
+    pooling: Pooling = Pooling.NONE
+    token_embeddings: bool = True
+    return_tokens: bool = False
+    attention: AttentionOptions | None = None
+    hidden_states: HiddenStatesOptions | None = None
+    predictions: PredictionsOptions | None = None
+    logit_lens: PredictionsOptions | None = None
+    attribution: AttributionOptions | None = None
+    head_mask: tuple[HeadScale, ...] = ()

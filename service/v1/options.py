@@ -1,0 +1,134 @@
+"""attnserve.v1's EncodeRequest -> the data plane's inputs and options (core/request.py).
+
+The fields keep their names (the data plane's errors name them as the messages do); what
+is translated here is the message's own: which `content` of an input is set, which
+sub-messages are present, and the enums' numbers, each checked (an unknown number is
+refused with the field's name, as protobuf keeps numbers it does not know).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TypeVar
+
+import numpy as np
+
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.request import (
+    AttentionOptions,
+    AttributionOptions,
+    EncodeOptions,
+    HeadReduction,
+    HeadScale,
+    HiddenStatesOptions,
+    Input,
+    Layout,
+    LensNorm,
+    Pooling,
+    PredictionsOptions,
+)
+from attnserve.v1 import encoder_service_pb2 as pb
+
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def inputs_of(request: pb.EncodeRequest) -> list[Input]:
+    """attnserve.v1's inputs as the plan takes them: each text, or its ids as int64."""
+    inputs: list[Input] = []
+    for index, item in enumerate(request.inputs):
+        kind = item.WhichOneof("content")
+        if kind == "text":
+            inputs.append(item.text)
+        elif kind == "token_ids":
+            inputs.append(np.array(list(item.token_ids.ids), dtype=np.int64))
+        else:
+            raise InvalidInputError(f"inputs[{index}]: set either text or token_ids")
+    return inputs
+
+
+def options_of(options: pb.EncodeOptions) -> EncodeOptions:
+    """The data plane's options of an EncodeRequest's."""
+    truncation = _enum("options.truncation", options.truncation, pb.Truncation)
+    return EncodeOptions(
+        truncate=truncation == pb.TRUNCATION_RIGHT,
+        pooling=_choice("options.pooling", options.pooling, pb.Pooling, Pooling) or Pooling.NONE,
+        token_embeddings=not options.skip_token_embeddings,
+        return_tokens=options.return_tokens,
+        attention=_attention(options.attention) if options.HasField("attention") else None,
+        hidden_states=HiddenStatesOptions(
+            layers=tuple(options.hidden_states.layers),
+            positions=tuple(options.hidden_states.positions),
+            omit_states=options.hidden_states.omit_states,
+            norms=options.hidden_states.norms,
+        )
+        if options.HasField("hidden_states")
+        else None,
+        predictions=_predictions("options.predictions", options.predictions)
+        if options.HasField("predictions")
+        else None,
+        logit_lens=_predictions("options.logit_lens", options.logit_lens)
+        if options.HasField("logit_lens")
+        else None,
+        attribution=AttributionOptions(
+            positions=tuple(options.attribution.positions),
+            target_ids=tuple(options.attribution.target_ids),
+            contrast_ids=tuple(options.attribution.contrast_ids),
+        )
+        if options.HasField("attribution")
+        else None,
+        head_mask=tuple(
+            HeadScale(entry.layer, entry.head, entry.scale, tuple(entry.mean))
+            for entry in options.head_mask
+        ),
+    )
+
+
+def _attention(request: pb.AttentionRequest) -> AttentionOptions:
+    field = "options.attention"
+    if request.dtype not in (pb.DTYPE_UNSPECIFIED, pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16):
+        raise InvalidInputError(
+            f"{field}.dtype: {request.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
+        )
+    layout = _choice(f"{field}.layout", request.layout, pb.AttentionLayout, Layout)
+    return AttentionOptions(
+        layers=tuple(request.layers),
+        heads=tuple(request.heads),
+        query_positions=tuple(request.query_positions),
+        float16=request.dtype == pb.DTYPE_FLOAT16,
+        layout=layout or Layout.FULL,
+        head_reduction=_choice(
+            f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, HeadReduction
+        ),
+        rollout=request.rollout,
+        top_k=request.top_k,
+        head_entropy=request.head_entropy,
+        omit_weights=request.omit_weights,
+    )
+
+
+def _predictions(field: str, request: pb.TokenPredictionsRequest) -> PredictionsOptions:
+    norm = _choice(f"{field}.lens_norm", request.lens_norm, pb.LensNorm, LensNorm)
+    return PredictionsOptions(
+        layers=tuple(request.layers),
+        positions=tuple(request.positions),
+        top_k=request.top_k,
+        target_ids=tuple(request.target_ids),
+        logits=request.logits,
+        lens_norm=norm or LensNorm.FROZEN,
+    )
+
+
+def _enum(field: str, value: int, enum) -> int:
+    """A .proto enum's number, refused if the enum has no such value."""
+    if value not in enum.DESCRIPTOR.values_by_number:
+        raise InvalidInputError(f"{field}: {value} is not one of {list(enum.keys())}")
+    return value
+
+
+def _choice(field: str, value: int, enum, choice: type[Choice]) -> Choice | None:
+    """The data plane's word for a .proto enum's value (POOLING_MEAN: Pooling.MEAN); None
+    for its UNSPECIFIED 0."""
+    if not _enum(field, value, enum):
+        return None
+    prefix = enum.Name(0).removesuffix("UNSPECIFIED")
+    return choice(enum.Name(value).removeprefix(prefix).lower())
