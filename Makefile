@@ -74,7 +74,7 @@ test-fast: $(VENV)/.installed
 
 # Reruns every benchmark (~30 min) and regenerates docs/BENCHMARKS.md from the results.
 benchmarks: $(VENV)/.installed
-	$(PY) -m benchmarks report --out bench-results --doc docs/BENCHMARKS.md
+	$(PY) -m perf report --out bench-results --doc docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .tools models bench-results .pytest_cache .ruff_cache

@@ -11,6 +11,6 @@ relative symlinks (attnserve/service -> ../service, ...), so an import names a f
     attnserve.v1       <- protos/attnserve/v1/   generated protobuf code and the wire format
     attnserve.oip      <- protos/attnserve/oip/  the Open Inference Protocol (KServe V2), generated
 
-Not installed: benchmarks/ (the suite behind docs/BENCHMARKS.md, run from a checkout),
+Not installed: perf/ (the suite behind docs/BENCHMARKS.md, run from a checkout),
 research/ (finished investigations), tests/.
 """

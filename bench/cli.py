@@ -1,6 +1,6 @@
 """`attnserve bench {latency,endpoints,attention,load}`: what a user points at their own model
 or deployment. (The suite behind docs/BENCHMARKS.md, with the peers, runs from a checkout:
-`python -m benchmarks`.)"""
+`python -m perf`.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def add_commands(root: argparse._SubParsersAction) -> None:
         "bench",
         help="the load generator; latency, endpoint and attention costs of a model",
         description="The load generator, and what a model costs on this machine. (The suite "
-        "behind docs/BENCHMARKS.md, with the peers, runs from a checkout: python -m benchmarks)",
+        "behind docs/BENCHMARKS.md, with the peers, runs from a checkout: python -m perf)",
     )
     commands = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     latency = commands.add_parser(

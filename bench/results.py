@@ -1,5 +1,5 @@
 """Where a benchmark's results go: NAME.json (its numbers) and NAME.md (its table) in the
-results folder, which benchmarks/render.py reads back; progress goes to stderr."""
+results folder, which perf/render.py reads back; progress goes to stderr."""
 
 from __future__ import annotations
 

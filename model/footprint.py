@@ -16,7 +16,7 @@ from attnserve.model.config import ModelConfig
 GiB = 1 << 30
 # What the libraries themselves take beside the weights: torch, the exporter and ONNX
 # Runtime for an import; ONNX Runtime, gRPC and the HTTP stack for a server (measured by
-# `python -m benchmarks sizes`, rounded up).
+# `python -m perf sizes`, rounded up).
 IMPORT_BASE_BYTES = int(1.5 * GiB)
 SERVE_BASE_BYTES = GiB // 2
 # An import's transient share beyond the one float32 copy: one layer's tensors being

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnserve.model.config import ModelConfig
-from benchmarks.hf_checkpoints import TEXTS
+from perf.hf_checkpoints import TEXTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,8 +30,7 @@ OTHER_CONFIG = ModelConfig(
 # peers' environment (KServe), benchmarks, Ray clusters, and exporting the 4-layer default
 # model. A test is slow if it lives in one of these folders or asks for one of these fixtures.
 SLOW_FOLDERS = tuple(
-    f"tests/{folder}/"
-    for folder in ("deploy", "bench", "benchmarks", "model", "export", "service/ray")
+    f"tests/{folder}/" for folder in ("deploy", "bench", "perf", "model", "export", "service/ray")
 )
 SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir", "families"}
 
@@ -72,7 +71,7 @@ def run_probe(code: str, *args: str, env: dict[str, str] | None = None):
 def peer_python() -> Path:
     """The python of .venv-peers: KServe, unmodified, in an environment of its own (it pins
     its own versions of much that attnserve uses), made once as the peers benchmark makes it."""
-    from benchmarks.peer_env import PEERS_VENV, peer_venv
+    from perf.peer_env import PEERS_VENV, peer_venv
 
     return peer_venv(REPO_ROOT / PEERS_VENV, print)
 

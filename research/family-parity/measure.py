@@ -20,7 +20,7 @@ import torch
 from attnserve.export.hf_import import load_hf
 from attnserve.export.model_dir import write_model_dir
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from benchmarks.hf_checkpoints import build_checkpoint, reference_outputs
+from perf.hf_checkpoints import build_checkpoint, reference_outputs
 from tests.export.families import FAMILY_SHAPES
 from tests.export.test_hf_families import padded_batch
 

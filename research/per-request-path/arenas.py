@@ -20,7 +20,7 @@ import numpy as np
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.service.process import spawn_server
-from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, encode_ms
+from perf.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, encode_ms
 
 VARIANTS = {  # name: (flags, environment)
     "arenas per thread": ([], {}),

@@ -19,7 +19,7 @@ from profile_server import PY_SPY, summary  # beside this script: on sys.path wh
 from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.service.process import spawn_server
 from attnserve.service.settings import Settings
-from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
+from perf.hf_checkpoints import SMOLLM2_135M, build_checkpoint
 
 OPTIONS = {"attention": True, "attention_dtype": "float16", "attention_layout": "causal-packed"}
 LIMITS = ("--max-message-bytes", str(2**31 - 1), "--max-inflight-bytes", str(8 * 2**30))

@@ -21,7 +21,7 @@ from saturated_profile import saturated_server  # beside this script
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from benchmarks.full_maps import encode_ms
+from perf.full_maps import encode_ms
 
 LENGTHS, CALLS = (8, 32), 40
 
@@ -29,7 +29,7 @@ LENGTHS, CALLS = (8, 32), 40
 LEAN_CLIENT = """
 import asyncio, json, sys
 from attnserve.client import AsyncEncoderClient, keep_freed_heap
-from benchmarks.full_maps import encode_ms
+from perf.full_maps import encode_ms
 
 async def main():
     client = AsyncEncoderClient(sys.argv[1])

@@ -23,7 +23,7 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient, keep_freed_heap
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, runtime_ms
+from perf.full_maps import F16_KEPT, F16_PACKED, F32, MAP_OPTIONS, runtime_ms
 
 T, BLOCKS, CALLS = 512, 4, 3
 

@@ -21,8 +21,8 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client.client import ENCODE
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.v1 import encoder_service_pb2 as pb
-from benchmarks.echo import Echo, echo_server
-from benchmarks.full_maps import serve_attnserve
+from perf.echo import Echo, echo_server
+from perf.full_maps import serve_attnserve
 
 LENGTHS, BLOCKS, CALLS = (8, 32), 6, 150
 

@@ -22,7 +22,7 @@ from attnserve.service.grpc.encoder import EncoderServicer
 from attnserve.service.server import start_server
 from attnserve.service.settings import Settings
 from attnserve.v1 import encoder_service_pb2 as pb
-from benchmarks.full_maps import serve_attnserve
+from perf.full_maps import serve_attnserve
 
 LENGTHS, BLOCKS, CALLS = (8, 32), 5, 200
 

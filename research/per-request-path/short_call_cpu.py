@@ -21,8 +21,8 @@ from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient, keep_freed_heap
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from benchmarks.full_maps import encode_ms
-from benchmarks.peer_env import KSERVE, Peer, peer_venv
+from perf.full_maps import encode_ms
+from perf.peer_env import KSERVE, Peer, peer_venv
 
 PARTS = ("event loop", "other threads", "client")
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.client import AsyncEncoderClient
-from benchmarks.full_maps import encode_ms, serve_attnserve
-from benchmarks.peers import _closed_loop
+from perf.full_maps import encode_ms, serve_attnserve
+from perf.peers import _closed_loop
 
 LENGTHS, CALLS, BLOCKS, ROUNDS = (8, 32, 128, 512), 150, 5, 3
 

@@ -19,8 +19,8 @@ import numpy as np
 from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
-from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
-from benchmarks.sources import environment, sources_of
+from perf.hf_checkpoints import SMOLLM2_135M, build_checkpoint
+from perf.sources import environment, sources_of
 
 REF = "7f71806"  # the last commit before the readouts reached the transports
 

@@ -37,7 +37,7 @@ from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.client.codec import build_request
 from attnserve.service.process import spawn_server
-from benchmarks.sources import environment, sources_of
+from perf.sources import environment, sources_of
 
 ISSUE_12_BASE = "0e43d7121399723bc22eb529e11c59f4d4a1c319"
 SEQ_LENS = (8, 16, 32, 64, 128)

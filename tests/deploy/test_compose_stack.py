@@ -17,7 +17,7 @@ import pytest
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import metric_total
-from benchmarks.compose import ComposeProject, find_engine, wait_serving
+from perf.compose import ComposeProject, find_engine, wait_serving
 from tests.ci import skip_or_fail_in_ci
 
 READY_TIMEOUT_S = 300

@@ -14,7 +14,7 @@ import yaml
 from compose_spec import PyCompose
 
 from attnserve.service.settings import Settings, env_name
-from benchmarks.compose import compose_tool
+from perf.compose import compose_tool
 from tests.ci import skip_or_fail_in_ci
 from tests.conftest import REPO_ROOT
 

@@ -192,7 +192,7 @@ class FamilyCheckpoints:
 
     def checkpoint(self, family: str) -> tuple[Path, object]:
         """(the saved directory, the transformers model it was saved from)."""
-        from benchmarks.hf_checkpoints import build_checkpoint
+        from perf.hf_checkpoints import build_checkpoint
 
         if family not in self._checkpoints:
             directory = self.root / family

@@ -22,7 +22,7 @@ from attnserve.model.artifacts import FUSED_ONNX_FILENAME, TOKENIZER_FILENAME
 from attnserve.model.encoder import encoder_from_weights
 from attnserve.model.footprint import parameter_count
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from benchmarks.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
+from perf.hf_checkpoints import TEXTS, build_checkpoint, reference_outputs
 from tests.conftest import ServerThread, run_cli
 from tests.export.families import FAMILY_SHAPES
 

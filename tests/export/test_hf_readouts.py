@@ -11,7 +11,7 @@ import torch
 from attnserve.export.hf_import import load_hf
 from attnserve.model.hook_points import head_ablation, hooked
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from benchmarks.hf_checkpoints import build_checkpoint
+from perf.hf_checkpoints import build_checkpoint
 from tests.export.families import FAMILY_SHAPES
 from tests.export.test_hf_families import padded_batch
 

@@ -122,7 +122,7 @@ def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
 def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(tmp_path):
     import torch
 
-    from benchmarks.hf_checkpoints import build_checkpoint, reference_outputs
+    from perf.hf_checkpoints import build_checkpoint, reference_outputs
     from tests.conftest import run_cli
 
     fields = dict(

@@ -95,7 +95,7 @@ def test_every_package_of_the_tree_is_in_the_wheel(wheel):
 
 def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_path):
     """A fresh venv, `pip install --no-deps` of the wheel: attnserve.* is there, `model`,
-    `service`, `client`, `export`, `bench`, `benchmarks` (the suite beside the package) and
+    `service`, `client`, `export`, `bench`, `perf` (the suite beside the package) and
     `protos` are not."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # ensurepip: offline
@@ -106,7 +106,7 @@ def test_installed_without_the_repo_nothing_generic_is_importable(wheel, tmp_pat
     )
     code = (
         "import importlib.util as u\n"
-        "generic = ['model', 'service', 'client', 'export', 'bench', 'benchmarks', 'protos']\n"
+        "generic = ['model', 'service', 'client', 'export', 'bench', 'perf', 'protos']\n"
         "print(sorted(n for n in generic if u.find_spec(n)))\n"
         "print(bool(u.find_spec('attnserve.client')), bool(u.find_spec('attnserve.v1')))\n"
     )

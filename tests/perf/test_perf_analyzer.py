@@ -7,7 +7,7 @@ from pathlib import Path
 
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
-from benchmarks.perf_analyzer import TOOLS, install, measure
+from perf.perf_analyzer import TOOLS, install, measure
 from tests.conftest import SMALL_CONFIG
 
 

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from benchmarks.render import END_OF_GENERATED, SECTIONS
+from perf.render import END_OF_GENERATED, SECTIONS
 from tests.conftest import REPO_ROOT
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
-    """`python -m benchmarks report ...` from the repository's root, as `make benchmarks`."""
-    command = [sys.executable, "-m", "benchmarks", "report", *args]
+    """`python -m perf report ...` from the repository's root, as `make benchmarks`."""
+    command = [sys.executable, "-m", "perf", "report", *args]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
 
 

@@ -1,5 +1,5 @@
 """Real sizes: import and serve checkpoints in the shapes of 0.5B to 7B models, beside
-transformers' own load of the same checkpoint (`python -m benchmarks sizes`).
+transformers' own load of the same checkpoint (`python -m perf sizes`).
 
 Each checkpoint is made offline in bfloat16 (as the hub ships them). Then, each in a child
 process whose process tree's summed RSS is sampled every half second: transformers loads
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.hf_checkpoints import (
+from perf.hf_checkpoints import (
     MISTRAL_7B,
     PYTHIA_14B,
     QWEN25_05B,

@@ -1,4 +1,4 @@
-"""`python -m benchmarks readouts`: what the readouts cost, on SmolLM2-135M's shape.
+"""`python -m perf readouts`: what the readouts cost, on SmolLM2-135M's shape.
 
 Random weights in SmolLM2-135M's shape (Llama: 30 layers, d 576, 9 query / 3 KV heads, a
 49,152-token vocabulary), imported by `attnserve export --from-hf` and served by `attnserve
@@ -31,9 +31,9 @@ from attnserve.bench.results import save
 from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
-from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
-from benchmarks.sizes import tree_rss
-from benchmarks.sources import environment, sources_of
+from perf.hf_checkpoints import SMOLLM2_135M, build_checkpoint
+from perf.sizes import tree_rss
+from perf.sources import environment, sources_of
 
 LENGTHS = (8, 128)
 BEFORE_READOUTS = "7f71806"  # the last commit before the readouts reached the transports

@@ -47,8 +47,8 @@ from attnserve.service.core.metrics import Metrics
 from attnserve.service.models import model_instances
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.settings import Settings
-from benchmarks.echo import Echo, echo_server
-from benchmarks.full_maps import (
+from perf.echo import Echo, echo_server
+from perf.full_maps import (
     ATTNSERVE,
     F16_KEPT,
     F32,
@@ -61,7 +61,7 @@ from benchmarks.full_maps import (
     runtime_ms,
     serve_attnserve,
 )
-from benchmarks.peer_env import KSERVE, PEERS, Peer, PeerKind, ort_distribution, peer_venv
+from perf.peer_env import KSERVE, PEERS, Peer, PeerKind, ort_distribution, peer_venv
 
 LATENCY_LENGTHS = (8, 32, 128, 512)  # and all attention weights at the longest
 P50_TARGETS = {8: 0.9, 32: 0.9, 128: 1.0, 512: 1.0}  # p50 / the best peer's, at most

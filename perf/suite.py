@@ -1,4 +1,4 @@
-"""`python -m benchmarks report`'s running half: every benchmark, one after the other, into
+"""`python -m perf report`'s running half: every benchmark, one after the other, into
 one folder of results (render.py turns them into docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from attnserve.bench.endpoints import run_endpoints
 from attnserve.bench.latency import run_latency
 from attnserve.bench.results import progress
 from attnserve.model.config import ModelConfig
-from benchmarks.batching import run_batching
-from benchmarks.containers import run_containers
-from benchmarks.families import run_families, run_second_round
-from benchmarks.oip import run_oip
-from benchmarks.peer_env import PEERS_VENV
-from benchmarks.peers import run_peers
-from benchmarks.perf_analyzer import TOOLS, run_perf_analyzer
-from benchmarks.ray_serve import run_ray
-from benchmarks.repository import run_repository
-from benchmarks.sizes import run_sizes
+from perf.batching import run_batching
+from perf.containers import run_containers
+from perf.families import run_families, run_second_round
+from perf.oip import run_oip
+from perf.peer_env import PEERS_VENV
+from perf.peers import run_peers
+from perf.perf_analyzer import TOOLS, run_perf_analyzer
+from perf.ray_serve import run_ray
+from perf.repository import run_repository
+from perf.sizes import run_sizes
 
 
 def run_suite(out: Path, quick: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""`python -m benchmarks containers`: the compose stack's encoder under load, side by side with
+"""`python -m perf containers`: the compose stack's encoder under load, side by side with
 the same server as a host process, then scaled out to two replicas.
 
 One run, one model file (the stack's own export), the same closed-loop loads for every
@@ -20,7 +20,7 @@ from pathlib import Path
 from attnserve.bench.load import LoadGenerator, RequestKind, summarize
 from attnserve.client import ClientOptions
 from attnserve.service.process import spawn_server
-from benchmarks.compose import ComposeProject, find_engine, wait_serving
+from perf.compose import ComposeProject, find_engine, wait_serving
 
 # (name, requests in flight, sequence lengths mixed uniformly)
 LOADS = [("latency", 1, [16]), ("throughput", 16, [16, 128])]

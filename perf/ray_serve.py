@@ -1,4 +1,4 @@
-"""`python -m benchmarks ray`: attnserve behind Ray Serve's proxies, on this machine.
+"""`python -m perf ray`: attnserve behind Ray Serve's proxies, on this machine.
 
 1. One request at a time: Encode over gRPC and /v1/embeddings over HTTP, at T = 8, 128,
    512, from `attnserve serve` directly and from a Ray Serve replica behind Ray's proxies,

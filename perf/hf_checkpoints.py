@@ -92,7 +92,7 @@ MISTRAL_7B = dict(
     sliding_window=None,
 )
 
-# The second round's families (benchmarks/families.py, second_round)
+# The second round's families (perf/families.py, second_round)
 GEMMA2_2B = dict(
     hidden_size=2304,
     intermediate_size=9216,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnserve.bench.engines import DESCRIPTIONS
 
-COMMAND = "make benchmarks   # = python -m benchmarks report --out bench-results"
+COMMAND = "make benchmarks   # = python -m perf report --out bench-results"
 # The generated part of the page ends here; what follows the marker is written by hand.
 END_OF_GENERATED = "<!-- end of the generated part: what follows is written by hand -->"
 PLOT = "latency.png"
@@ -44,7 +44,7 @@ SECTIONS = [
         "embeddings, one run and one echo in turn, as a server meets them). Every "
         "client's process and the echo server keep their freed heap "
         "(attnserve.client.keep_freed_heap). The saturated rows run the same draws.",
-        "python -m benchmarks peers",
+        "python -m perf peers",
     ),
     (
         "batching",
@@ -59,14 +59,14 @@ SECTIONS = [
         "One server: Encode through attnserve's client, ModelInfer through tritonclient; then "
         "every attention weight of the longest length through each path, against ONNX "
         "Runtime alone. Shared memory: the server writes into the client's region.",
-        "python -m benchmarks oip",
+        "python -m perf oip",
     ),
     (
         "perf_analyzer",
         "Triton's perf_analyzer",
         "Triton's own load generator against the V2 endpoint (its stability windows; its "
         "latencies).",
-        "python -m benchmarks perf-analyzer",
+        "python -m perf perf-analyzer",
     ),
     (
         "attention",
@@ -92,7 +92,7 @@ SECTIONS = [
         "with `output_attentions` on and off, batch 1, alternating blocks, and the server end "
         "to end through Encode; then what importing a 0.5B-parameter model costs (the export "
         "process's wall time and peak RSS).",
-        "python -m benchmarks families",
+        "python -m perf families",
     ),
     (
         "families_second_round",
@@ -103,7 +103,7 @@ SECTIONS = [
         "Runtime (the graphs the server runs) and transformers' eager implementation, with "
         "attention weights and without, one after the other: two float32 copies of a 2.6B "
         "model do not fit beside each other in this machine's memory.",
-        "python -m benchmarks families --second-round",
+        "python -m perf families --second-round",
     ),
     (
         "sizes",
@@ -116,7 +116,7 @@ SECTIONS = [
         "warm-up and after one layer's attention at 128 tokens; Encode's p50 with one layer's "
         "attention). Ratios are against the float32 weights. The 7B shape does not fit in "
         "float32 here: int8 only, without transformers.",
-        "python -m benchmarks sizes",
+        "python -m perf sizes",
     ),
     (
         "repository",
@@ -125,7 +125,7 @@ SECTIONS = [
         "with a second copy loaded beside it, side by side in alternating blocks; then one "
         "server under a closed loop, without and during a reload to version 2 "
         "(RepositoryModelLoad).",
-        "python -m benchmarks repository",
+        "python -m perf repository",
     ),
     (
         "ray",
@@ -133,14 +133,14 @@ SECTIONS = [
         "One replica of the Ray Serve application behind Ray's HTTP and gRPC proxies, against "
         "`attnserve serve` with the same settings, one request at a time in alternating blocks; "
         "then a closed loop on one replica and on two, on this one machine.",
-        "python -m benchmarks ray",
+        "python -m perf ray",
     ),
     (
         "containers",
         "Containers",
         "The compose stack's encoder against the same model served by a host process, then "
         "two replicas with gRPC round robin; closed loops from the host.",
-        "python -m benchmarks containers",
+        "python -m perf containers",
     ),
 ]
 

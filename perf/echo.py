@@ -4,7 +4,7 @@ No parsing, no protobuf, no model: a round trip to it costs what the transport a
 to move an answer of that size, the "echo" beside which the peers benchmark sets the
 attention maps. The request is N as 8 little-endian bytes.
 
-    python benchmarks/echo.py --ready-file F     # writes its port to F once listening
+    python perf/echo.py --ready-file F     # writes its port to F once listening
 """
 
 from __future__ import annotations

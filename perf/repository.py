@@ -1,4 +1,4 @@
-"""`python -m benchmarks repository`: what serving several models, and reloading one, costs.
+"""`python -m perf repository`: what serving several models, and reloading one, costs.
 
 1. A second model costs the first nothing: Encode p50 on model `default` at T = 8, 128, 512
    (batch 1, every attention weight), from a server of a repository holding only `default`

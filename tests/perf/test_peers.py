@@ -1,4 +1,4 @@
-"""`python -m benchmarks peers`: KServe's model server, MLServer and PyTriton on the same
+"""`python -m perf peers`: KServe's model server, MLServer and PyTriton on the same
 graphs and session settings, measured by tritonclient. The peers run for real, each in its
 own virtual environment (made once, at the repository's root, as the benchmark makes them)."""
 
@@ -15,10 +15,10 @@ from attnserve.service.ort.runtime import (
     session_options,
     session_settings,
 )
-from benchmarks import kserve_peer
-from benchmarks.full_maps import F16_KEPT, F16_PACKED, F32, PACKED_MAPS
-from benchmarks.peer_env import PEERS, Peer, peer_venv
-from benchmarks.peers import run_peers, table
+from perf import kserve_peer
+from perf.full_maps import F16_KEPT, F16_PACKED, F32, PACKED_MAPS
+from perf.peer_env import PEERS, Peer, peer_venv
+from perf.peers import run_peers, table
 from tests.conftest import REPO_ROOT, SMALL_CONFIG
 
 

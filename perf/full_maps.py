@@ -22,7 +22,7 @@ from attnserve.client import AsyncEncoderClient, ClientOptions
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
 from attnserve.service.settings import Settings
-from benchmarks.echo import Echo, echo_server
+from perf.echo import Echo, echo_server
 
 ATTNSERVE = "attnserve"
 F32, F16_PACKED = "all, float32", "all, float16 causal-packed"
@@ -87,7 +87,7 @@ def measure_big_map(work: Path, repeats: int, log: Callable[[str], None]) -> dic
     float16 causal-packed, through the server, against ORT's run of the full graph in this
     process plus the echo of the answer's bytes; and once more after the server, idle, gave
     its memory back (every page of the answer's buffers faulted in afresh)."""
-    from benchmarks.hf_checkpoints import SMOLLM2_135M, build_checkpoint
+    from perf.hf_checkpoints import SMOLLM2_135M, build_checkpoint
 
     log(f"peers: SmolLM2-135M's shape at {BIG_MAP_LENGTH} tokens: building and importing it")
     build_checkpoint("llama", work / "hf", perturb=0.0, **SMOLLM2_135M)

@@ -1,4 +1,4 @@
-"""`python -m benchmarks BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
+"""`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
 repository, ray, containers, report), from the repository's root with attnserve installed
 (`make install`): `make benchmarks` runs `report`."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 from attnserve.bench.default_model import model_dir_or_default
 from attnserve.bench.results import progress
-from benchmarks.peer_env import PEERS_VENV
-from benchmarks.perf_analyzer import TOOLS
+from perf.peer_env import PEERS_VENV
+from perf.perf_analyzer import TOOLS
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    root = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
     peers = commands.add_parser(
         "peers",
@@ -104,8 +104,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "report":
-        from benchmarks.render import write_page
-        from benchmarks.suite import run_suite
+        from perf.render import write_page
+        from perf.suite import run_suite
 
         if not args.render_only:
             run_suite(args.out, args.quick)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"wrote {args.doc}")
         return 0
     if args.command == "families":
-        from benchmarks.families import run_families, run_second_round
+        from perf.families import run_families, run_second_round
 
         if args.second_round is not None:
             run_second_round(args.out, args.second_round or None, progress)
@@ -121,22 +121,22 @@ def main(argv: list[str] | None = None) -> int:
             run_families(args.out, args.quick, progress)
         return 0
     if args.command == "sizes":
-        from benchmarks.sizes import run_sizes
+        from perf.sizes import run_sizes
 
         run_sizes(args.out, progress, args.shapes, args.quick)
         return 0
     if args.command == "readouts":
-        from benchmarks.readouts import run_readouts
+        from perf.readouts import run_readouts
 
         run_readouts(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "containers":
-        from benchmarks.containers import run_containers
+        from perf.containers import run_containers
 
         return 1 if run_containers(args.out, args.duration, progress).get("skipped") else 0
     with model_dir_or_default(args.model, progress) as model_dir:
         if args.command == "peers":
-            from benchmarks.peers import run_peers
+            from perf.peers import run_peers
 
             run_peers(
                 args.out,
@@ -148,19 +148,19 @@ def main(argv: list[str] | None = None) -> int:
                 big_map=not args.no_big_map,
             )
         elif args.command == "ray":
-            from benchmarks.ray_serve import run_ray
+            from perf.ray_serve import run_ray
 
             run_ray(args.out, model_dir, args.blocks, args.seconds, progress)
         elif args.command == "repository":
-            from benchmarks.repository import run_repository
+            from perf.repository import run_repository
 
             run_repository(args.out, model_dir, args.blocks, args.seconds, progress)
         elif args.command == "oip":
-            from benchmarks.oip import run_oip
+            from perf.oip import run_oip
 
             run_oip(args.out, model_dir, PEERS_VENV, args.blocks, progress)
         else:
-            from benchmarks.perf_analyzer import run_perf_analyzer
+            from perf.perf_analyzer import run_perf_analyzer
 
             run_perf_analyzer(args.out, model_dir, TOOLS, progress)
     return 0

@@ -22,9 +22,9 @@ from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
 from attnserve.model.packing import packed_length
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
-from benchmarks.full_maps import encode_ms, runtime_ms
-from benchmarks.peer_env import TritonDriver, peer_venv
-from benchmarks.peers import LATENCY_LENGTHS
+from perf.full_maps import encode_ms, runtime_ms
+from perf.peer_env import TritonDriver, peer_venv
+from perf.peers import LATENCY_LENGTHS
 
 
 def _infer_ms(client: InferenceClient, seq_len: int, n: int) -> list:

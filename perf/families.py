@@ -1,4 +1,4 @@
-"""`python -m benchmarks families`: the families people study, at real models' sizes.
+"""`python -m perf families`: the families people study, at real models' sizes.
 
 1. Latency across lengths, batch 1, on random weights in the shapes of SmolLM2-135M
    (Llama: 30 layers, d 576, 9 query / 3 KV heads) and Pythia-160M (GPT-NeoX: 12 layers,
@@ -33,7 +33,7 @@ import numpy as np
 from attnserve.bench.results import save
 from attnserve.bench.timing import alternate, p50_ms, timed
 from attnserve.model.config import ModelConfig
-from benchmarks.hf_checkpoints import (
+from perf.hf_checkpoints import (
     GEMMA2_2B,
     GEMMA3_1B,
     LLAMA32_1B,
@@ -262,7 +262,7 @@ def second_round_shape(name: str, work: Path, repeats: int, log=print) -> dict:
 
     import torch
 
-    from benchmarks.sizes import measured, served
+    from perf.sizes import measured, served
 
     family, fields = SECOND_ROUND[name]
     source, model_dir = work / name, work / f"{name}-model"
