@@ -13,21 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from dataclasses import replace
 
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.errors import DeadlineExceededError
-from attnserve.service.core.plan import EncodePlan, response_bytes
+from attnserve.service.core.plan import EncodePlan, attention_weight_bytes, response_bytes
 from attnserve.service.core.readouts import readout_work_bytes
 
 
 def request_bytes(plan: EncodePlan, config: ModelConfig) -> int:
-    """What a request holds at its peak: its answer twice (numpy, then protobuf); per
-    sequence with attention or readouts (whose graph computes attention too), its float32
-    T x T weights twice (each layer's, then stacked); and what its readouts work in."""
+    """What a request holds at its peak: its answer twice (numpy, then its serialized
+    bytes); per sequence with attention or readouts (whose graph computes attention too),
+    its float32 T x T weights twice (each layer's, then stacked), and the square map of
+    what it asked before it is packed where it asked for the causal-packed layout; and
+    what its readouts work in."""
     total = 2 * response_bytes(plan, config)
     if plan.attention or plan.readouts:
         per_weight = config.n_layers * config.n_heads * 4
         total += sum(2 * per_weight * len(ids) ** 2 for ids in plan.sequences)
+    for attention, ids in zip(plan.attention or (), plan.sequences, strict=False):
+        if attention.packed:
+            total += attention_weight_bytes(replace(attention, packed=False), len(ids))
     for selection, ids in zip(plan.readouts or (), plan.sequences, strict=False):
         total += readout_work_bytes(selection, config, len(ids))
     return total

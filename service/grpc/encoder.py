@@ -27,11 +27,11 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.repository = repository
 
     @handle_errors
-    async def Encode(
-        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> EncodeAnswer:
+    async def Encode(self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """The serialized EncodeResponse (made inside the request's memory budget)."""
         with self.repository.observed("Encode") as find:
-            return await encode(find(request.model), request, context.time_remaining())
+            plane = find(request.model)
+            return await encode(plane, request, context.time_remaining(), EncodeAnswer.serialize)
 
     async def EncodeStream(
         self,
@@ -67,17 +67,21 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
     ) -> bytes:
         """The answer to one request of a stream, or the EncodeError that says why not
         (anything unexpected is INTERNAL, and logged: this is the stream's error wrapper)."""
+        envelope = pb.EncodeStreamResponse(request_id=request.request_id)
         try:
             with self.repository.observed("EncodeStream") as find:
-                answer = await encode(find(request.model), request, context.time_remaining())
+                plane = find(request.model)
+                return await encode(
+                    plane,
+                    request,
+                    context.time_remaining(),
+                    lambda answer: answer.serialize_in(envelope, "response"),
+                )
         except Exception as exc:
             log_unexpected("EncodeStream", exc)
             message = str(exc) or type(exc).__name__
-            error = pb.EncodeError(code=status_for(exc).value[0], message=message)
-            response = pb.EncodeStreamResponse(request_id=request.request_id, error=error)
-            return response.SerializeToString()
-        envelope = pb.EncodeStreamResponse(request_id=request.request_id)
-        return answer.serialize_in(envelope, "response")
+            envelope.error.CopyFrom(pb.EncodeError(code=status_for(exc).value[0], message=message))
+            return envelope.SerializeToString()
 
     @handle_stream_errors
     async def EncodeLayers(
@@ -100,12 +104,12 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
 
 def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
     """The generated add_EncoderServiceServicer_to_server, but the answers of Encode,
-    EncodeStream and EncodeLayers arrive with their large tensors spliced in, as bytes."""
+    EncodeStream and EncodeLayers arrive serialized (their large tensors spliced in)."""
     rpc_method_handlers = {
         "Encode": grpc.unary_unary_rpc_method_handler(
             servicer.Encode,
             request_deserializer=pb.EncodeRequest.FromString,
-            response_serializer=EncodeAnswer.serialize,
+            response_serializer=None,  # the servicer returns the bytes
         ),
         "EncodeStream": grpc.stream_stream_rpc_method_handler(
             servicer.EncodeStream,

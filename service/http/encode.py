@@ -50,8 +50,10 @@ async def encode(
     with state(request).repository.observed("POST /v1/encode") as find:
         encode_request, as_lists = _encode_request(body)
         timeout = deadline(request)
-        answer = await encode_v1(find(encode_request.model), encode_request, timeout)
-        return _encode_response(answer.filled(), as_lists)
+        plane = find(encode_request.model)
+        return await encode_v1(
+            plane, encode_request, timeout, lambda a: _encode_response(a.filled(), as_lists)
+        )
 
 
 def _encode_request(body: dict[str, Any]) -> tuple[pb.EncodeRequest, bool]:

@@ -98,11 +98,13 @@ class Encoder:
 
     # attnserve.v1.EncoderService (the streams too: Ray's proxy streams both ways).
 
-    # Ray's proxy serializes messages itself: the answers the servicer leaves spliced for
-    # grpc (service/v1/response.py) are handed over as messages.
+    # Ray's proxy serializes messages itself: the answers the servicer serializes for grpc
+    # (spliced, service/v1/response.py) are handed over as messages.
 
     async def Encode(self, request: pb.EncodeRequest, grpc_context: Any) -> pb.EncodeResponse:
-        return (await self.encoder.Encode(request, RayContext(grpc_context))).filled()
+        return pb.EncodeResponse.FromString(
+            await self.encoder.Encode(request, RayContext(grpc_context))
+        )
 
     async def EncodeStream(
         self, request_iterator: AsyncIterator[pb.EncodeStreamRequest], grpc_context: Any

@@ -4,19 +4,28 @@ whatever carries them (gRPC in service/grpc/encoder.py, JSON in service/http/enc
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.v1.options import inputs_of, options_of
 from attnserve.service.v1.response import EncodeAnswer, build_response, split_attention_layers
 from attnserve.v1 import encoder_service_pb2 as pb
 
+Sent = TypeVar("Sent")
+
 
 async def encode(
-    plane: DataPlane, request: pb.EncodeRequest, timeout: float | None = None
-) -> EncodeAnswer:
+    plane: DataPlane,
+    request: pb.EncodeRequest,
+    timeout: float | None,
+    finish: Callable[[EncodeAnswer], Sent],
+) -> Sent:
     """The whole request: refuse or admit, plan, batch, build. `timeout`: the seconds the
-    caller will still wait (its deadline); queued work past it is dropped unrun."""
+    caller will still wait (its deadline); queued work past it is dropped unrun. `finish`
+    makes what goes out of the answer (its bytes, a stream's envelope, the JSON of its
+    message) while the request still holds its room in the memory budget: the answer's
+    arrays are let go once it returns, and only what it made is left to send."""
     start = time.perf_counter_ns()
     inputs, options = inputs_of(request), options_of(request.options)
     async with plane.results(inputs, options, timeout) as (plan, results):
@@ -24,7 +33,7 @@ async def encode(
             plan, results, plane.tokenizer, plane.backend.version, request.request_id
         )
         answer.message.timings.total_ns = time.perf_counter_ns() - start
-        return answer
+        return finish(answer)
 
 
 async def encode_layers(

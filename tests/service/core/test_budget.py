@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import numpy as np
 import pytest
 
 from attnserve.client import AsyncEncoderClient, ClientOptions
+from attnserve.model.packing import packed_length
+from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core import dataplane
-from attnserve.service.core.budget import ByteBudget
+from attnserve.service.core.budget import ByteBudget, request_bytes
 from attnserve.service.core.errors import DeadlineExceededError
-from tests.conftest import ServerThread
+from attnserve.service.core.plan import plan_request
+from attnserve.service.core.request import AttentionOptions, EncodeOptions, Layout
+from tests.conftest import SMALL_CONFIG, ServerThread
 from tests.service.fakes import FakeBackend
 
 
@@ -111,3 +116,20 @@ def test_work_over_the_budget_waits_outside_the_queue_then_runs(small_model_dir,
         assert backend.released.wait(30)
     finally:
         server.stop()
+
+
+def test_a_packed_request_also_reserves_the_square_map_it_is_packed_from():
+    """The reducer writes every row of the selected weights before packing them: the
+    reservation holds that map beside the packed answer (and its serialized bytes)."""
+    config, length = SMALL_CONFIG, 300
+    tokenizer = ByteTokenizer(config)
+
+    def reserved(layout: Layout) -> int:
+        options = EncodeOptions(attention=AttentionOptions(float16=True, layout=layout))
+        plan = plan_request([np.ones(length, np.int64)], options, config, tokenizer)
+        return request_bytes(plan, config)
+
+    square = config.n_layers * config.n_heads * length * length * 2
+    triangle = config.n_layers * config.n_heads * packed_length(length) * 2
+    full, packed = reserved(Layout.FULL), reserved(Layout.CAUSAL_PACKED)
+    assert packed == full - 2 * (square - triangle) + square
