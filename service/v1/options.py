@@ -8,8 +8,7 @@ refused with the field's name, as protobuf keeps numbers it does not know).
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import TypeVar
+from collections.abc import Callable
 
 import numpy as np
 
@@ -29,7 +28,31 @@ from attnserve.service.core.request import (
 )
 from attnserve.v1 import encoder_service_pb2 as pb
 
-Choice = TypeVar("Choice", bound=StrEnum)
+
+class _Words:
+    """A .proto enum's numbers -> the data plane's words (POOLING_MEAN: Pooling("mean");
+    its UNSPECIFIED 0: None), made once: a value without a word fails at import."""
+
+    def __init__(self, enum, words: Callable[[str], object]) -> None:
+        prefix = enum.Name(0).removesuffix("UNSPECIFIED")
+        self.names = list(enum.keys())
+        self.by_number = {
+            number: words(name.removeprefix(prefix).lower()) if number else None
+            for name, number in enum.items()
+        }
+
+    def __call__(self, field: str, value: int):
+        """The word of `value`, refused with the field's name if the enum has no such value."""
+        if value not in self.by_number:
+            raise InvalidInputError(f"{field}: {value} is not one of {self.names}")
+        return self.by_number[value]
+
+
+_POOLING = _Words(pb.Pooling, Pooling)
+_LAYOUT = _Words(pb.AttentionLayout, Layout)
+_HEAD_REDUCTION = _Words(pb.HeadReduction, HeadReduction)
+_LENS_NORM = _Words(pb.LensNorm, LensNorm)
+_TRUNCATE = _Words(pb.Truncation, lambda word: word == "right")  # none, right
 
 
 def inputs_of(request: pb.EncodeRequest) -> list[Input]:
@@ -48,10 +71,9 @@ def inputs_of(request: pb.EncodeRequest) -> list[Input]:
 
 def options_of(options: pb.EncodeOptions) -> EncodeOptions:
     """The data plane's options of an EncodeRequest's."""
-    truncation = _enum("options.truncation", options.truncation, pb.Truncation)
     return EncodeOptions(
-        truncate=truncation == pb.TRUNCATION_RIGHT,
-        pooling=_choice("options.pooling", options.pooling, pb.Pooling, Pooling) or Pooling.NONE,
+        truncate=bool(_TRUNCATE("options.truncation", options.truncation)),
+        pooling=_POOLING("options.pooling", options.pooling) or Pooling.NONE,
         token_embeddings=not options.skip_token_embeddings,
         return_tokens=options.return_tokens,
         attention=_attention(options.attention) if options.HasField("attention") else None,
@@ -79,7 +101,9 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
         head_mask=tuple(
             HeadScale(entry.layer, entry.head, entry.scale, tuple(entry.mean))
             for entry in options.head_mask
-        ),
+        )
+        if options.head_mask
+        else (),
     )
 
 
@@ -89,16 +113,14 @@ def _attention(request: pb.AttentionRequest) -> AttentionOptions:
         raise InvalidInputError(
             f"{field}.dtype: {request.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
         )
-    layout = _choice(f"{field}.layout", request.layout, pb.AttentionLayout, Layout)
+    layout = _LAYOUT(f"{field}.layout", request.layout)
     return AttentionOptions(
         layers=tuple(request.layers),
         heads=tuple(request.heads),
         query_positions=tuple(request.query_positions),
         float16=request.dtype == pb.DTYPE_FLOAT16,
         layout=layout or Layout.FULL,
-        head_reduction=_choice(
-            f"{field}.head_reduction", request.head_reduction, pb.HeadReduction, HeadReduction
-        ),
+        head_reduction=_HEAD_REDUCTION(f"{field}.head_reduction", request.head_reduction),
         rollout=request.rollout,
         top_k=request.top_k,
         head_entropy=request.head_entropy,
@@ -107,7 +129,7 @@ def _attention(request: pb.AttentionRequest) -> AttentionOptions:
 
 
 def _predictions(field: str, request: pb.TokenPredictionsRequest) -> PredictionsOptions:
-    norm = _choice(f"{field}.lens_norm", request.lens_norm, pb.LensNorm, LensNorm)
+    norm = _LENS_NORM(f"{field}.lens_norm", request.lens_norm)
     return PredictionsOptions(
         layers=tuple(request.layers),
         positions=tuple(request.positions),
@@ -116,19 +138,3 @@ def _predictions(field: str, request: pb.TokenPredictionsRequest) -> Predictions
         logits=request.logits,
         lens_norm=norm or LensNorm.FROZEN,
     )
-
-
-def _enum(field: str, value: int, enum) -> int:
-    """A .proto enum's number, refused if the enum has no such value."""
-    if value not in enum.DESCRIPTOR.values_by_number:
-        raise InvalidInputError(f"{field}: {value} is not one of {list(enum.keys())}")
-    return value
-
-
-def _choice(field: str, value: int, enum, choice: type[Choice]) -> Choice | None:
-    """The data plane's word for a .proto enum's value (POOLING_MEAN: Pooling.MEAN); None
-    for its UNSPECIFIED 0."""
-    if not _enum(field, value, enum):
-        return None
-    prefix = enum.Name(0).removesuffix("UNSPECIFIED")
-    return choice(enum.Name(value).removeprefix(prefix).lower())
