@@ -46,9 +46,11 @@ from attnserve.model.artifacts import (
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PRECISIONS,
+    READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     WEIGHTS_FILENAMES,
+    readout_filename,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, encoder_from_weights
@@ -73,6 +75,8 @@ class ExportReport:
     # per graph: the largest attention difference and the smallest embedding cosine against
     # PyTorch float32 over the parity cases (what a lower precision costs)
     fidelity: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per graph, per output: the largest difference the gate judged (parity.scaled_diff)
+    output_fidelity: dict[str, dict[str, float]] = field(default_factory=dict)
     parity_scope: str = "the whole model"  # or a prefix, where float32 did not fit
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
@@ -80,14 +84,13 @@ class ExportReport:
 def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tuple[str, str]]:
     """The float32 graphs an export of `precisions` traces, (file name, kind), in order; the
     one place that decides which are written. The traced full graph serves fp32 on every
-    provider and is fp16's source; the fused one, made from the embeddings graph, is what
-    int8 is made from (the traced one where the fused kernel cannot compute the attention:
-    Gemma 2). The lens and attribution graphs are float32's, where the model has them."""
-    traced = []
-    if {"fp32", "fp16"} & set(precisions) or not config.fuses_attention:
-        traced.append((ONNX_FILENAME, "full"))
-    traced.append((EMBEDDINGS_ONNX_FILENAME, "embeddings"))
-    if "fp32" in precisions and config.unembedding != "none":
+    provider and is fp16's source; its trace with the readouts is every precision's readouts
+    graph's source. The fused one, made from the embeddings graph, is what int8 is made
+    from (the traced one where the fused kernel cannot compute the attention: Gemma 2). The
+    lens and attribution graphs, where the model has them, are every precision's source of
+    its own (DERIVED)."""
+    traced = [(ONNX_FILENAME, "full"), (EMBEDDINGS_ONNX_FILENAME, "embeddings")]
+    if config.unembedding != "none":
         traced.append((LENS_ONNX_FILENAME, "lens"))
         if config.attribution_refusal is None:
             traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
@@ -138,8 +141,8 @@ def write_model_dir(
         tensors = dict(model.named_parameters())
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             traced = traced_graphs(config, precisions)
-            # the readouts (fp32 only) are the full graph's trace before it loses them
-            readouts = scratch / READOUTS_ONNX_FILENAME if "fp32" in precisions else None
+            # the readouts are the full graph's trace before it loses them
+            readouts = scratch / READOUTS_ONNX_FILENAME
             with tracer(config, [kind for _, kind in traced], trace_ahead) as traced_graph:
                 for filename, kind in traced:
                     log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
@@ -184,7 +187,7 @@ def write_model_dir(
                 f"row's scale where it passes 1; probabilities absolute){floor}..."
             )
             checked = references
-            if filename == READOUTS_ONNX_FILENAME:  # model.onnx's own trace: not the longest
+            if filename in READOUTS_FILENAMES:  # model.onnx's own trace: not the longest
                 checked = [r for r in references if r.shape[1] < longest] or references
             graph_cases = compare(checked, scratch / filename, config, limit, min_cosine)
             parity_seconds += time.perf_counter() - start
@@ -206,6 +209,7 @@ def write_model_dir(
             parity_seconds=round(parity_seconds, 3),
             precisions=list(precisions),
             fidelity=_fidelity(cases, config.attentions_name),
+            output_fidelity=_output_fidelity(cases),
         )
         _finish(scratch, out, report, extra_files)
     total = sum(report.onnx_bytes.values())
@@ -244,13 +248,14 @@ def write_streamed_int8(
         shutil.rmtree(scratch / "prefix")
         progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
         traced = traced_graphs(config, ("int8",))
+        readouts = scratch / READOUTS_ONNX_FILENAME
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             for filename, kind in traced:
                 log(f"tracing {filename}, widening one tensor at a time...")
-                export_onnx(config, tensors, scratch / filename, weights, kind)
+                export_onnx(config, tensors, scratch / filename, weights, kind, readouts)
         tensors.clear()  # the weights file holds them now
         gc.collect()
-        sources = [name for name, _ in traced]
+        sources = [name for name, _ in traced] + [READOUTS_ONNX_FILENAME]
         if config.fuses_attention:
             sources.append(FUSED_ONNX_FILENAME)
             with_attention_weights(
@@ -270,6 +275,7 @@ def write_streamed_int8(
             parity_seconds=checked.parity_seconds,
             precisions=["int8"],
             fidelity=checked.fidelity,
+            output_fidelity=checked.output_fidelity,
             parity_scope=scope,
         )
         _finish(scratch, out, report, extra_files)
@@ -297,6 +303,8 @@ DERIVED: dict[
         ),
     ),
 }
+# ... and each precision's readouts graphs (READOUT_GRAPHS), from the float32 ones there are
+READOUTS_FILENAMES = {readout_filename(READOUTS_ONNX_FILENAME, p) for p in PRECISIONS}
 
 
 def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[str]:
@@ -305,6 +313,11 @@ def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[s
     convert, pairs = DERIVED[precision]
     if not (scratch / FUSED_ONNX_FILENAME).is_file():  # int8 from the traced graph instead
         pairs = tuple((ONNX_FILENAME if s == FUSED_ONNX_FILENAME else s, t) for s, t in pairs)
+    pairs += tuple(
+        (name, readout_filename(name, precision))
+        for name in READOUT_GRAPHS
+        if (scratch / name).is_file()
+    )
     with WeightsFile(scratch / WEIGHTS_FILENAMES[precision]) as weights:
         for source, target in pairs:
             log(f"writing {target} from {source} ({precision})...")
@@ -339,6 +352,16 @@ def _fidelity(cases: list[ParityCase], attentions: str) -> dict[str, dict[str, f
         )
         worst["embedding_cosine_min"] = min(worst["embedding_cosine_min"], case.embedding_cosine)
     return fidelity
+
+
+def _output_fidelity(cases: list[ParityCase]) -> dict[str, dict[str, float]]:
+    """Per graph, per output: the largest difference its gate judged over the cases."""
+    worst: dict[str, dict[str, float]] = {}
+    for case in cases:
+        graph = worst.setdefault(case.graph, {})
+        for output, value in case.scaled_diff.items():
+            graph[output] = max(graph.get(output, 0.0), value)
+    return worst
 
 
 def _release(model: Encoder) -> None:

@@ -4,6 +4,7 @@ Torch-free on purpose: the service imports it.
 """
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from attnserve.model import hooks
@@ -100,6 +101,17 @@ CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig
 VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter versions JSON
 
 
+# The readouts graphs (their float32 files): each precision has its own, made from these.
+READOUT_GRAPHS = (READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME)
+
+
+def readout_filename(filename: str, precision: str) -> str:
+    """A readouts graph's file (READOUTS, LENS or ATTRIBUTION_ONNX_FILENAME) in `precision`:
+    model_lens.onnx for fp32, model_lens_int8.onnx for int8 (its matrices in 8 bits, made
+    from the float32 one as model_int8.onnx is)."""
+    return filename if precision == "fp32" else filename.replace(".onnx", f"_{precision}.onnx")
+
+
 def graph_filenames(precision: str) -> tuple[str, str]:
     """(full graph, embeddings-only graph) file names for a precision in PRECISIONS."""
     if precision not in PRECISIONS:
@@ -141,10 +153,26 @@ class ModelDirectory:
     def fidelity(self, graph: str) -> dict[str, float]:
         """What the export measured of a graph against PyTorch float32 (export_report.json):
         attention_max_abs_diff and embedding_cosine_min, or nothing where not recorded."""
+        return self._report().get("fidelity", {}).get(graph, {})
+
+    def output_fidelity(self, graphs: Iterable[str]) -> dict[str, float]:
+        """Per output of `graphs`, the largest difference from PyTorch float32 the export
+        measured (what its parity gate judged: export_report.json's output_fidelity)."""
+        recorded = self._report().get("output_fidelity", {})
+        worst: dict[str, float] = {}
+        for graph in graphs:
+            for output, value in recorded.get(graph, {}).items():
+                worst[output] = max(worst.get(output, 0.0), value)
+        return worst
+
+    @property
+    def fidelity_scope(self) -> str:
+        """What the export measured fidelity on: the whole model, or its first layers."""
+        return self._report().get("parity_scope", "")
+
+    def _report(self) -> dict:
         report = self.path / REPORT_FILENAME
-        if not report.is_file():
-            return {}
-        return json.loads(report.read_text()).get("fidelity", {}).get(graph, {})
+        return json.loads(report.read_text()) if report.is_file() else {}
 
     @property
     def fused_graph(self) -> Path:

@@ -7,7 +7,7 @@ the batcher's tests implement it with a few lines of numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -132,6 +132,9 @@ class WeightsInfo:
     # against PyTorch float32, measured by the export's parity check (export_report.json)
     attention_max_abs_diff: float = 0.0
     embedding_cosine_min: float = 1.0
+    # per output of the served graphs (readouts too), the largest difference measured
+    output_fidelity: dict[str, float] = field(default_factory=dict)
+    fidelity_scope: str = ""  # "the whole model", or the first layers it was measured on
 
 
 class Backend(Protocol):

@@ -81,9 +81,9 @@ def plan_readouts(
         if graph not in readable:
             raise UnsupportedError(
                 f"options.{field}: {config.name} cannot compute it as served: readouts come "
-                "from the float32 graphs of a directory exported with them"
+                "from the graphs of a directory exported with them"
                 + (", of a model with an unembedding" if graph != STREAM else "")
-                + " (re-export it with `attnserve export`; serve it with --precision fp32)"
+                + " (re-export it with `attnserve export`)"
             )
     head_mask, head_means = (
         _head_mask(options.head_mask, config) if options.head_mask else (None, None)

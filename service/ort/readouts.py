@@ -1,7 +1,8 @@
 """The readouts graphs of a model directory in ONNX Runtime, and what a request reads off
 them: the residual stream and its parts under a head mask (model_readouts.onnx), the logit
 lens of any residual rows (model_lens.onnx) and direct logit attribution of any positions
-(model_attribution.onnx).
+(model_attribution.onnx), each in the precision served (model_lens_int8.onnx: its matrices
+in 8 bits, as model_int8.onnx's).
 
 Their sessions open when first asked for. Where the model's memory layout allows copies of
 the weights (service/models.py `session_layout`: not one session) they prepack them, as the
@@ -35,6 +36,7 @@ from attnserve.model.artifacts import (
     READOUTS_ONNX_FILENAME,
     RESIDUAL_STREAM_NAME,
     ModelDirectory,
+    readout_filename,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import (
@@ -110,7 +112,7 @@ class ReadoutGraphs:
         self.available = frozenset(
             kind
             for kind, (filename, _) in _GRAPHS.items()
-            if precision == "fp32" and (model_dir.path / filename).is_file()
+            if (model_dir.path / readout_filename(filename, precision)).is_file()
         )
 
     def stream(
@@ -285,7 +287,8 @@ class ReadoutGraphs:
     def _session(self, kind: str) -> ort.InferenceSession:
         """The session of one readouts graph, opened on first use; UnsupportedError where
         the directory has none (written before readouts, or a model without a head)."""
-        filename, output = _GRAPHS[kind]
+        source, output = _GRAPHS[kind]
+        filename = readout_filename(source, self.precision)
         with self._lock:
             if kind in self._sessions:
                 return self._sessions[kind]
@@ -293,8 +296,8 @@ class ReadoutGraphs:
             if kind not in self.available:
                 raise UnsupportedError(
                     f"{self.config.name} has no {output} to read in {self.precision} "
-                    f"({filename}): readouts come from the float32 graphs of a directory "
-                    "exported by this version (re-export it with `attnserve export`)"
+                    f"({filename}): readouts come from the graphs of a directory exported "
+                    "by this version (re-export it with `attnserve export`)"
                 )
             so = self._options()
             if not self.prepack:

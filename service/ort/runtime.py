@@ -18,7 +18,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
+from attnserve.model.artifacts import (
+    CONFIG_METADATA_KEY,
+    READOUT_GRAPHS,
+    ModelDirectory,
+    readout_filename,
+)
 from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.service.core.backend import (
     AttentionOutput,
@@ -127,8 +132,14 @@ class OrtRuntime:
         # Each session holds its own (prepacked) copy of the weights.
         weight_bytes = model_dir.weight_bytes(self.precision)
         sessions = 1 + (self.embeddings_session is not self.session)
+        served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]
+        served += [readout_filename(name, self.precision) for name in READOUT_GRAPHS]
         self.weights_info = WeightsInfo(
-            weight_bytes, sessions * weight_bytes, **model_dir.fidelity(self.attention_graph.name)
+            weight_bytes,
+            sessions * weight_bytes,
+            **model_dir.fidelity(self.attention_graph.name),
+            output_fidelity=model_dir.output_fidelity(served),
+            fidelity_scope=model_dir.fidelity_scope,
         )
 
     def _open_beside(

@@ -79,4 +79,6 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         resident_weight_bytes=weights.resident_bytes,
         attention_max_abs_diff=weights.attention_max_abs_diff,
         embedding_cosine_min=weights.embedding_cosine_min,
+        output_fidelity=weights.output_fidelity,
+        fidelity_scope=weights.fidelity_scope,
     )

@@ -10,16 +10,23 @@ import pytest
 from attnserve.export import INT8_MIN_COSINE, INT8_TOLERANCE
 from attnserve.export.int8 import BITS, BLOCK_SIZE
 from attnserve.export.model_dir import write_model_dir
-from attnserve.export.parity import ParityError
+from attnserve.export.parity import ParityError, scaled_diff
 from attnserve.model.artifacts import (
     EMBEDDINGS_INT8_ONNX_FILENAME,
     INT8_ONNX_FILENAME,
+    LENS_ONNX_FILENAME,
+    PARTS_NAMES,
+    READOUT_GRAPHS,
     REPORT_FILENAME,
+    RESIDUAL_STREAM_NAME,
     WEIGHTS_FILENAMES,
     ModelDirectory,
+    readout_filename,
+    readout_sites,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
+from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
@@ -90,6 +97,44 @@ def test_int8_serves_against_pytorch_within_its_recorded_fidelity(int8_dir):
     np.testing.assert_allclose(runtime.embed(ids), embeddings, atol=1e-4)
     with pytest.raises(ProviderUnavailableError, match="int8 runs on the CPU provider only"):
         OrtRuntime(out, RuntimeOptions(provider="cuda", precision="int8"))
+
+
+def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
+    """The residual stream and its parts under a head mask, the lens and the attribution
+    graph, each in 8 bits, against PyTorch float32; each output's fidelity is recorded and
+    stated by the model info."""
+    import torch
+
+    model, out = int8_dir
+    runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
+    assert runtime.readouts == {"stream", "lens", "attribution"}
+    for name in READOUT_GRAPHS:  # the lens unembeds with the token table: float32 (as served)
+        proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
+        quantized = any(n.op_type == "MatMulNBits" for n in proto.graph.node)
+        assert quantized == (name != LENS_ONNX_FILENAME), name
+    ids = np.random.default_rng(7).integers(0, CONFIG.vocab_size, size=(2, 24))
+    mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
+    mask[1, 0, 1] = 0.0
+    run = runtime.readout_graphs.stream(ids, mask, parts=True)
+    sites = readout_sites(CONFIG)
+    reads = [site for names in sites.values() for site in names]
+    changes = head_ablation(torch.from_numpy(mask))
+    with torch.inference_mode(), hooked(model, changes), captured(model, reads) as values:
+        model(torch.from_numpy(ids))
+        want = {name: value.numpy() for name, value in stacked(values, sites).items()}
+    parts = (run.residual, run.heads, run.mlps)
+    for name, value in zip((RESIDUAL_STREAM_NAME, *PARTS_NAMES), parts, strict=True):
+        assert 1e-5 < scaled_diff(value, want[name], bounded=False) <= INT8_TOLERANCE, name
+    rows = run.residual[0].reshape(-1, CONFIG.d_model)
+    last = np.broadcast_to(run.residual[0, -1], run.residual[0].shape).reshape(rows.shape)
+    lens = runtime.readout_graphs.lens(rows, last.copy(), logits=True).logits
+    with torch.inference_mode():
+        want_lens = model.lens(torch.from_numpy(rows), torch.from_numpy(last.copy())).numpy()
+    assert scaled_diff(lens, want_lens, bounded=False) <= INT8_TOLERANCE
+    fidelity = runtime.weights_info.output_fidelity  # the export's, over its parity cases
+    assert {RESIDUAL_STREAM_NAME, *PARTS_NAMES, "logits", "head_attribution"} <= set(fidelity)
+    assert 1e-5 < fidelity[RESIDUAL_STREAM_NAME] <= INT8_TOLERANCE  # 8 bits', not float32's
+    assert runtime.weights_info.fidelity_scope == "the whole model"
 
 
 def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir):
