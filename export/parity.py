@@ -7,6 +7,7 @@ the model's weights can be freed before ONNX Runtime opens a graph of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,13 +184,15 @@ def compare(
     config: ModelConfig,
     tolerance: float = DEFAULT_TOLERANCE,
     min_cosine: float | None = None,
+    gated: Collection[str] | None = None,
 ) -> list[ParityCase]:
     """Run the graph on each reference's ids and compare every output it has.
 
     Raises ParityError at the first shape where an output's scaled_diff passes `tolerance`
     (or is NaN). min_cosine (8-bit weights, whose hidden states differ by more than their
     attention does): the tolerance gates the attention only, and each token's embedding
-    must keep at least this cosine with PyTorch's.
+    must keep at least this cosine with PyTorch's. gated: the only outputs the tolerance
+    may gate (None: every one); the others' differences are recorded in the cases alone.
     """
     options = ort.SessionOptions()
     # The matrices are read where the weights file is mapped, never repacked into a second
@@ -220,9 +223,11 @@ def compare(
             cosine = _min_cosine(
                 got[config.embeddings_name], reference.outputs[config.embeddings_name]
             )
-        gated = [config.attentions_name] if min_cosine is not None else compared
+        judged_by_gate = [config.attentions_name] if min_cosine is not None else compared
+        if gated is not None:
+            judged_by_gate = [name for name in judged_by_gate if name in gated]
         # `not <=` and `not >=` also catch NaN
-        failed = [name for name in gated if name in judged and not judged[name] <= tolerance]
+        failed = [n for n in judged_by_gate if n in judged and not judged[n] <= tolerance]
         problems = []
         if failed:
             problems.append(

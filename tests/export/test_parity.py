@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.export import DEFAULT_TOLERANCE
+from attnserve.export import DEFAULT_TOLERANCE, FP16_TOLERANCE
 from attnserve.export.model_dir import write_model_dir
 from attnserve.export.parity import (
     LONGEST_CASE_BYTES,
@@ -127,6 +127,10 @@ def test_trained_scale_checkpoints_pass_every_graph(config, precisions, tmp_path
     # The old absolute gate would have refused it: the stream's rounding passes 1e-4.
     readouts = [c for c in report.parity if c.graph == "model_readouts.onnx"]
     assert max(c.max_abs_diff[RESIDUAL_STREAM_NAME] for c in readouts) > DEFAULT_TOLERANCE
+    if "fp16" in precisions:  # its readouts: what float16 costs them, recorded, not gated
+        recorded = report.output_fidelity["model_readouts_fp16.onnx"]
+        assert recorded["embeddings"] <= FP16_TOLERANCE
+        assert {RESIDUAL_STREAM_NAME, "head_outputs", "mlp_outputs"} <= set(recorded)
 
 
 def test_trained_scale_parity_still_catches_a_different_model(tmp_path):
