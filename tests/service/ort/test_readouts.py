@@ -16,6 +16,7 @@ from attnserve.model.artifacts import (
     PARTS_NAMES,
     READOUTS_ONNX_FILENAME,
     RESIDUAL_STREAM_NAME,
+    readout_filename,
     readout_sites,
 )
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
@@ -140,10 +141,13 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
+    readable = {"stream", "lens", "attribution"}  # each precision has its readouts graphs
+    assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).readouts == readable
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
-    for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
-        (model_dir / readouts).unlink()
+    for precision in ("fp32", "fp16"):
+        for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
+            (model_dir / readout_filename(readouts, precision)).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
         runtime.readout_graphs.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
