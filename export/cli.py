@@ -91,12 +91,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
     """What to export, and the files to ship beside it: the float32 model, or (an int8
-    import where float32 does not fit) a checkpoint's tensors in their own dtype."""
+    import where float32 does not fit) a checkpoint's tensors, read when written."""
     # torch is imported here, not at module level, so `--help` stays instant.
     from attnserve.model.artifacts import TOKENIZER_FILENAME
     from attnserve.model.checkpoint import load_checkpoint
     from attnserve.model.encoder import build_encoder, encoder_from_weights
-    from attnserve.model.footprint import plan_import, weight_bytes
+    from attnserve.model.footprint import plan_import
 
     if args.checkpoint:
         return load_checkpoint(args.checkpoint), {}
@@ -105,8 +105,8 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
     if args.from_hf:
         from attnserve.export.hf_import import read_hf
 
-        def plan(config: ModelConfig, checkpoint_bytes: int) -> bool:
-            return plan_import(config, checkpoint_bytes, precisions, args.memory_limit)
+        def plan(config: ModelConfig) -> bool:
+            return plan_import(config, precisions, args.memory_limit)
 
         checkpoint = read_hf(
             args.from_hf, args.max_seq_len, require_tokenizer=True, before_reading=plan
@@ -114,7 +114,7 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
         extra_files = {TOKENIZER_FILENAME: checkpoint.directory / TOKENIZER_FILENAME}
         if not checkpoint.widened:
             return checkpoint, extra_files
-        return encoder_from_weights(checkpoint.config, checkpoint.tensors), extra_files
+        return encoder_from_weights(checkpoint.config, dict(checkpoint.tensors)), extra_files
     config = ModelConfig()
     if args.config:
         try:
@@ -122,7 +122,7 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
         config = ModelConfig.from_dict({**config.to_dict(), **overrides})
-    plan_import(config, weight_bytes(config), ("fp32",), args.memory_limit)
+    plan_import(config, ("fp32",), args.memory_limit)
     return build_encoder(config, seed=args.seed or 0), {}
 
 

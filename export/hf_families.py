@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from attnserve.export.hf_config import HFConfig, HFImportError
 from attnserve.export.hf_switches import (
     gemma2_switches,
@@ -34,6 +32,7 @@ from attnserve.export.hf_switches import (
     stablelm_switches,
 )
 from attnserve.export.hf_weights import (
+    Loads,
     Take,
     gpt2_weights,
     gptj_weights,
@@ -95,7 +94,7 @@ REFUSED_TYPES = {
 class Family:
     prefixes: tuple[str, ...]  # of the tensor names: a *ForCausalLM's first, the bare model's
     switches: Callable[[HFConfig], dict[str, Any]]  # ModelConfig fields from config.json
-    weights: Callable[[Take, ModelConfig], dict[str, torch.Tensor]]  # -> encoder state_dict
+    weights: Callable[[Take, ModelConfig], Loads]  # -> the encoder's state_dict, lazily
     handles: tuple[str, ...] = ()  # REQUIRED_VALUES fields this family reproduces
     # The model is config.json's text_config, its tensors the prefixed ones (a multimodal
     # checkpoint's language model; the vision tower is not read).

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from attnserve.export.hf_families import (
     refuse_unsupported,
     unembedding_switches,
 )
+from attnserve.export.hf_weights import Load, Loads, Take
 from attnserve.model.artifacts import TOKENIZER_FILENAME
 from attnserve.model.checkpoint import first_shape_mismatch
 from attnserve.model.config import ConfigError, ModelConfig
@@ -37,6 +39,7 @@ __all__ = [
     "CheckpointReader",
     "HFCheckpoint",
     "HFImportError",
+    "LazyTensors",
     "config_from_hf",
     "load_hf",
     "read_hf",
@@ -137,10 +140,27 @@ def special_ids(directory: Path, data: dict[str, Any]) -> dict[str, int]:
     return {kind: ids.get(kind, fallback) for kind in ("bos", "eos", "pad")}
 
 
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """The encoder's tensors by name, each read from the checkpoint when looked up and not
+    kept: holding the mapping holds no weights."""
+
+    def __init__(self, loads: Loads) -> None:
+        self._loads = loads
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._loads[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loads)
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+
 @dataclass(frozen=True)
 class HFCheckpoint:
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # the encoder's state_dict
+    tensors: Mapping[str, torch.Tensor]  # the encoder's state_dict, read when looked up
     directory: Path
     widened: bool  # the tensors are float32; else in the checkpoint's own dtypes
 
@@ -153,7 +173,8 @@ def load_hf(
 ) -> tuple[Encoder, Path]:
     """The checkpoint at `source` as an Encoder in eval mode (float32), and its directory."""
     checkpoint = read_hf(source, max_seq_len, log, require_tokenizer)
-    return encoder_from_weights(checkpoint.config, checkpoint.tensors), checkpoint.directory
+    model = encoder_from_weights(checkpoint.config, dict(checkpoint.tensors))
+    return model, checkpoint.directory
 
 
 def read_hf(
@@ -161,14 +182,15 @@ def read_hf(
     max_seq_len: int | None = None,
     log: Callable[[str], None] = print,
     require_tokenizer: bool = False,
-    before_reading: Callable[[ModelConfig, int], bool] | None = None,
+    before_reading: Callable[[ModelConfig], bool] | None = None,
 ) -> HFCheckpoint:
     """The checkpoint at `source` mapped onto the encoder's tensors, and its directory.
 
-    require_tokenizer: refuse a directory without tokenizer.json (after the config's own
-    refusals, before any tensor is read). before_reading: called with the config and the
-    checkpoint's bytes before any tensor is read (the import's memory check); it says
-    whether to widen the tensors to float32 (else they keep the checkpoint's dtype)."""
+    Only the checkpoint's headers are read here: each tensor is read from disk when looked
+    up in the answer's `tensors`. require_tokenizer: refuse a directory without
+    tokenizer.json (after the config's own refusals). before_reading: called with the
+    config before the headers are read (the import's memory check); it says whether to
+    widen the tensors to float32 (else they keep the checkpoint's dtype)."""
     directory = resolve_source(source, log)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -181,23 +203,26 @@ def read_hf(
     if config.max_seq_len < data.get("max_position_embeddings", data.get("n_positions", 0)):
         log(f"max_seq_len {config.max_seq_len} (the checkpoint allows more: --max-seq-len)")
     family = FAMILIES[data["model_type"]]
-    widen = before_reading is None or before_reading(config, checkpoint_bytes(directory))
-    checkpoint = CheckpointReader(directory)
+    widen = before_reading is None or before_reading(config)
+    checkpoint = CheckpointReader(directory, log)
     names = checkpoint.names
     prefix = next(
         (p for p in family.prefixes if any(k.startswith(p) for k in names)), family.prefixes[-1]
     )
     taken: set[str] = set()
-    progress = _progress(log, len(names))
 
-    def take(name: str) -> torch.Tensor:
-        if prefix + name not in names:
-            raise HFImportError(f"missing tensor {prefix + name}")
-        taken.add(prefix + name)
-        progress(len(taken))
-        return checkpoint.read(prefix + name, widen)
+    def taking(read: Callable[[str], torch.Tensor]) -> Take:
+        def take(name: str) -> Load:
+            if prefix + name not in names:
+                raise HFImportError(f"missing tensor {prefix + name}")
+            taken.add(prefix + name)
+            return partial(read, prefix + name)
 
-    mapped = family.weights(take, config)
+        return take
+
+    loads = family.weights(taking(partial(checkpoint.read, widen=widen)), config)
+    # The same map on PyTorch's meta device: the shapes it makes, nothing read.
+    metas = family.weights(taking(checkpoint.meta), config)
     if config.unembedding == "separate":
         head = next((n for n in UNEMBEDDING_NAMES if f"{n}.weight" in names), None)
         if head is None:  # a bare model (LlamaModel...) saved without its LM head
@@ -208,7 +233,8 @@ def read_hf(
                 if f"{head}.{part}" not in names:
                     raise HFImportError(f"missing tensor {head}.{part}")
                 taken.add(f"{head}.{part}")
-                mapped[f"lm_head.{part}"] = checkpoint.read(f"{head}.{part}", widen)
+                loads[f"lm_head.{part}"] = partial(checkpoint.read, f"{head}.{part}", widen)
+                metas[f"lm_head.{part}"] = partial(checkpoint.meta, f"{head}.{part}")
     unknown = sorted(
         k
         for k in names - taken
@@ -220,23 +246,25 @@ def read_hf(
         raise HFImportError(f"unexpected tensor(s) {', '.join(unknown[:5])}")
     with torch.device("meta"):  # the shapes the config needs, nothing allocated
         expected = Encoder(config).state_dict()
-    if mismatch := first_shape_mismatch(expected, mapped):
+    shapes = {name: load() for name, load in metas.items()}
+    if mismatch := first_shape_mismatch(expected, shapes):
         raise HFImportError(f"{mismatch} (from config.json)")
-    if missing := sorted(set(expected) - set(mapped)):
+    if missing := sorted(set(expected) - set(loads)):
         raise HFImportError(f"the checkpoint has no tensor for {', '.join(missing)}")
-    return HFCheckpoint(config, mapped, directory, widen)
+    return HFCheckpoint(config, LazyTensors(loads), directory, widen)
 
 
 class CheckpointReader:
     """A checkpoint's tensors by name, each read from disk when asked for and widened to
-    float32 there (bfloat16 and float16 checkpoints): one float32 copy of the weights is
-    all an import ever holds. model.safetensors, sharded safetensors with their index, or a
+    float32 there (bfloat16 and float16 checkpoints): an import holds what it is working
+    on, never the checkpoint. model.safetensors, sharded safetensors with their index, or a
     pytorch_model.bin read with weights_only=True (memory-mapped, never unpickled freely)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, log: Callable[[str], None] = print) -> None:
         from safetensors import safe_open
 
-        self._files: dict[str, Any] = {}  # tensor name -> its open safetensors file
+        self._files: dict[str, Path] = {}  # tensor name -> its safetensors file
+        self._shapes: dict[str, tuple[int, ...]] = {}
         self._bin: dict[str, torch.Tensor] = {}
         if (directory / SAFETENSORS).is_file():
             shards = [SAFETENSORS]
@@ -259,21 +287,35 @@ class CheckpointReader:
             raise HFImportError(
                 f"{directory} has neither {SAFETENSORS}, {SHARD_INDEX} nor {TORCH_BIN}"
             )
-        for shard in shards:
-            handle = safe_open(str(directory / shard), framework="pt")
-            self._files.update(dict.fromkeys(handle.keys(), handle))
+        for shard in shards:  # the headers alone
+            with safe_open(str(directory / shard), framework="pt") as handle:
+                shard_names = handle.keys()  # the handle is not iterable itself
+                for name in shard_names:
+                    self._files[name] = directory / shard
+                    self._shapes[name] = tuple(handle.get_slice(name).get_shape())
         self.names = set(self._files) | set(self._bin)
+        self._read: set[str] = set()
+        self._progress = _progress(log, len(self.names))
 
     def read(self, name: str, widen: bool = True) -> torch.Tensor:
-        tensor = self._files[name].get_tensor(name) if name in self._files else self._bin[name]
+        from safetensors import safe_open
+
+        if name in self._files:
+            # Opened for this tensor alone: an open file keeps every page read through its
+            # memory map resident, and the whole checkpoint would be, tensor by tensor.
+            with safe_open(str(self._files[name]), framework="pt") as handle:
+                tensor = handle.get_tensor(name)
+        else:
+            tensor = self._bin[name]
+        if name not in self._read:
+            self._read.add(name)
+            self._progress(len(self._read))
         return tensor.float() if widen and tensor.is_floating_point() else tensor
 
-
-def checkpoint_bytes(directory: Path) -> int:
-    """The bytes of a checkpoint's weight files (what holding all its tensors takes), from
-    their sizes alone: nothing is opened."""
-    files = [*directory.glob("*.safetensors"), *directory.glob(TORCH_BIN)]
-    return sum(f.stat().st_size for f in files)
+    def meta(self, name: str) -> torch.Tensor:
+        """A tensor of `name`'s shape on the meta device: nothing read."""
+        shape = self._shapes[name] if name in self._files else tuple(self._bin[name].shape)
+        return torch.empty(shape, device="meta")
 
 
 def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:

@@ -1,6 +1,11 @@
 """A checkpoint's tensors -> the encoder's state_dict, family by family (`<family>_weights`):
 separate q/k/v and gate/up projections concatenated into the encoder's fused Linears, fused
-layouts that interleave heads (GPT-NeoX) reordered, GPT-2's Conv1D weights transposed."""
+layouts that interleave heads (GPT-NeoX) reordered, GPT-2's Conv1D weights transposed.
+
+Each entry is a loader, not a tensor: it reads what it needs from the checkpoint when
+called, so an import holds one of the encoder's tensors at a time, whatever the model's
+size. A missing tensor is refused when the map is made, before anything is read.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,34 @@ import torch
 from attnserve.export.hf_config import HFImportError
 from attnserve.model.config import ModelConfig
 
-Take = Callable[[str], torch.Tensor]  # a checkpoint tensor by its name without the prefix
+Load = Callable[[], torch.Tensor]  # reads one tensor when called
+Take = Callable[[str], Load]  # a checkpoint tensor's loader by its name without the prefix
+Loads = dict[str, Load]  # the encoder's state_dict, one loader per tensor
 
 
-def gpt2_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
-    def conv1d(name: str) -> torch.Tensor:  # Conv1D keeps (in, out); Linear (out, in)
-        return take(name).t().contiguous()
+def _then(load: Load, change: Callable[[torch.Tensor], torch.Tensor]) -> Load:
+    return lambda: change(load())
+
+
+def _cat(loads: list[Load]) -> Load:
+    return lambda: torch.cat([load() for load in loads])
+
+
+def _stack(loads: list[Load]) -> Load:
+    return lambda: torch.stack([load() for load in loads])
+
+
+def _rows(load: Load, start: int, stop: int) -> Load:
+    return _then(load, lambda t: t[start:stop])
+
+
+def gpt2_weights(take: Take, config: ModelConfig) -> Loads:
+    def conv1d(name: str) -> Load:  # Conv1D keeps (in, out); Linear (out, in)
+        return _then(take(name), lambda t: t.t().contiguous())
 
     out = {
         "tok_emb.weight": take("wte.weight"),
-        "pos_emb.weight": take("wpe.weight")[: config.max_seq_len],  # --max-seq-len may cut
+        "pos_emb.weight": _rows(take("wpe.weight"), 0, config.max_seq_len),  # --max-seq-len
         "ln_f.weight": take("ln_f.weight"),
         "ln_f.bias": take("ln_f.bias"),
     }
@@ -38,23 +61,25 @@ def gpt2_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def _optional(take: Take, name: str) -> torch.Tensor | None:
+def _optional(take: Take, name: str) -> Load | None:
     try:
         return take(name)
     except HFImportError:
         return None
 
 
-def _linear(out: dict[str, torch.Tensor], take: Take, ours: str, *theirs: str) -> None:
+def _linear(out: Loads, take: Take, ours: str, *theirs: str) -> None:
     """One encoder Linear from one or more HF Linears, concatenated along the outputs.
     Biases are taken where the checkpoint has them; the shape check catches a missing one."""
-    out[f"{ours}.weight"] = torch.cat([take(f"{t}.weight") for t in theirs])
+    weights = [take(f"{t}.weight") for t in theirs]
+    out[f"{ours}.weight"] = weights[0] if len(weights) == 1 else _cat(weights)
     biases = [_optional(take, f"{t}.bias") for t in theirs]
     if any(b is not None for b in biases):
         if any(b is None for b in biases):
             missing = [f"{t}.bias" for t, b in zip(theirs, biases, strict=True) if b is None]
             raise HFImportError(f"missing tensor {missing[0]}")
-        out[f"{ours}.bias"] = torch.cat([b for b in biases if b is not None])
+        present = [b for b in biases if b is not None]
+        out[f"{ours}.bias"] = present[0] if len(present) == 1 else _cat(present)
 
 
 # Where each norm of a block is in a Llama-layout checkpoint, by norm placement.
@@ -70,14 +95,14 @@ LLAMA_NORMS = {
 }
 
 
-def _norm(out: dict[str, torch.Tensor], take: Take, ours: str, theirs: str) -> None:
+def _norm(out: Loads, take: Take, ours: str, theirs: str) -> None:
     """A norm's weight, and its bias where the checkpoint has one (LayerNorm)."""
     out[f"{ours}.weight"] = take(f"{theirs}.weight")
     if (bias := _optional(take, f"{theirs}.bias")) is not None:
         out[f"{ours}.bias"] = bias
 
 
-def llama_weights(take: Take, config: ModelConfig, fused: bool = False) -> dict[str, torch.Tensor]:
+def llama_weights(take: Take, config: ModelConfig, fused: bool = False) -> Loads:
     """Llama, Mistral, Qwen2 and 3, Gemma 1-3, OLMo 2 and 3, Granite, StableLM;
     fused=True: Phi-3's qkv_proj and gate_up_proj."""
     out = {"tok_emb.weight": take("embed_tokens.weight")}
@@ -103,14 +128,14 @@ def llama_weights(take: Take, config: ModelConfig, fused: bool = False) -> dict[
                 per_head = [
                     take(f"{attn}{q_or_k}_layernorm.norms.{h}.weight") for h in range(heads)
                 ]
-                out[f"{ours}attn.{q_or_k}_norm.weight"] = torch.stack(per_head)
+                out[f"{ours}attn.{q_or_k}_norm.weight"] = _stack(per_head)
         elif config.qk_norm is not None:
             _norm(out, take, f"{ours}attn.q_norm", f"{attn}q_norm")
             _norm(out, take, f"{ours}attn.k_norm", f"{attn}k_norm")
     return out
 
 
-def phi_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
+def phi_weights(take: Take, config: ModelConfig) -> Loads:
     out = {"tok_emb.weight": take("embed_tokens.weight")}
     _norm(out, take, "ln_f", "final_layernorm")
     for i in range(config.n_layers):
@@ -127,7 +152,7 @@ def phi_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def gptj_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
+def gptj_weights(take: Take, config: ModelConfig) -> Loads:
     out = {"tok_emb.weight": take("wte.weight")}
     _norm(out, take, "ln_f", "ln_f")
     for i in range(config.n_layers):
@@ -144,11 +169,11 @@ def gptj_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
 OPT_POSITION_OFFSET = 2  # OPT's table starts with two rows no position uses
 
 
-def opt_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
+def opt_weights(take: Take, config: ModelConfig) -> Loads:
     start = OPT_POSITION_OFFSET
     out = {
         "tok_emb.weight": take("embed_tokens.weight"),
-        "pos_emb.weight": take("embed_positions.weight")[start : start + config.max_seq_len],
+        "pos_emb.weight": _rows(take("embed_positions.weight"), start, start + config.max_seq_len),
     }
     if config.d_embed is not None:
         out["embed_in.weight"] = take("project_in.weight")
@@ -167,11 +192,11 @@ def opt_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def phi3_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
+def phi3_weights(take: Take, config: ModelConfig) -> Loads:
     return llama_weights(take, config, fused=True)
 
 
-def neox_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
+def neox_weights(take: Take, config: ModelConfig) -> Loads:
     out = {
         "tok_emb.weight": take("embed_in.weight"),
         "ln_f.weight": take("final_layer_norm.weight"),
@@ -184,10 +209,15 @@ def neox_weights(take: Take, config: ModelConfig) -> dict[str, torch.Tensor]:
             out[f"{ours}ln2.{p}"] = take(f"{theirs}post_attention_layernorm.{p}")
         _linear(out, take, f"{ours}attn.qkv", f"{theirs}attention.query_key_value")
         for p in ("weight", "bias"):  # NeoX interleaves heads, (H, 3, d_k): make it q | k | v
-            if (t := out.get(f"{ours}attn.qkv.{p}")) is not None:
-                per_head = t.reshape(config.n_heads, 3, config.head_dim, *t.shape[1:])
-                out[f"{ours}attn.qkv.{p}"] = per_head.transpose(0, 1).reshape(t.shape)
+            if (fused := out.get(f"{ours}attn.qkv.{p}")) is not None:
+                out[f"{ours}attn.qkv.{p}"] = _then(fused, lambda t: _heads_first(t, config))
         _linear(out, take, f"{ours}attn.proj", f"{theirs}attention.dense")
         _linear(out, take, f"{ours}mlp.fc", f"{theirs}mlp.dense_h_to_4h")
         _linear(out, take, f"{ours}mlp.proj", f"{theirs}mlp.dense_4h_to_h")
     return out
+
+
+def _heads_first(t: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """NeoX's fused (H, 3, d_k, ...) rows as (3, H, d_k, ...): q | k | v."""
+    per_head = t.reshape(config.n_heads, 3, config.head_dim, *t.shape[1:])
+    return per_head.transpose(0, 1).reshape(t.shape)

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,7 +54,7 @@ from attnserve.model.artifacts import (
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, encoder_from_weights
-from attnserve.model.footprint import parameter_count, prefix_config
+from attnserve.model.footprint import parameter_count, prefix_config, weight_bytes
 
 
 class ExportWriteError(OSError):
@@ -228,17 +228,17 @@ def write_model_dir(
 
 def write_streamed_int8(
     config: ModelConfig,
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     out: str | Path,
     log: Callable[[str], None] = print,
     extra_files: dict[str, Path] | None = None,
 ) -> ExportReport:
     """An int8 directory for a model whose float32 weights do not fit in memory.
 
-    `tensors` (the encoder's state_dict in the checkpoint's dtype, bfloat16 say) are widened
-    one at a time as the float32 weights file is written, a scratch step the 8-bit weights
-    are then made from, one at a time; the dict is emptied once they are written. The
-    parity gate runs on the model's first PREFIX_LAYERS layers in float32, exported and
+    `tensors` (the encoder's state_dict in any dtype, a checkpoint's read when looked up:
+    hf_import.LazyTensors) are widened one at a time as the float32 weights file is
+    written, a scratch step on disk the 8-bit weights are then made from, one at a time.
+    The parity gate runs on the model's first PREFIX_LAYERS layers in float32, exported and
     quantized the same way, and the report says so (`parity_scope`).
     """
     out = Path(out)
@@ -249,21 +249,19 @@ def write_streamed_int8(
         scope = f"the first {prefix.n_layers} of {config.n_layers} layers"
         log(f"checking on {scope}: float32 does not fit, the prefix does")
         prefix_model = encoder_from_weights(
-            prefix, {k: v.float() for k, v in tensors.items() if not k.startswith(outside)}
+            prefix, {k: tensors[k].float() for k in tensors if not k.startswith(outside)}
         )
         checked = write_model_dir(
             prefix_model, scratch / "prefix", log=log, precisions=("int8",), release_weights=True
         )
         shutil.rmtree(scratch / "prefix")
-        progress = _progress(log, 4 * sum(t.numel() for t in tensors.values()))
+        progress = _progress(log, weight_bytes(config))
         traced = traced_graphs(config, ("int8",))
         readouts = scratch / READOUTS_ONNX_FILENAME
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             for filename, kind in traced:
                 log(f"tracing {filename}, widening one tensor at a time...")
                 export_onnx(config, tensors, scratch / filename, weights, kind, readouts)
-        tensors.clear()  # the weights file holds them now
-        gc.collect()
         sources = [name for name, _ in traced] + [READOUTS_ONNX_FILENAME]
         if config.fuses_attention:
             sources.append(FUSED_ONNX_FILENAME)

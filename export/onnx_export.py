@@ -2,8 +2,8 @@
 
 Each graph is traced from a shape-only twin of the model (on PyTorch's meta device: no
 weights at all), then given its weights by name from any mapping of the encoder's tensors
-(the float32 model's own, or a checkpoint's bfloat16 ones, widened one at a time as they
-are written), streamed into the directory's one weights file (export/weights.py); only
+(the float32 model's own, or a checkpoint's, each read from disk and widened as it is
+written), streamed into the directory's one weights file (export/weights.py); only
 then is the graph optimised and saved: what is written per graph is its structure.
 """
 
@@ -207,15 +207,16 @@ def _with_predictions(model: ir.Model) -> None:
         graph.outputs.append(value)
 
 
-def _as_float32(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
-    """`tensor` as an ONNX tensor, converted to float32 only when it is written."""
-    if not tensor.is_floating_point():
-        return ir.Tensor(tensor.numpy(), name=name)
+def _as_float32(tensors: Mapping[str, torch.Tensor], value: ir.Value) -> ir.TensorProtocol:
+    """The initializer `value`'s tensor, looked up in `tensors` (a checkpoint reads it from
+    disk then) and converted to float32 only when it is written: one at a time."""
+    name = str(value.name)
 
-    def widen() -> ir.Tensor:
-        return ir.Tensor(tensor.detach().float().contiguous().numpy(), name=name)
+    def load() -> ir.Tensor:
+        return ir.Tensor(tensors[name].detach().float().contiguous().numpy(), name=name)
 
-    return ir.LazyTensor(widen, ir.DataType.FLOAT, ir.Shape(tuple(tensor.shape)), name=name)
+    assert value.shape is not None  # traced initializers have their shapes
+    return ir.LazyTensor(load, ir.DataType.FLOAT, value.shape, name=name)
 
 
 def export_onnx(
@@ -240,10 +241,9 @@ def export_onnx(
         for buffer, value in module.named_buffers()
     }
     for name, value in graph.graph.initializers.items():
-        source = tensors.get(name, rotary.get(name))
-        if source is None:
+        if name not in tensors and name not in rotary:
             raise KeyError(f"no tensor {name!r} for the traced graph")
-        value.const_value = _as_float32(source, name)
+        value.const_value = _as_float32(tensors if name in tensors else rotary, value)
     transposed = store_linear_weights_transposed(graph)
     externalize(graph, weights, names=transposed | set(tensors))
     weights.flush()

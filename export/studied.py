@@ -3,7 +3,7 @@ and what the import plan (model/footprint.py `plan_import`) gives each on machin
 few sizes: docs/model.md's table, which tests/export/test_studied.py holds to this code.
 
 Only the fields that size a model are written here; config_from_hf reads them as an import
-would. Each checkpoint is taken in bfloat16 (two bytes a parameter), as most are published.
+would.
 """
 
 from __future__ import annotations
@@ -93,13 +93,12 @@ def checkpoint_plan(name: str, machine_gib: int) -> str:
     """What an import of the studied checkpoint `name` gets on a machine of `machine_gib`:
     "float32", "int8" (only int8 fits) or "refused"."""
     config = config_from_hf(STUDIED[name], name)
-    checkpoint = 2 * parameter_count(config)  # bfloat16
     available = machine_gib * GiB - RESERVED_BYTES
     try:
-        return "float32" if plan_import(config, checkpoint, ("fp32",), available) else "int8"
+        return "float32" if plan_import(config, ("fp32",), available) else "int8"
     except FootprintError:
         try:
-            plan_import(config, checkpoint, ("int8",), available)
+            plan_import(config, ("int8",), available)
         except FootprintError:
             return "refused"
         return "int8"

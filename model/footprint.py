@@ -1,7 +1,8 @@
 """What a model costs in memory, from its config alone: known before a tensor is read.
 
 An import holds one float32 copy of the weights plus what one layer and the parity
-check need (export/model_dir.py); a served model holds its weights once per ONNX
+check need (export/model_dir.py), or for int8 where that does not fit, one tensor at a
+time; a served model holds its weights once per ONNX
 Runtime session (each session prepacks its own copy of the matrices), plus the answers
 it is building, bounded by the memory budget. Torch-free: the service uses it too.
 """
@@ -81,12 +82,27 @@ def available_memory() -> int:
     return available
 
 
-def streamed_import_bytes(config: ModelConfig, checkpoint_bytes: int) -> int:
-    """The peak of an int8 import that holds the checkpoint in its own dtype (bfloat16: half
-    the float32 weights) and widens one tensor at a time; its parity check runs on a
-    float32 prefix of PREFIX_LAYERS layers."""
-    prefix = weight_bytes(prefix_config(config))
-    return int(checkpoint_bytes * (1 + IMPORT_MARGIN)) + prefix + IMPORT_BASE_BYTES
+def largest_tensor_bytes(config: ModelConfig) -> int:
+    """The float32 bytes of the encoder's largest tensor: the token table (and an
+    unembedding of its size), a layer's fused q/k/v or MLP input matrix."""
+    width = (2 if config.mlp == "gated" else 1) * config.d_ff
+    qkv = (config.n_heads + 2 * config.kv_heads) * config.head_dim
+    positions = config.max_seq_len if config.positions == "learned" else 0
+    rows = max(config.vocab_size, width, qkv, positions)
+    return 4 * rows * max(config.d_model, config.embedding_dim)
+
+
+# What a streamed import holds of one tensor at its largest: read, widened, transposed
+# (the way MatMul reads it), then read back from the float32 file and quantized.
+STREAMED_COPIES = 3
+
+
+def streamed_import_bytes(config: ModelConfig) -> int:
+    """The peak of an int8 import that reads the checkpoint one tensor at a time: the
+    larger of its parity check (an import of the float32 model's first PREFIX_LAYERS
+    layers) and its largest tensor's copies, whatever the model's depth."""
+    streaming = IMPORT_BASE_BYTES + STREAMED_COPIES * largest_tensor_bytes(config)
+    return max(import_bytes(prefix_config(config)), streaming)
 
 
 # Where the float32 model does not fit, int8's parity gate runs on its first layers.
@@ -109,19 +125,18 @@ def prefix_config(config: ModelConfig) -> ModelConfig:
 
 def plan_import(
     config: ModelConfig,
-    checkpoint_bytes: int,
     precisions: tuple[str, ...] = ("fp32",),
     available: int | None = None,
 ) -> bool:
     """Whether an import of `config` holds the float32 model (True) or, for int8 alone where
-    float32 does not fit, the checkpoint's tensors in their own dtype (False). Raises
+    float32 does not fit, streams the checkpoint one tensor at a time (False). Raises
     FootprintError, with the numbers, where neither fits `available` bytes (default:
     available_memory())."""
     available = available_memory() if available is None else available
     need = import_bytes(config)
     if need <= available:
         return True
-    streamed = streamed_import_bytes(config, checkpoint_bytes)
+    streamed = streamed_import_bytes(config)
     if precisions == ("int8",) and streamed <= available:
         return False
     hint = "free memory, or import on a machine with more"

@@ -164,9 +164,17 @@ def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(tmp_path):
+def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
+    tmp_path, monkeypatch, capsys
+):
+    import gc
+    import weakref
+
     import torch
 
+    from attnserve.cli import main
+    from attnserve.export.hf_import import CheckpointReader, config_from_hf
+    from attnserve.model.footprint import import_bytes, streamed_import_bytes
     from perf.hf_checkpoints import build_checkpoint, reference_outputs
     from tests.conftest import run_cli
 
@@ -175,22 +183,31 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(tmp_pa
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
     )  # fmt: skip
     hf = build_checkpoint("llama", tmp_path / "hf", dtype=torch.bfloat16, **fields)
-    from attnserve.export.hf_import import config_from_hf
-    from attnserve.model.footprint import import_bytes, streamed_import_bytes
-
     config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()), "hf")
-    checkpoint_bytes = (tmp_path / "hf" / "model.safetensors").stat().st_size
-    # Room for the bfloat16 tensors and a float32 prefix, not for the float32 model.
-    limit = (streamed_import_bytes(config, checkpoint_bytes) + import_bytes(config)) // 2
-    assert streamed_import_bytes(config, checkpoint_bytes) < limit < import_bytes(config)
+    # Room for a float32 prefix and one tensor's copies, not for the float32 model.
+    limit = (streamed_import_bytes(config) + import_bytes(config)) // 2
+    assert streamed_import_bytes(config) < limit < import_bytes(config)
     out = tmp_path / "int8"
     common = ("export", "--from-hf", str(tmp_path / "hf"), "--out", str(out))
     refused = run_cli(*common, "--memory-limit", str(limit))  # float32: does not fit
     assert refused.returncode == 2
     assert "--precision int8 alone imports it in about" in refused.stderr
-    result = run_cli(*common, "--memory-limit", str(limit), "--precision", "int8")
-    assert result.returncode == 0, result.stderr
-    assert "checking on the first 2 of 16 layers" in result.stdout
+    # What the import holds of the checkpoint at once, counted as it reads (not the clock):
+    # one fused matrix's three tensors at most, where holding the checkpoint is 16 layers'.
+    original, live, most = CheckpointReader.read, [0], [0]
+
+    def counted(self: CheckpointReader, name: str, widen: bool = True) -> torch.Tensor:
+        tensor = original(self, name, widen)
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+        weakref.finalize(tensor, lambda: live.__setitem__(0, live[0] - 1))
+        return tensor
+
+    monkeypatch.setattr(CheckpointReader, "read", counted)
+    assert main([*common, "--memory-limit", str(limit), "--precision", "int8"]) == 0
+    gc.collect()
+    assert 0 < most[0] <= 3 and live[0] == 0, (most, live)
+    assert "checking on the first 2 of 16 layers" in capsys.readouterr().out
     report = json.loads((out / REPORT_FILENAME).read_text())
     assert report["parity_scope"] == "the first 2 of 16 layers"
     assert report["precisions"] == ["int8"] and INT8_ONNX_FILENAME in report["fidelity"]
