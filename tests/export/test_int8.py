@@ -30,6 +30,10 @@ from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
+GATHER_OR_MATMUL = {
+    INT8_ONNX_FILENAME: ("GatherBlockQuantized",),
+    readout_filename(LENS_ONNX_FILENAME, "int8"): ("MatMulNBits",),
+}
 # Wide enough that each matrix is several quantization blocks along its input.
 CONFIG = ModelConfig(
     n_layers=2, n_heads=4, n_kv_heads=2, d_model=256, d_ff=512, max_seq_len=64,
@@ -59,8 +63,32 @@ def test_an_int8_directory_holds_8_bit_matrices_and_nothing_in_float32_beside(in
             assert node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
             assert attributes["bits"] == BITS and attributes["block_size"] == BLOCK_SIZE
             assert attributes["accuracy_level"] == 4  # int8 x int8 arithmetic
+        (gather,) = [n for n in proto.graph.node if n.op_type.startswith("Gather")]
+        assert gather.op_type == "GatherBlockQuantized"  # the token table too
+    # 8 bits and a float32 scale per 32 weights: 1.125 bytes a weight, and the norms' 4.
     fp32_bytes = 4 * sum(p.numel() for p in model.parameters())
-    assert (out / WEIGHTS_FILENAMES["int8"]).stat().st_size < 0.45 * fp32_bytes
+    assert (out / WEIGHTS_FILENAMES["int8"]).stat().st_size < 0.3 * fp32_bytes
+
+
+def test_a_tied_table_is_one_set_of_8_bit_bytes_for_its_rows_and_the_logits(int8_dir):
+    """The token table's GatherBlockQuantized (rows) and the lens' MatMulNBits (logits)
+    read the same bytes of the weights file, each in its own shape."""
+    _, out = int8_dir
+    assert CONFIG.unembedding == "tied"
+    read: dict[str, dict[str, tuple]] = {}
+    for name in (INT8_ONNX_FILENAME, readout_filename(LENS_ONNX_FILENAME, "int8")):
+        proto = onnx.load(str(out / name), load_external_data=False)
+        node = next(n for n in proto.graph.node if n.op_type in GATHER_OR_MATMUL[name])
+        table = node.input[0 if node.op_type == "GatherBlockQuantized" else 1]
+        (tensor,) = [t for t in proto.graph.initializer if t.name == table]
+        where = {e.key: e.value for e in tensor.external_data}
+        read[name] = {"at": (where["location"], where["offset"]), "dims": tuple(tensor.dims)}
+        assert tensor.data_type == onnx.TensorProto.UINT8
+    gather, logits = read.values()
+    assert gather["at"] == logits["at"]
+    d = CONFIG.d_model
+    assert gather["dims"] == (CONFIG.vocab_size, d)
+    assert logits["dims"] == (CONFIG.vocab_size, d // BLOCK_SIZE, BLOCK_SIZE)
 
 
 def test_int8_parity_is_gated_and_its_fidelity_recorded(int8_dir):
@@ -108,10 +136,9 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
     assert runtime.readouts == {"stream", "lens", "attribution"}
-    for name in READOUT_GRAPHS:  # the lens unembeds with the token table: float32 (as served)
+    for name in READOUT_GRAPHS:  # the lens too: it unembeds with the 8-bit token table
         proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
-        quantized = any(n.op_type == "MatMulNBits" for n in proto.graph.node)
-        assert quantized == (name != LENS_ONNX_FILENAME), name
+        assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), name
     ids = np.random.default_rng(7).integers(0, CONFIG.vocab_size, size=(2, 24))
     mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
     mask[1, 0, 1] = 0.0
