@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     )
     sizes = commands.add_parser(
         "sizes",
-        help="checkpoints in 0.5B to 7B models' shapes: import and serve memory and time "
+        help="checkpoints in 0.5B to 9B models' shapes: import and serve memory and time "
         "beside transformers' own load and forward",
     )
     sizes.add_argument("--shapes", nargs="*", help="a subset of the shapes (default: all)")

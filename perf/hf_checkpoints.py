@@ -218,3 +218,57 @@ def reference_outputs(model, ids):
     with torch.no_grad():
         out = model.base_model(torch.as_tensor(ids), output_attentions=True)
     return out.last_hidden_state.numpy(), torch.stack(out.attentions, dim=1).numpy()
+
+
+def build_streamed_checkpoint(
+    data: dict[str, Any], directory: Path, std: float = 0.02, shard_bytes: int = 2 << 30
+) -> int:
+    """A random bfloat16 checkpoint of the config.json fields `data` (model_type included),
+    written shard by shard without ever holding the model: an 8-9B model made whole would
+    not leave room for its import beside it. Names and shapes come from transformers' model
+    on the meta device; norms' weights are their identity (1, or 0 where Gemma adds 1) plus
+    noise of `std`, every other tensor normal of `std`. Returns the parameter count."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    config = AutoConfig.for_model(
+        data["model_type"], pad_token_id=0, bos_token_id=1, eos_token_id=2, **fields
+    )
+    with torch.device("meta"):
+        shapes = {
+            k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()
+        }
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    identity = 0.0 if data["model_type"].startswith("gemma") else 1.0
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        if size >= shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += 2 * shape.numel()
+    directory.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            values = torch.randn(shapes[name]) * std
+            if name.endswith("norm.weight"):
+                values += identity
+            tensors[name] = values.to(torch.bfloat16)
+        save_file(tensors, str(directory / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(names, file)
+        del tensors
+    index = {"metadata": {"total_size": 2 * sum(s.numel() for s in shapes.values())}}
+    index["weight_map"] = weight_map
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.save_pretrained(directory)
+    train_tokenizer(400).save(str(directory / "tokenizer.json"))
+    return sum(s.numel() for s in shapes.values())

@@ -1,4 +1,4 @@
-"""Real sizes: import and serve checkpoints in the shapes of 0.5B to 7B models, beside
+"""Real sizes: import and serve checkpoints in the shapes of 0.5B to 9B models, beside
 transformers' own load of the same checkpoint (`python -m perf sizes`).
 
 Each checkpoint is made offline in bfloat16 (as the hub ships them). Then, each in a child
@@ -8,8 +8,9 @@ would run instead), then times its forward with attention at each length;
 `attnserve export --from-hf` imports it (float32, or int8); `attnserve serve` serves it:
 RSS after warm-up and after one layer's attention at 128 tokens, and Encode's p50 with one
 layer's attention at each length (the graph computes every layer's either way, as
-transformers does). The 7B shape's float32 weights (28 GB) do not fit in memory here: it
-is imported in int8 only, and transformers is not run on it.
+transformers does). The 7-9B shapes' float32 weights (27-34 GiB) do not fit in memory
+here: they are imported in int8 only, and transformers is not run on them; the 8-9B ones
+(their config.json's fields as export/studied.py lists them) are written shard by shard.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from attnserve.export.studied import STUDIED
 from perf.hf_checkpoints import (
     MISTRAL_7B,
     PYTHIA_14B,
     QWEN25_05B,
     TINYLLAMA_11B,
     build_checkpoint,
+    build_streamed_checkpoint,
 )
 
 GiB = 2**30
@@ -41,6 +44,9 @@ SHAPES = {
     "TinyLlama-1.1B": ("llama", TINYLLAMA_11B, ("fp32", "int8"), True),
     "Pythia-1.4B": ("gpt_neox", PYTHIA_14B, ("fp32",), True),
     "Mistral-7B": ("mistral", MISTRAL_7B, ("int8",), False),
+    # model_type None: STUDIED's config.json fields, written without holding the model
+    "Llama-3.1-8B": (None, STUDIED["Llama-3.1-8B"], ("int8",), False),
+    "gemma-2-9b": (None, STUDIED["gemma-2-9b"], ("int8",), False),
 }
 # --quick (the report's smoke run): a few-MB Llama, both precisions, every step.
 QUICK_SHAPES = {
@@ -176,11 +182,14 @@ def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             work = Path(tmp)
             log(f"{name}: building a random bfloat16 checkpoint...")
-            hf = build_checkpoint(
-                model_type, work / "hf", perturb=0.0, dtype=torch.bfloat16, **fields
-            )
-            parameters = sum(p.numel() for p in hf.parameters())
-            del hf
+            if model_type is None:
+                parameters = build_streamed_checkpoint(fields, work / "hf")
+            else:
+                hf = build_checkpoint(
+                    model_type, work / "hf", perturb=0.0, dtype=torch.bfloat16, **fields
+                )
+                parameters = sum(p.numel() for p in hf.parameters())
+                del hf
             result: dict = {"parameters": parameters}
             fp32_bytes = 4 * parameters
             if with_transformers:
