@@ -70,22 +70,6 @@ class WeightsFile:
             self._progress(self._file.tell())
         return self._tensors[name]
 
-    def view(self, name: str, as_name: str, shape: tuple[int, ...]) -> ir.ExternalTensor:
-        """The bytes written as `name` seen with another shape, as `as_name`: one matrix
-        that two operators read in their own layouts, on disk and in memory once."""
-        if as_name not in self._tensors:
-            known = self._tensors[name]
-            self._tensors[as_name] = ir.ExternalTensor(
-                self.path.name,
-                known.offset,
-                known.length,
-                known.dtype,
-                shape=ir.Shape(shape),
-                name=as_name,
-                base_dir=self.path.parent,
-            )
-        return self._tensors[as_name]
-
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
 

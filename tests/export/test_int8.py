@@ -30,10 +30,6 @@ from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 
-GATHER_OR_MATMUL = {
-    INT8_ONNX_FILENAME: ("GatherBlockQuantized",),
-    readout_filename(LENS_ONNX_FILENAME, "int8"): ("MatMulNBits",),
-}
 # Wide enough that each matrix is several quantization blocks along its input.
 CONFIG = ModelConfig(
     n_layers=2, n_heads=4, n_kv_heads=2, d_model=256, d_ff=512, max_seq_len=64,
@@ -63,32 +59,28 @@ def test_an_int8_directory_holds_8_bit_matrices_and_nothing_in_float32_beside(in
             assert node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
             assert attributes["bits"] == BITS and attributes["block_size"] == BLOCK_SIZE
             assert attributes["accuracy_level"] == 4  # int8 x int8 arithmetic
-        (gather,) = [n for n in proto.graph.node if n.op_type.startswith("Gather")]
-        assert gather.op_type == "GatherBlockQuantized"  # the token table too
-    # 8 bits and a float32 scale per 32 weights: 1.125 bytes a weight, and the norms' 4.
+    # 8 bits and a float32 scale per 32 weights: 1.125 bytes a weight; the token table's 2
+    # for its rows and 1.125 for the lens, the norms' 4.
     fp32_bytes = 4 * sum(p.numel() for p in model.parameters())
-    assert (out / WEIGHTS_FILENAMES["int8"]).stat().st_size < 0.3 * fp32_bytes
+    assert (out / WEIGHTS_FILENAMES["int8"]).stat().st_size < 0.4 * fp32_bytes
 
 
-def test_a_tied_table_is_one_set_of_8_bit_bytes_for_its_rows_and_the_logits(int8_dir):
-    """The token table's GatherBlockQuantized (rows) and the lens' MatMulNBits (logits)
-    read the same bytes of the weights file, each in its own shape."""
+def test_a_tied_table_gives_its_rows_in_float16_and_its_logits_in_8_bits(int8_dir):
+    """The token table's rows come from the table in float16 (8-bit rows cost attention
+    more than the gate allows on Llama-3.1-8B's shape); the lens' unembedding by the same
+    table is a MatMulNBits. Neither keeps the float32 table."""
     _, out = int8_dir
     assert CONFIG.unembedding == "tied"
-    read: dict[str, dict[str, tuple]] = {}
-    for name in (INT8_ONNX_FILENAME, readout_filename(LENS_ONNX_FILENAME, "int8")):
+    for name, op, dtype in (
+        (INT8_ONNX_FILENAME, "Gather", onnx.TensorProto.FLOAT16),
+        (readout_filename(LENS_ONNX_FILENAME, "int8"), "MatMulNBits", onnx.TensorProto.UINT8),
+    ):
         proto = onnx.load(str(out / name), load_external_data=False)
-        node = next(n for n in proto.graph.node if n.op_type in GATHER_OR_MATMUL[name])
-        table = node.input[0 if node.op_type == "GatherBlockQuantized" else 1]
+        (node,) = [n for n in proto.graph.node if n.op_type == op and "tok_emb" in str(n.input)]
+        table = node.input[0 if op == "Gather" else 1]
         (tensor,) = [t for t in proto.graph.initializer if t.name == table]
-        where = {e.key: e.value for e in tensor.external_data}
-        read[name] = {"at": (where["location"], where["offset"]), "dims": tuple(tensor.dims)}
-        assert tensor.data_type == onnx.TensorProto.UINT8
-    gather, logits = read.values()
-    assert gather["at"] == logits["at"]
-    d = CONFIG.d_model
-    assert gather["dims"] == (CONFIG.vocab_size, d)
-    assert logits["dims"] == (CONFIG.vocab_size, d // BLOCK_SIZE, BLOCK_SIZE)
+        assert tensor.data_type == dtype, name
+        assert "tok_emb.weight" not in {t.name for t in proto.graph.initializer}
 
 
 def test_int8_parity_is_gated_and_its_fidelity_recorded(int8_dir):
