@@ -108,13 +108,14 @@ SECTIONS = [
     (
         "sizes",
         "Real sizes",
-        "Random bfloat16 checkpoints in the shapes of Qwen2.5-0.5B, TinyLlama-1.1B, Pythia-1.4B "
-        "and Mistral-7B, each step in a child process whose process tree's summed RSS is "
+        "Random bfloat16 checkpoints in the shapes of Qwen2.5-0.5B, TinyLlama-1.1B, Pythia-1.4B, "
+        "Mistral-7B, Llama-3.1-8B and gemma-2-9b, each step in a child process whose process "
+        "tree's summed RSS is "
         "sampled every half second: transformers loads it in float32, saves it and runs a "
         "128-token forward with attention, then times forwards with attention; `attnserve "
         "export --from-hf` imports it (float32 or int8); `attnserve serve` serves it (RSS after "
         "warm-up and after one layer's attention at 128 tokens; Encode's p50 with one layer's "
-        "attention). Ratios are against the float32 weights. The 7B shape does not fit in "
+        "attention). Ratios are against the float32 weights. The 7-9B shapes do not fit in "
         "float32 here: int8 only, without transformers.",
         "python -m perf sizes",
     ),
