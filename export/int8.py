@@ -154,7 +154,7 @@ class _Conversion:
         names = (f"{name}_Q{BITS}", f"{name}_scales")
         if names[0] not in self.weights:  # another graph of the directory quantized it
             blocks = k // BLOCK_SIZE + (k % BLOCK_SIZE > 0)
-            packed = np.empty((n, blocks, BLOCK_SIZE), np.uint8)
+            packed = np.empty((n, blocks, BLOCK_SIZE * BITS // 8), np.uint8)
             scales = np.empty((n, blocks), np.float32)
             step = max(1, ROWS_AT_ONCE_BYTES // (4 * k))
             for a in range(0, n, step):
