@@ -26,6 +26,8 @@ def _then(load: Load, change: Callable[[torch.Tensor], torch.Tensor]) -> Load:
 
 
 def _cat(loads: list[Load]) -> Load:
+    if len(loads) == 1:  # one tensor: itself, not a copy
+        return loads[0]
     return lambda: torch.cat([load() for load in loads])
 
 
@@ -71,15 +73,13 @@ def _optional(take: Take, name: str) -> Load | None:
 def _linear(out: Loads, take: Take, ours: str, *theirs: str) -> None:
     """One encoder Linear from one or more HF Linears, concatenated along the outputs.
     Biases are taken where the checkpoint has them; the shape check catches a missing one."""
-    weights = [take(f"{t}.weight") for t in theirs]
-    out[f"{ours}.weight"] = weights[0] if len(weights) == 1 else _cat(weights)
+    out[f"{ours}.weight"] = _cat([take(f"{t}.weight") for t in theirs])
     biases = [_optional(take, f"{t}.bias") for t in theirs]
     if any(b is not None for b in biases):
         if any(b is None for b in biases):
             missing = [f"{t}.bias" for t, b in zip(theirs, biases, strict=True) if b is None]
             raise HFImportError(f"missing tensor {missing[0]}")
-        present = [b for b in biases if b is not None]
-        out[f"{ours}.bias"] = present[0] if len(present) == 1 else _cat(present)
+        out[f"{ours}.bias"] = _cat([b for b in biases if b is not None])
 
 
 # Where each norm of a block is in a Llama-layout checkpoint, by norm placement.

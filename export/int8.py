@@ -16,7 +16,7 @@ conversion holds one tensor of float32 at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -134,14 +134,13 @@ class _Conversion:
         source = table.const_value
         name = f"{table.name}{FLOAT16_SUFFIX}"
         if name not in self.weights:
-            n = int(source.shape.numpy()[0])
-            step = max(1, ROWS_AT_ONCE_BYTES // (4 * int(source.shape.numpy()[1])))
-            halves = [
-                self._rows(source, a, min(a + step, n)).astype(np.float16)
-                for a in range(0, n, step)
-            ]
-            self.weights.reference(ir.Tensor(np.concatenate(halves), name=name))
-        gather = ir.node("Gather", [self._initializer(self.weights[name]), node.inputs[1]])
+            n, k = source.shape.numpy()
+            half = np.empty((n, k), np.float16)
+            for a, b in _slices(n, k):
+                half[a:b] = self._rows(source, a, b)
+            self.weights.reference(ir.Tensor(half, name=name))
+        axis = {"axis": node.attributes.get_int("axis", 0)}
+        gather = ir.node("Gather", [self._initializer(self.weights[name]), node.inputs[1]], axis)
         cast = ir.node("Cast", gather.outputs, attributes={"to": ir.DataType.FLOAT})
         self._replace(node, [gather, cast], table)
 
@@ -156,9 +155,7 @@ class _Conversion:
             blocks = k // BLOCK_SIZE + (k % BLOCK_SIZE > 0)
             packed = np.empty((n, blocks, BLOCK_SIZE * BITS // 8), np.uint8)
             scales = np.empty((n, blocks), np.float32)
-            step = max(1, ROWS_AT_ONCE_BYTES // (4 * k))
-            for a in range(0, n, step):
-                b = min(a + step, n)
+            for a, b in _slices(n, k):
                 # onnxruntime's C++ block quantizer takes (K, N): the slice's columns
                 columns = np.ascontiguousarray(rows(a, b).T)
                 part, part_scales, _ = self.quantizer.qbits_block_quant(columns)
@@ -199,6 +196,13 @@ class _Conversion:
             value.const_value = tensor
             self.graph.graph.register_initializer(value)
         return initializers[name]
+
+
+def _slices(n: int, k: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of the slices of rows a matrix of n rows of k float32 is read in."""
+    step = max(1, ROWS_AT_ONCE_BYTES // (4 * k))
+    for start in range(0, n, step):
+        yield start, min(start + step, n)
 
 
 def _read(tensor: ir.TensorProtocol, directory: Path) -> np.ndarray:
