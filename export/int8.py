@@ -10,13 +10,14 @@ this CPU it is the one that keeps a 0.5B model's attention within 0.02 and its e
 at cosine >= 0.99; it saves memory, not time (research/int8-on-cpu measures it against 4
 bits and dynamic int8).
 The quantization itself is onnxruntime's own (its C++ block quantizer); it runs one weight
-at a time, read from the float32 weights file (a table a slice of rows at a time), so the
+at a time, read from the float32 weights file (a table a slice of rows at a time) or, for
+a matrix a streamed import left out of that file, from the checkpoint, so the
 conversion holds one tensor of float32 at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -41,14 +42,21 @@ ROWS_AT_ONCE_BYTES = 64 << 20
 FLOAT16_SUFFIX = ".fp16"  # the name of a table stored in float16 for its rows
 
 
-def convert_to_int8(src: str | Path, dst: str | Path, weights: WeightsFile) -> Path:
+def convert_to_int8(
+    src: str | Path,
+    dst: str | Path,
+    weights: WeightsFile,
+    unwritten: Mapping[str, ir.TensorProtocol] | None = None,
+) -> Path:
     """Write `src` with its matrix weights in 8 bits to `dst`, every weight (quantized or
     not) into `weights`, checked: each MatMul on a weight (and a Gemm by a table's
     transpose) becomes MatMulNBits, each Gather of a table's rows (the token table; an
-    unembedding's rows for attribution) a Gather on the table in float16."""
+    unembedding's rows for attribution) a Gather on the table in float16.
+    unwritten: the float32 tensors, by name, that `src`'s weights file left out (holes):
+    read from here (WeightsFile.unwritten)."""
     src = Path(src)
     graph = ir.from_proto(onnx.load(str(src), load_external_data=False))
-    conversion = _Conversion(graph, weights, src.parent)
+    conversion = _Conversion(graph, weights, src.parent, unwritten or {})
     for node in list(graph.graph):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -62,17 +70,22 @@ def convert_to_int8(src: str | Path, dst: str | Path, weights: WeightsFile) -> P
     # written: one weights file per precision.
     for value in graph.graph.initializers.values():
         if isinstance(value.const_value, ir.ExternalTensor):
-            value.const_value = _lazy(value.const_value, src.parent)
+            value.const_value = conversion.lazy(value.const_value)
     externalize(graph, weights)
     return save_checked(ir.to_proto(graph), dst)
+
+
+def is_matrix(tensor: ir.TensorProtocol) -> bool:
+    """A float32 tensor of two dimensions: what the conversion rewrites (the weights a
+    streamed import leaves out of its float32 file)."""
+    return len(tensor.shape) == 2 and tensor.dtype == ir.DataType.FLOAT
 
 
 def _is_matrix(value: ir.Value | None) -> bool:
     """A float32 initializer of two dimensions, in the weights file."""
     if value is None or not value.is_initializer() or value.const_value is None:
         return False
-    tensor = value.const_value
-    return len(tensor.shape) == 2 and tensor.dtype == ir.DataType.FLOAT
+    return is_matrix(value.const_value)
 
 
 def _is_unembedding(node: ir.Node) -> bool:
@@ -87,8 +100,18 @@ class _Conversion:
     """One graph's operators rewritten in 8 bits, their weights read from the float32 files
     in `directory` and written once into `weights` (shared by a directory's graphs)."""
 
-    def __init__(self, graph: ir.Model, weights: WeightsFile, directory: Path) -> None:
+    def __init__(
+        self,
+        graph: ir.Model,
+        weights: WeightsFile,
+        directory: Path,
+        unwritten: Mapping[str, ir.TensorProtocol],
+    ) -> None:
         self.graph, self.weights, self.directory = graph, weights, directory
+        self.unwritten = unwritten
+        # The values of the unwritten tensor being converted: a table is read once for
+        # all its slices.
+        self._held: tuple[str, np.ndarray] | None = None
         self.quantizer = DefaultWeightOnlyQuantizer(
             DefaultWeightOnlyQuantConfig(
                 block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL, bits=BITS
@@ -110,7 +133,7 @@ class _Conversion:
             bias = node.inputs[2] if len(node.inputs) > 2 else None
         else:
             k, n = source.shape.numpy()
-            values = cache(lambda: _read(source, self.directory))  # (K, N), if not quantized
+            values = cache(lambda: self._values(source))  # (K, N), if not quantized
             names = self._quantized(str(b.name), n, k, lambda s, e: values()[:, s:e].T)
             bias = None
         inputs += [self._initializer(self.weights[name]) for name in names]
@@ -164,8 +187,35 @@ class _Conversion:
             self.weights.reference(ir.Tensor(scales.reshape(-1), name=names[1]))
         return names
 
+    def lazy(self, tensor: ir.ExternalTensor) -> ir.LazyTensor:
+        """`tensor`, read when it is written."""
+
+        def read() -> ir.Tensor:
+            return ir.Tensor(self._values(tensor), name=tensor.name)
+
+        return ir.LazyTensor(read, tensor.dtype, tensor.shape, name=tensor.name)
+
+    def _values(self, tensor: ir.ExternalTensor) -> np.ndarray:
+        """An external tensor's values, read from its file alone (not the whole file
+        mapped), or from its source if the file left it out."""
+        name = str(tensor.name)
+        if name in self.unwritten:
+            if self._held is None or self._held[0] != name:
+                self._held = None  # one at a time
+                self._held = (name, self.unwritten[name].numpy())
+            return self._held[1]
+        count = int(np.prod(tensor.shape.numpy()))
+        dtype = tensor.dtype.numpy()
+        values = np.fromfile(
+            self.directory / tensor.location, dtype, count, offset=tensor.offset or 0
+        )
+        return values.reshape(tensor.shape.numpy())
+
     def _rows(self, tensor: ir.ExternalTensor, start: int, stop: int) -> np.ndarray:
-        """Rows start..stop of a two-dimensional external tensor, read from its file alone."""
+        """Rows start..stop of a two-dimensional external tensor, read from its file alone
+        (or its source's values)."""
+        if str(tensor.name) in self.unwritten:
+            return self._values(tensor)[start:stop]
         width = int(tensor.shape.numpy()[1])
         dtype = tensor.dtype.numpy()
         offset = (tensor.offset or 0) + start * width * dtype.itemsize
@@ -183,6 +233,7 @@ class _Conversion:
         output.replace_all_uses_with(new, replace_graph_outputs=True)
         graph.remove(node, safe=True)
         new.name = output.name
+        self._held = None
         if not weight.uses():
             graph.initializers.pop(str(weight.name))
 
@@ -203,19 +254,3 @@ def _slices(n: int, k: int) -> Iterator[tuple[int, int]]:
     step = max(1, ROWS_AT_ONCE_BYTES // (4 * k))
     for start in range(0, n, step):
         yield start, min(start + step, n)
-
-
-def _read(tensor: ir.TensorProtocol, directory: Path) -> np.ndarray:
-    """An external tensor's values, read from its file alone (not the whole file mapped)."""
-    assert isinstance(tensor, ir.ExternalTensor)
-    count = int(np.prod(tensor.shape.numpy()))
-    dtype = tensor.dtype.numpy()
-    values = np.fromfile(directory / tensor.location, dtype, count, offset=tensor.offset or 0)
-    return values.reshape(tensor.shape.numpy())
-
-
-def _lazy(tensor: ir.ExternalTensor, directory: Path) -> ir.LazyTensor:
-    def read() -> ir.Tensor:
-        return ir.Tensor(_read(tensor, directory), name=tensor.name)
-
-    return ir.LazyTensor(read, tensor.dtype, tensor.shape, name=tensor.name)

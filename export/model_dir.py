@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from attnserve.export import (
 )
 from attnserve.export.fp16 import convert_to_fp16
 from attnserve.export.fused import with_attention_weights
-from attnserve.export.int8 import convert_to_int8
+from attnserve.export.int8 import convert_to_int8, is_matrix
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from attnserve.export.parity import ParityCase, compare, default_shapes, reference_outputs
 from attnserve.export.trace_ahead import tracer
@@ -236,8 +237,9 @@ def write_streamed_int8(
     """An int8 directory for a model whose float32 weights do not fit in memory.
 
     `tensors` (the encoder's state_dict in any dtype, a checkpoint's read when looked up:
-    hf_import.LazyTensors) are widened one at a time as the float32 weights file is
-    written, a scratch step on disk the 8-bit weights are then made from, one at a time.
+    hf_import.LazyTensors) are traced into float32 graphs whose weights file holds the
+    norms and biases alone: the 8-bit weights are then made from each matrix read from
+    `tensors` and widened, one at a time (and the float16 token table likewise).
     The parity gate runs on the model's first PREFIX_LAYERS layers in float32, exported and
     quantized the same way, and the report says so (`parity_scope`).
     """
@@ -255,20 +257,20 @@ def write_streamed_int8(
             prefix_model, scratch / "prefix", log=log, precisions=("int8",), release_weights=True
         )
         shutil.rmtree(scratch / "prefix")
-        progress = _progress(log, weight_bytes(config))
         traced = traced_graphs(config, ("int8",))
         readouts = scratch / READOUTS_ONNX_FILENAME
-        with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
+        with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], leave_out=is_matrix) as float32:
             for filename, kind in traced:
-                log(f"tracing {filename}, widening one tensor at a time...")
-                export_onnx(config, tensors, scratch / filename, weights, kind, readouts)
+                log(f"tracing {filename}...")
+                export_onnx(config, tensors, scratch / filename, float32, kind, readouts)
         sources = [name for name, _ in traced] + [READOUTS_ONNX_FILENAME]
         if config.fuses_attention:
             sources.append(FUSED_ONNX_FILENAME)
             with_attention_weights(
                 scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
             )
-        _derive(scratch, "int8", log)
+        int8 = partial(convert_to_int8, unwritten=float32.unwritten)
+        _derive(scratch, "int8", log, int8, _progress(log, weight_bytes(config) // 3))
         for name in (*sources, WEIGHTS_FILENAMES["fp32"]):
             (scratch / name).unlink()
         report = ExportReport(
@@ -314,10 +316,17 @@ DERIVED: dict[
 READOUTS_FILENAMES = {readout_filename(READOUTS_ONNX_FILENAME, p) for p in PRECISIONS}
 
 
-def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[str]:
+def _derive(
+    scratch: Path,
+    precision: str,
+    log: Callable[[str], None],
+    convert: Callable[[Path, Path, WeightsFile], object] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[str]:
     """Make a precision's graphs from the float32 ones in `scratch`, into that precision's
-    weights file; returns their names."""
-    convert, pairs = DERIVED[precision]
+    weights file (`convert`: instead of the precision's converter); returns their names."""
+    converter, pairs = DERIVED[precision]
+    convert = convert or converter
     if not (scratch / FUSED_ONNX_FILENAME).is_file():  # int8 from the traced graph instead
         pairs = tuple((ONNX_FILENAME if s == FUSED_ONNX_FILENAME else s, t) for s, t in pairs)
     pairs += tuple(
@@ -325,7 +334,7 @@ def _derive(scratch: Path, precision: str, log: Callable[[str], None]) -> list[s
         for name in READOUT_GRAPHS
         if (scratch / name).is_file()
     )
-    with WeightsFile(scratch / WEIGHTS_FILENAMES[precision]) as weights:
+    with WeightsFile(scratch / WEIGHTS_FILENAMES[precision], progress) as weights:
         for source, target in pairs:
             log(f"writing {target} from {source} ({precision})...")
             convert(scratch / source, scratch / target, weights)

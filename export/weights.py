@@ -6,6 +6,11 @@ refer to each weight by (location, offset, length) in one file, written once, on
 tensor at a time. A weight seen again in a later graph, by the same name, is the same
 bytes already written: the graphs are traced from one model, so a name is one tensor.
 
+A streamed int8 import's float32 file leaves its matrices out (`leave_out`): their
+places are kept as holes, which take no disk, and the int8 conversion reads each from
+its source (`unwritten`), the checkpoint, instead: 34 GB of float32 never written for a
+9B model.
+
 Linear weights are stored the way ONNX's MatMul reads them, (in, out): the traced
 graph transposes PyTorch's (out, in) at every run otherwise, and ONNX Runtime would
 fold that transpose into a second, private copy of every weight at load.
@@ -36,11 +41,19 @@ TRANSPOSED_SUFFIX = ".T"  # the name of a weight stored transposed, (in, out)
 class WeightsFile:
     """Appends tensors to one file and hands out references to them, once per name."""
 
-    def __init__(self, path: str | Path, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        progress: Callable[[int], None] | None = None,
+        leave_out: Callable[[ir.TensorProtocol], bool] | None = None,
+    ) -> None:
         self.path = Path(path)
         self._file = self.path.open("wb")
         self._tensors: dict[str, ir.ExternalTensor] = {}
         self._progress = progress  # called with the bytes written so far
+        self._leave_out = leave_out
+        # name -> the tensor whose place in the file is a hole, to be read from here
+        self.unwritten: dict[str, ir.TensorProtocol] = {}
 
     def reference(self, tensor: ir.TensorProtocol) -> ir.ExternalTensor:
         """`tensor` as a reference into the file: written the first time its name is seen."""
@@ -54,13 +67,19 @@ class WeightsFile:
                 )
             return known
         offset = -self._file.tell() % ALIGNMENT + self._file.tell()
-        self._file.seek(offset)
-        data = _raw_bytes(tensor)  # one tensor in memory at a time
-        self._file.write(data)
+        if self._leave_out is not None and self._leave_out(tensor):
+            self.unwritten[name] = tensor  # nothing read: its place is skipped
+            length = tensor.nbytes
+            self._file.seek(offset + length)
+        else:
+            self._file.seek(offset)
+            data = _raw_bytes(tensor)  # one tensor in memory at a time
+            self._file.write(data)
+            length = data.nbytes
         self._tensors[name] = ir.ExternalTensor(
             self.path.name,
             offset,
-            data.nbytes,
+            length,
             tensor.dtype,
             shape=ir.Shape(tensor.shape.numpy()),
             name=name,
@@ -86,7 +105,9 @@ class WeightsFile:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if not self._file.closed:
+            self._file.truncate()  # as long as its references say, a hole left out last too
+            self._file.close()
 
     def __enter__(self) -> WeightsFile:
         return self

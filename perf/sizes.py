@@ -6,7 +6,8 @@ process whose process tree's summed RSS is sampled every half second: transforme
 it in float32, saves it and runs a 128-token forward with attention (the reference a user
 would run instead), then times its forward with attention at each length;
 `attnserve export --from-hf` imports it (float32, or int8); `attnserve serve` serves it:
-RSS after warm-up and after one layer's attention at 128 tokens, and Encode's p50 with one
+RSS after warm-up, after one layer's attention at 128 tokens and after every layer's hidden
+states and the predictions from the logits at 128 tokens, and Encode's p50 with one
 layer's attention at each length (the graph computes every layer's either way, as
 transformers does). The 7-9B shapes' float32 weights (27-34 GiB) do not fit in memory
 here: they are imported in int8 only, and transformers is not run on them; the 8-9B ones
@@ -119,9 +120,9 @@ def measured(command: list[str]) -> dict:
 
 
 def served(model_dir: Path, work: Path, precision: str) -> dict:
-    """`attnserve serve` on the directory: RSS after warm-up and after one layer's attention
-    for 128 tokens, Encode's p50 with one layer's attention per length, and what
-    GetModelInfo reports of the weights."""
+    """`attnserve serve` on the directory: RSS after warm-up, after one layer's attention
+    for 128 tokens and after the hidden states and predictions for 128, Encode's p50 with
+    one layer's attention per length, and what GetModelInfo reports of the weights."""
     from attnserve.client import EncoderClient
 
     ports = [_free_port() for _ in range(3)]
@@ -142,6 +143,12 @@ def served(model_dir: Path, work: Path, precision: str) -> dict:
                 out = client.encode([list(range(3, 131))], attention=True, layers=[0], timeout=900)
                 assert out[0].attention.shape[-1] == 128
                 after = tree_rss(server.pid)
+                # ... and every layer's hidden states and the predictions from the logits
+                read = client.encode(
+                    [list(range(3, 131))], hidden_states=True, predictions=True, timeout=900
+                )
+                assert read[0].hidden_states is not None and read[0].predictions is not None
+                readouts = tree_rss(server.pid)
                 p50 = {}
                 for t in LENGTHS:
                     runs = []
@@ -153,6 +160,7 @@ def served(model_dir: Path, work: Path, precision: str) -> dict:
             return {
                 "rss_warm_gib": round(warm / GiB, 2),
                 "rss_after_attention_gib": round(after / GiB, 2),
+                "rss_after_readouts_gib": round(readouts / GiB, 2),
                 "weight_bytes": int(info.get("weight_bytes", 0)),
                 "resident_weight_bytes": int(info.get("resident_weight_bytes", 0)),
                 "attention_max_abs_diff": info.get("attention_max_abs_diff", 0.0),
@@ -229,7 +237,8 @@ def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool
 def table(results: dict) -> str:
     lines = [
         "| shape, precision | import: wall / peak RSS | on disk | served RSS: warm / after "
-        "attention | p50 with attention, T = 8 / 128 / 512 | fidelity vs float32 |",
+        "attention / after hidden states and predictions | p50 with attention, "
+        "T = 8 / 128 / 512 | fidelity vs float32 |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
@@ -268,6 +277,11 @@ def table(results: dict) -> str:
                 )
             else:
                 p50 += " ms"
+            most = GiB * max(
+                serve[key]
+                for key in ("rss_after_attention_gib", "rss_after_readouts_gib")
+                if key in serve
+            )
             fidelity = ""
             if precision == "int8":
                 fidelity = (
@@ -278,7 +292,9 @@ def table(results: dict) -> str:
                 f"| {name}: attnserve, {precision} | {export['seconds']} s{ratio} / "
                 f"{export['peak_gib']} GiB ({export['peak_gib'] * GiB / weights:.2f}x) | "
                 f"{run['disk_bytes'] / GiB:.2f} GiB ({run['disk_bytes'] / weights:.2f}x) | "
-                f"{serve['rss_warm_gib']} / {serve['rss_after_attention_gib']} GiB "
-                f"({serve['rss_warm_gib'] * GiB / weights:.2f}x) | {p50} | {fidelity} |"
+                f"{serve['rss_warm_gib']} / {serve['rss_after_attention_gib']} / "
+                f"{serve.get('rss_after_readouts_gib', '-')} GiB "
+                f"({serve['rss_warm_gib'] * GiB / weights:.2f}x / {most / weights:.2f}x) | "
+                f"{p50} | {fidelity} |"
             )
     return "\n".join(lines)

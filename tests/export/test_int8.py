@@ -193,7 +193,8 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
 
     from attnserve.cli import main
     from attnserve.export.hf_import import CheckpointReader, config_from_hf
-    from attnserve.model.footprint import import_bytes, streamed_import_bytes
+    from attnserve.export.weights import WeightsFile
+    from attnserve.model.footprint import import_bytes, streamed_import_bytes, weight_bytes
     from perf.hf_checkpoints import build_checkpoint, reference_outputs
     from tests.conftest import run_cli
 
@@ -223,9 +224,20 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
         return tensor
 
     monkeypatch.setattr(CheckpointReader, "read", counted)
+    # ... and what its float32 scratch file takes on disk: the matrices left out are holes.
+    closing, on_disk = WeightsFile.close, {}
+
+    def measured(self: WeightsFile) -> None:
+        closing(self)
+        left_out = sum(tensor.nbytes for tensor in self.unwritten.values())
+        on_disk[self.path] = (self.path.stat().st_blocks * 512, left_out)
+
+    monkeypatch.setattr(WeightsFile, "close", measured)
     assert main([*common, "--memory-limit", str(limit), "--precision", "int8"]) == 0
     gc.collect()
     assert 0 < most[0] <= 3 and live[0] == 0, (most, live)
+    allocated, left_out = max(on_disk.values(), key=lambda sizes: sizes[1])
+    assert left_out >= 0.9 * weight_bytes(config) and allocated < left_out / 20, on_disk
     assert "checking on the first 2 of 16 layers" in capsys.readouterr().out
     report = json.loads((out / REPORT_FILENAME).read_text())
     assert report["parity_scope"] == "the first 2 of 16 layers"
