@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
 from attnserve.export.studied import STUDIED
 from perf.hf_checkpoints import (
     MISTRAL_7B,
@@ -39,6 +41,7 @@ from perf.hf_checkpoints import (
 
 GiB = 2**30
 LENGTHS = (8, 128, 512)
+READOUTS_MESSAGE_BYTES = 256 << 20
 # name -> (model_type, config fields, precisions imported, whether transformers runs it)
 SHAPES = {
     "Qwen2.5-0.5B": ("qwen2", QWEN25_05B, ("fp32",), True),
@@ -123,7 +126,7 @@ def served(model_dir: Path, work: Path, precision: str) -> dict:
     """`attnserve serve` on the directory: RSS after warm-up, after one layer's attention
     for 128 tokens and after the hidden states and predictions for 128, Encode's p50 with
     one layer's attention per length, and what GetModelInfo reports of the weights."""
-    from attnserve.client import EncoderClient
+    from attnserve.client import ClientOptions, EncoderClient
 
     ports = [_free_port() for _ in range(3)]
     ready = work / f"ready-{precision}.json"
@@ -131,6 +134,8 @@ def served(model_dir: Path, work: Path, precision: str) -> dict:
     command += ["--port", str(ports[0]), "--http-port", str(ports[1]), "--host", "127.0.0.1"]
     command += ["--metrics-port", str(ports[2]), "--ready-file", str(ready)]
     command += ["--precision", precision]
+    # every layer's hidden states for 128 tokens: 80 MB for gemma-2-9b, past the default
+    command += ["--max-message-bytes", str(READOUTS_MESSAGE_BYTES)]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as server:
         try:
             while not ready.exists():
@@ -138,7 +143,8 @@ def served(model_dir: Path, work: Path, precision: str) -> dict:
                     raise RuntimeError(f"attnserve serve {model_dir} exited {server.returncode}")
                 time.sleep(0.5)
             warm = tree_rss(server.pid)
-            with EncoderClient(f"127.0.0.1:{ports[0]}") as client:
+            options = ClientOptions(max_message_bytes=READOUTS_MESSAGE_BYTES)
+            with EncoderClient(f"127.0.0.1:{ports[0]}", options) as client:
                 info = client.model_info()
                 out = client.encode([list(range(3, 131))], attention=True, layers=[0], timeout=900)
                 assert out[0].attention.shape[-1] == 128
@@ -223,8 +229,15 @@ def run_sizes(out: Path, log=print, shapes: list[str] | None = None, quick: bool
                     continue
                 disk = sum(f.stat().st_size for f in model_dir.iterdir())
                 log(f"{name}: attnserve serve --precision {precision}...")
-                serve = served(model_dir, work, precision)
-                result[precision] = {"export": export, "disk_bytes": disk, "serve": serve}
+                result[precision] = {"export": export, "disk_bytes": disk}
+                try:  # the import's numbers are kept whatever serving says
+                    result[precision]["serve"] = served(model_dir, work, precision)
+                except grpc.RpcError as exc:
+                    result[precision]["error"] = f"serving: {exc.code().name} {exc.details()}"
+                except RuntimeError as exc:
+                    result[precision]["error"] = f"serving: {exc}"
+                if "error" in result[precision]:
+                    log(f"{name}: {result[precision]['error']}")
                 shutil.rmtree(model_dir)
             results[name] = result
             log(json.dumps({name: result}))
