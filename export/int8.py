@@ -98,7 +98,8 @@ def _is_unembedding(node: ir.Node) -> bool:
 
 class _Conversion:
     """One graph's operators rewritten in 8 bits, their weights read from the float32 files
-    in `directory` and written once into `weights` (shared by a directory's graphs)."""
+    in `directory` (or from `unwritten`, where the file left them out) and written once
+    into `weights` (shared by a directory's graphs)."""
 
     def __init__(
         self,
@@ -201,7 +202,7 @@ class _Conversion:
         name = str(tensor.name)
         if name in self.unwritten:
             if self._held is None or self._held[0] != name:
-                self._held = None  # one at a time
+                self._held = None  # the last one let go before the next is read
                 self._held = (name, self.unwritten[name].numpy())
             return self._held[1]
         count = int(np.prod(tensor.shape.numpy()))

@@ -106,9 +106,10 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     0 for the default). Each ONNX Runtime session prepacks its own copy, and a model runs two
     graphs (embeddings only, and with attention) per instance. Extra copies are worth it only
     while they are cheap: beyond EXTRA_COPIES_SHARE of the memory, the model keeps one
-    session, whose graph with attention also answers embeddings (for large models it costs
-    them nothing: docs/BENCHMARKS.md "Real sizes"); so does every int8 model unless instances are
-    asked for. A model whose one copy does not fit is refused."""
+    session, whose graph (the readouts graph, where the directory has one) also answers
+    embeddings and the readouts (for large models it costs them nothing: docs/BENCHMARKS.md
+    "Real sizes"); so does every int8 model unless instances are asked for. A model whose
+    one copy does not fit is refused."""
     weights = model_dir.weight_bytes(settings.precision)
     available = settings.memory_limit or available_memory()
     if weights + SERVE_BASE_BYTES > available:

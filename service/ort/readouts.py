@@ -4,7 +4,9 @@ lens of any residual rows (model_lens.onnx) and direct logit attribution of any 
 (model_attribution.onnx), each in the precision served (model_lens_int8.onnx: its matrices
 in 8 bits, as model_int8.onnx's).
 
-Their sessions open when first asked for. Where the model's memory layout allows copies of
+Their sessions open when first asked for, but for a model served by one session: that
+session runs the readouts graph itself (service/ort/runtime.py), so reading the residual
+stream adds no second copy of the weights. Where the model's memory layout allows copies of
 the weights (service/models.py `session_layout`: not one session) they prepack them, as the
 served graphs do: unpacked, every matrix product repacks its weights at every run (the lens
 repacks the whole unembedding), which made a logit lens of 8 tokens cost 2.5x their
@@ -87,6 +89,14 @@ _GRAPHS = {
 }
 
 
+def every_head(config: ModelConfig, batch: int) -> dict[str, np.ndarray]:
+    """The readouts graph's head inputs that leave every head as it is: a mask of ones (B, L,
+    H) and means of zeros (B, L, H, d_k)."""
+    mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
+    means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
+    return {HEAD_MASK_NAME: mask, HEAD_MEANS_NAME: means}
+
+
 class ReadoutGraphs:
     """The readouts and lens sessions of one served model, opened on first use."""
 
@@ -98,16 +108,19 @@ class ReadoutGraphs:
         open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
         options: Callable[[], ort.SessionOptions],
         prepack: bool = False,
+        stream: ort.InferenceSession | None = None,
     ) -> None:
         """`open_session(path, options)` opens a graph on the model's provider; `options()`
-        makes the server's session options; `prepack`: let the sessions copy the weights."""
+        makes the server's session options; `prepack`: let the sessions copy the weights;
+        `stream`: the readouts graph's session, open already (kept by `close`)."""
         self.model_dir = model_dir
         self.config = config
         self.precision = precision
         self._open_session = open_session
         self._options = options
         self.prepack = prepack
-        self._sessions: dict[str, ort.InferenceSession] = {}
+        self._kept = {STREAM: stream} if stream is not None else {}
+        self._sessions: dict[str, ort.InferenceSession] = dict(self._kept)
         self._lock = threading.Lock()
         self.available = frozenset(
             kind
@@ -133,9 +146,10 @@ class ReadoutGraphs:
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
         names += list(PARTS_NAMES) if parts else []
-        if head_means is None:
-            head_means = np.zeros((*head_mask.shape, c.head_dim), dtype=np.float32)
-        feeds = {c.input_name: input_ids, HEAD_MASK_NAME: head_mask, HEAD_MEANS_NAME: head_means}
+        feeds = {c.input_name: input_ids} | every_head(c, len(input_ids))
+        feeds[HEAD_MASK_NAME] = head_mask
+        if head_means is not None:
+            feeds[HEAD_MEANS_NAME] = head_means
         try:
             values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors
@@ -312,6 +326,7 @@ class ReadoutGraphs:
             return session
 
     def close(self) -> None:
-        """Drop the sessions (their arenas go with them); reopened when next asked for."""
+        """Drop the sessions (their arenas go with them); reopened when next asked for. The
+        one session of a model is kept."""
         with self._lock:
-            self._sessions.clear()
+            self._sessions = dict(self._kept)

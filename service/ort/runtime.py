@@ -20,7 +20,10 @@ import onnxruntime as ort
 
 from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
+    HEAD_MASK_NAME,
+    HEAD_MEANS_NAME,
     READOUT_GRAPHS,
+    READOUTS_ONNX_FILENAME,
     ModelDirectory,
     readout_filename,
 )
@@ -39,7 +42,7 @@ from attnserve.service.core.errors import (
 )
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.ort.options import RuntimeOptions
-from attnserve.service.ort.readouts import ReadoutGraphs
+from attnserve.service.ort.readouts import ReadoutGraphs, every_head
 from attnserve.service.ort.reducer import AttentionReducer
 
 log = logging.getLogger(__name__)
@@ -91,16 +94,21 @@ class OrtRuntime:
                 f"{', '.join(model_dir.precisions)}); write them with "
                 f"`attnserve export --precision {options.precision} --out DIR`"
             )
-        self.session, self.provider = _create_session(model_path, options)
+        # One session (one copy of the weights) runs the readouts graph where there is one:
+        # every head kept, it answers what the graph with attention does, and reading the
+        # residual stream then opens no second copy (a 9B int8 model: 10.9 GiB, not 23).
+        readouts_graph = model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
+        self._one_graph = options.single_session and readouts_graph.is_file()
+        self.attention_graph = readouts_graph if self._one_graph else model_path  # what runs
+        self.session, self.provider = _create_session(self.attention_graph, options)
         if self.precision == "fp16" and self.provider == "cpu":
             log.warning(
                 "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
             )
-        self.config = _read_config(self.session, model_path)
+        self.config = _read_config(self.session, self.attention_graph)
         self.version = weights_version(model_path)
-        _check_io(self.session, self.config, model_path, with_attentions=True)
-        self.attention_graph = model_path  # the file `session` runs
-        fused = options.fused_attention and model_dir.fused_graph.is_file()
+        _check_io(self.session, self.config, self.attention_graph, True, self._one_graph)
+        fused = options.fused_attention and model_dir.fused_graph.is_file() and not self._one_graph
         if fused and self.provider == "cpu" and self.precision == "fp32":
             # ORT's CUDA Attention kernel cannot return probabilities yet: CPU only.
             self.attention_graph = model_dir.fused_graph
@@ -123,6 +131,7 @@ class OrtRuntime:
             lambda path, so: _open(Path(path), so, _providers(self.provider)),
             lambda: session_options(options),
             prepack=not options.single_session,  # copies are cheap: as the served graphs
+            stream=self.session if self._one_graph else None,
         )
 
         self.embeddings_session = self.session
@@ -195,9 +204,8 @@ class OrtRuntime:
         """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) under each row's
         head mask and, per row, what its selection asks of its first `lengths[row]`
         positions (attention through the same reducer as `attend`)."""
-        c = self.config
-        mask = np.ones((len(lengths), c.n_layers, c.n_heads), dtype=np.float32)
-        means = np.zeros((*mask.shape, c.head_dim), dtype=np.float32)
+        heads = every_head(self.config, len(lengths))
+        mask, means = heads[HEAD_MASK_NAME], heads[HEAD_MEANS_NAME]
         for row, selection in enumerate(selections):
             if selection.head_mask is not None:
                 mask[row] = selection.head_mask
@@ -228,11 +236,18 @@ class OrtRuntime:
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray
     ) -> list[np.ndarray]:
         try:
-            return session.run(outputs, {self.config.input_name: input_ids})
+            return session.run(outputs, self._feeds(session, input_ids))
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(
                 f"ONNX Runtime failed on input_ids of shape {input_ids.shape}: {exc}"
             ) from exc
+
+    def _feeds(self, session: ort.InferenceSession, input_ids: np.ndarray) -> dict:
+        """What `session` is fed for `input_ids`: the readouts graph, every head kept too."""
+        feeds = {self.config.input_name: input_ids}
+        if self._one_graph and session is self.session:
+            feeds |= every_head(self.config, len(input_ids))
+        return feeds
 
     def release_memory(self) -> None:
         """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
@@ -243,7 +258,7 @@ class OrtRuntime:
         shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", arenas)
         ids = np.full((1, 1), self.config.bos_id, dtype=np.int64)
         for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
-            session.run(None, {self.config.input_name: ids}, shrink)
+            session.run(None, self._feeds(session, ids), shrink)
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
         self.readout_graphs.close()
         give_back_memory()
@@ -374,9 +389,14 @@ def _read_config(session: ort.InferenceSession, path: Path) -> ModelConfig:
 
 
 def _check_io(
-    session: ort.InferenceSession, config: ModelConfig, path: Path, with_attentions: bool
+    session: ort.InferenceSession,
+    config: ModelConfig,
+    path: Path,
+    with_attentions: bool,
+    head_inputs: bool = False,
 ) -> None:
-    """The graph's inputs and outputs must be the ones its config promises."""
+    """The graph's inputs and outputs must be the ones its config promises (`head_inputs`:
+    the readouts graph's head mask and means too)."""
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = {o.name: o for o in session.get_outputs()}
     expected = {
@@ -407,5 +427,6 @@ def _check_io(
                     f"{path}: output {name!r} has shape {shape}, its config needs "
                     f"{size} on axis {axis}"
                 )
-    if len(inputs) != 1:
-        raise ModelLoadError(f"{path} must have exactly one input, has {sorted(inputs)}")
+    wanted = {config.input_name} | ({HEAD_MASK_NAME, HEAD_MEANS_NAME} if head_inputs else set())
+    if set(inputs) != wanted:
+        raise ModelLoadError(f"{path} must have the inputs {sorted(wanted)}, has {sorted(inputs)}")

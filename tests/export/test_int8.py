@@ -6,6 +6,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from attnserve.export import INT8_MIN_COSINE, INT8_TOLERANCE
 from attnserve.export.int8 import BITS, BLOCK_SIZE
@@ -17,6 +18,7 @@ from attnserve.model.artifacts import (
     LENS_ONNX_FILENAME,
     PARTS_NAMES,
     READOUT_GRAPHS,
+    READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     RESIDUAL_STREAM_NAME,
     WEIGHTS_FILENAMES,
@@ -104,7 +106,6 @@ def test_int8_serves_against_pytorch_within_its_recorded_fidelity(int8_dir):
     info = runtime.weights_info
     assert info.disk_bytes == (out / WEIGHTS_FILENAMES["int8"]).stat().st_size
     ids = np.random.default_rng(5).integers(0, CONFIG.vocab_size, size=(2, 40))
-    import torch
 
     with torch.inference_mode():
         want_embeddings, want_attentions = (t.numpy() for t in model(torch.from_numpy(ids)))
@@ -123,7 +124,6 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     """The residual stream and its parts under a head mask, the lens and the attribution
     graph, each in 8 bits, against PyTorch float32; each output's fidelity is recorded and
     stated by the model info."""
-    import torch
 
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
@@ -156,19 +156,39 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     assert runtime.weights_info.fidelity_scope == "the whole model"
 
 
-def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir):
+def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeypatch):
     """int8 is for fitting: one copy of its weights, however much memory there is, unless
-    instances are asked for."""
+    instances are asked for; that one session runs the readouts graph, so reading the
+    residual stream opens no second copy."""
     from attnserve.service.models import session_layout
+    from attnserve.service.ort import runtime as runtime_module
     from attnserve.service.settings import Settings
 
-    _, out = int8_dir
+    model, out = int8_dir
     plenty = Settings(model=out, provider="cpu", precision="int8", memory_limit=1 << 40)
     options, instances = session_layout(ModelDirectory(out), plenty)
     assert options.single_session and instances == 1
+    opened, open_graph = [], runtime_module._open
+    monkeypatch.setattr(
+        runtime_module,
+        "_open",
+        lambda path, *rest: opened.append(path.name) or open_graph(path, *rest),
+    )
     runtime = OrtRuntime(out, options)
     assert runtime.embeddings_session is runtime.session
     assert runtime.weights_info.resident_bytes == runtime.weights_info.disk_bytes
+    ids = np.random.default_rng(9).integers(0, CONFIG.vocab_size, size=(2, 20))
+    embeddings, attentions = runtime.run(ids)
+    mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
+    run = runtime.readout_graphs.stream(ids, mask)
+    runtime.release_memory()
+    np.testing.assert_array_equal(runtime.embed(ids), embeddings)
+    assert opened == [readout_filename(READOUTS_ONNX_FILENAME, "int8")]
+    np.testing.assert_array_equal(run.embeddings, embeddings)
+    np.testing.assert_array_equal(run.attentions, attentions)
+    with torch.inference_mode():  # and what it answers is the model's, within int8's gate
+        want = model(torch.from_numpy(ids))[1].numpy()
+    assert np.abs(attentions - want).max() <= INT8_TOLERANCE
     asked = Settings(model=out, provider="cpu", precision="int8", instances=2)
     assert session_layout(ModelDirectory(out), asked)[1] == 2
 
@@ -188,8 +208,6 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
 ):
     import gc
     import weakref
-
-    import torch
 
     from attnserve.cli import main
     from attnserve.export.hf_import import CheckpointReader, config_from_hf

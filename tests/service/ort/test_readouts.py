@@ -130,14 +130,17 @@ def prepacking(runtime: OrtRuntime) -> list[bool]:
 
 def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_model_dir):
     """As the served graphs: prepacked beside two sessions; in one session (a model whose
-    second copy would not fit) they read the mapped weights file instead."""
+    second copy would not fit) the stream is that session's, the served one's copy, and
+    the lens reads the mapped weights file instead."""
     row = np.ones((1, SMALL_CONFIG.d_model), np.float32)
     ids = np.ones((1, 3), np.int64)
     for single_session in (False, True):
         runtime = OrtRuntime(small_model_dir, RuntimeOptions(single_session=single_session))
         runtime.readout_graphs.lens(row, row)
         runtime.readout_graphs.stream(ids, masks(3)[:1], attentions=False)
-        assert prepacking(runtime) == [not single_session] * 2
+        sessions = runtime.readout_graphs._sessions
+        assert (sessions["stream"] is runtime.session) == single_session
+        assert prepacking(runtime) == ([True, False] if single_session else [True, True])
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
