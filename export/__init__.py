@@ -17,3 +17,5 @@ FP16_TOLERANCE = 1e-2
 # 22 layers (docs/BENCHMARKS.md "Real sizes"); the gate leaves room for deeper models.
 INT8_TOLERANCE = 5e-2
 INT8_MIN_COSINE = 0.99
+# What an int8 graph multiplies its 8-bit weights by (`--int8-arithmetic`, export/int8.py)
+INT8_ARITHMETICS = ("int8", "float32")

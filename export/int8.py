@@ -29,6 +29,7 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
     DefaultWeightOnlyQuantizer,
 )
 
+from attnserve.export import INT8_ARITHMETICS
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import TRANSPOSED_SUFFIX, WeightsFile, externalize
 
@@ -37,6 +38,10 @@ BITS = 8
 # same speed (research/int8-on-cpu).
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 4  # int8 activations x int8 weights
+# `--int8-arithmetic float32`: the 8-bit weights times float32 activations. Attention
+# about twice as close to float32's (0.009 where int8 arithmetic gives 0.016, Qwen2.5-0.5B's
+# shape), 2.4x slower at 128 tokens and 20x at 8 on this CPU (research/int8-on-cpu).
+FLOAT32_ACCURACY_LEVEL = 1
 # How much of a matrix is quantized at once: a token table of 256k rows is read in slices.
 ROWS_AT_ONCE_BYTES = 64 << 20
 FLOAT16_SUFFIX = ".fp16"  # the name of a table stored in float16 for its rows
@@ -47,16 +52,21 @@ def convert_to_int8(
     dst: str | Path,
     weights: WeightsFile,
     unwritten: Mapping[str, ir.TensorProtocol] | None = None,
+    arithmetic: str = "int8",
 ) -> Path:
     """Write `src` with its matrix weights in 8 bits to `dst`, every weight (quantized or
     not) into `weights`, checked: each MatMul on a weight (and a Gemm by a table's
     transpose) becomes MatMulNBits, each Gather of a table's rows (the token table; an
     unembedding's rows for attribution) a Gather on the table in float16.
     unwritten: the float32 tensors, by name, that `src`'s weights file left out (holes):
-    read from here (WeightsFile.unwritten)."""
+    read from here (WeightsFile.unwritten). arithmetic: what MatMulNBits multiplies the
+    8-bit weights by, int8 (the activations quantized in blocks too: fastest) or float32."""
+    if arithmetic not in INT8_ARITHMETICS:
+        raise ValueError(f"arithmetic must be one of {INT8_ARITHMETICS}, got {arithmetic!r}")
     src = Path(src)
     graph = ir.from_proto(onnx.load(str(src), load_external_data=False))
-    conversion = _Conversion(graph, weights, src.parent, unwritten or {})
+    accuracy = ACCURACY_LEVEL if arithmetic == "int8" else FLOAT32_ACCURACY_LEVEL
+    conversion = _Conversion(graph, weights, src.parent, unwritten or {}, accuracy)
     for node in list(graph.graph):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -107,15 +117,16 @@ class _Conversion:
         weights: WeightsFile,
         directory: Path,
         unwritten: Mapping[str, ir.TensorProtocol],
+        accuracy: int,
     ) -> None:
         self.graph, self.weights, self.directory = graph, weights, directory
-        self.unwritten = unwritten
+        self.unwritten, self.accuracy = unwritten, accuracy
         # The values of the unwritten tensor being converted: a table is read once for
         # all its slices.
         self._held: tuple[str, np.ndarray] | None = None
         self.quantizer = DefaultWeightOnlyQuantizer(
             DefaultWeightOnlyQuantConfig(
-                block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL, bits=BITS
+                block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=accuracy, bits=BITS
             )
         )
 
@@ -141,7 +152,7 @@ class _Conversion:
         if bias is not None:  # after the zero points and group indices, both left out
             inputs += [None, None, bias]
         attributes = {"K": int(k), "N": int(n), "bits": BITS, "block_size": BLOCK_SIZE}
-        attributes["accuracy_level"] = ACCURACY_LEVEL
+        attributes["accuracy_level"] = self.accuracy
         matmul = ir.node(
             "MatMulNBits", inputs, attributes=attributes, domain="com.microsoft",
             name=f"{node.name}_Q{BITS}",

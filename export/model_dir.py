@@ -109,6 +109,7 @@ def write_model_dir(
     precisions: tuple[str, ...] = ("fp32",),
     release_weights: bool = False,
     trace_ahead: bool | None = None,
+    int8_arithmetic: str = "int8",
 ) -> ExportReport:
     """Export the graphs of `precisions` (fp32, fp16 for CUDA, int8 for models that do not
     fit in float32), check each one's parity with PyTorch, then move the files into `out`.
@@ -119,6 +120,7 @@ def write_model_dir(
     afterwards): ONNX Runtime then checks the graphs without a second copy beside them.
     trace_ahead: trace the graphs after the first in a child process meanwhile (None: for
     deep models on two cores or more; export/trace_ahead.py).
+    int8_arithmetic: what the int8 graphs multiply their 8-bit weights by (export/int8.py).
 
     Everything is written to a scratch directory beside `out` first, so a model that fails
     its parity check (ParityError) or a full disk (ExportWriteError) never reaches `out`.
@@ -171,13 +173,17 @@ def write_model_dir(
         # A lower precision's readouts are what it costs them: recorded (output_fidelity),
         # gated where the served graphs are (the embeddings and the attention).
         served = frozenset({config.embeddings_name, config.attentions_name})
+        int8_graphs: set[str] = set()  # checked with their weights prepacked, as served
         for precision in [p for p in precisions if p in DERIVED]:
             limit, cosine = (
                 (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
             )
             recorded = {readout_filename(name, precision) for name in READOUT_GRAPHS}
-            for name in _derive(scratch, precision, log):
+            int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
+            for name in _derive(scratch, precision, log, int8 if precision == "int8" else None):
                 gates[name] = (limit, cosine, served if name in recorded else None)
+                if precision == "int8":
+                    int8_graphs.add(name)
         if "fp32" not in precisions:  # made only as the others' source
             for name in fp32_graphs:
                 (scratch / name).unlink()
@@ -199,7 +205,10 @@ def write_model_dir(
             checked = references
             if filename in READOUTS_FILENAMES:  # model.onnx's own trace: not the longest
                 checked = [r for r in references if r.shape[1] < longest] or references
-            graph_cases = compare(checked, scratch / filename, config, limit, min_cosine, gated)
+            graph_cases = compare(
+                checked, scratch / filename, config, limit, min_cosine, gated,
+                prepacked=filename in int8_graphs,  # checked as served: see compare
+            )  # fmt: skip
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:  # what the gate judged (parity.scaled_diff)
                 diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.scaled_diff.items())
@@ -233,6 +242,7 @@ def write_streamed_int8(
     out: str | Path,
     log: Callable[[str], None] = print,
     extra_files: dict[str, Path] | None = None,
+    int8_arithmetic: str = "int8",
 ) -> ExportReport:
     """An int8 directory for a model whose float32 weights do not fit in memory.
 
@@ -254,7 +264,12 @@ def write_streamed_int8(
             prefix, {k: tensors[k].float() for k in tensors if not k.startswith(outside)}
         )
         checked = write_model_dir(
-            prefix_model, scratch / "prefix", log=log, precisions=("int8",), release_weights=True
+            prefix_model,
+            scratch / "prefix",
+            log=log,
+            precisions=("int8",),
+            release_weights=True,
+            int8_arithmetic=int8_arithmetic,
         )
         shutil.rmtree(scratch / "prefix")
         traced = traced_graphs(config, ("int8",))
@@ -269,7 +284,7 @@ def write_streamed_int8(
             with_attention_weights(
                 scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
             )
-        int8 = partial(convert_to_int8, unwritten=float32.unwritten)
+        int8 = partial(convert_to_int8, unwritten=float32.unwritten, arithmetic=int8_arithmetic)
         _derive(scratch, "int8", log, int8, _progress(log, weight_bytes(config) // 3))
         for name in (*sources, WEIGHTS_FILENAMES["fp32"]):
             (scratch / name).unlink()

@@ -185,6 +185,7 @@ def compare(
     tolerance: float = DEFAULT_TOLERANCE,
     min_cosine: float | None = None,
     gated: Collection[str] | None = None,
+    prepacked: bool = False,
 ) -> list[ParityCase]:
     """Run the graph on each reference's ids and compare every output it has.
 
@@ -193,11 +194,15 @@ def compare(
     attention does): the tolerance gates the attention only, and each token's embedding
     must keep at least this cosine with PyTorch's. gated: the only outputs the tolerance
     may gate (None: every one); the others' differences are recorded in the cases alone.
+    prepacked: let ONNX Runtime repack the weights, as the server does. An 8-bit graph
+    must be checked so: MatMulNBits multiplies in int8 (accuracy_level 4) only from
+    prepacked weights, and in float32 otherwise, which is about twice as exact.
     """
     options = ort.SessionOptions()
-    # The matrices are read where the weights file is mapped, never repacked into a second
-    # copy: the check of a model costs its weights once, and runs a few shapes only.
-    options.add_session_config_entry("session.disable_prepacking", "1")
+    if not prepacked:
+        # The matrices are read where the weights file is mapped, never repacked into a
+        # second copy: the check of a model costs its weights once, and runs a few shapes.
+        options.add_session_config_entry("session.disable_prepacking", "1")
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     inputs = [i.name for i in session.get_inputs()]

@@ -193,6 +193,32 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     assert session_layout(ModelDirectory(out), asked)[1] == 2
 
 
+def test_int8_with_float32_arithmetic_is_closer_to_float32(int8_dir, tmp_path):
+    """`--int8-arithmetic float32`: the same 8-bit weights times float32 activations
+    (MatMulNBits accuracy_level 1), attention closer to PyTorch float32's than int8
+    arithmetic brings it."""
+    model, out = int8_dir
+    exact = tmp_path / "float32-arithmetic"
+    write_model_dir(
+        model, exact, log=lambda _: None, precisions=("int8",), int8_arithmetic="float32"
+    )
+    graph = onnx.load(str(exact / INT8_ONNX_FILENAME), load_external_data=False)
+    levels = {
+        onnx.helper.get_attribute_value(a)
+        for node in graph.graph.node
+        if node.op_type == "MatMulNBits"
+        for a in node.attribute
+        if a.name == "accuracy_level"
+    }
+    assert levels == {1}
+
+    def attention(directory):
+        fidelity = json.loads((directory / REPORT_FILENAME).read_text())["fidelity"]
+        return fidelity[INT8_ONNX_FILENAME]["attention_max_abs_diff"]
+
+    assert attention(exact) < attention(out)
+
+
 def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
     from attnserve.export import model_dir
 
