@@ -11,7 +11,8 @@ the weights (service/models.py `session_layout`: not one session) they prepack t
 served graphs do: unpacked, every matrix product repacks its weights at every run (the lens
 repacks the whole unembedding), which made a logit lens of 8 tokens cost 2.5x their
 embeddings. In one session they read the weights where the file is mapped instead, adding
-no copy (research/weights-in-memory).
+no copy (research/weights-in-memory); but for 8-bit graphs, which MatMulNBits would widen
+to float32 whole at every run.
 """
 
 from __future__ import annotations

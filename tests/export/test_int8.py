@@ -159,10 +159,12 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
 def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeypatch):
     """int8 is for fitting: one copy of its weights, however much memory there is, unless
     instances are asked for; that one session runs the readouts graph, so reading the
-    residual stream opens no second copy."""
+    residual stream opens no second copy. The lens packs its own 8 bits: unpacked,
+    MatMulNBits would widen the unembedding to float32 at every run."""
     from attnserve.service.models import session_layout
     from attnserve.service.ort import runtime as runtime_module
     from attnserve.service.settings import Settings
+    from tests.service.ort.test_readouts import prepacking
 
     model, out = int8_dir
     plenty = Settings(model=out, provider="cpu", precision="int8", memory_limit=1 << 40)
@@ -184,6 +186,10 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     runtime.release_memory()
     np.testing.assert_array_equal(runtime.embed(ids), embeddings)
     assert opened == [readout_filename(READOUTS_ONNX_FILENAME, "int8")]
+    last = run.residual[0, -1]  # (T, D): the last layer's rows
+    runtime.readout_graphs.lens(last, last)
+    assert opened[1:] == [readout_filename(LENS_ONNX_FILENAME, "int8")]
+    assert prepacking(runtime) == [True, True]  # the served session's, and the lens'
     np.testing.assert_array_equal(run.embeddings, embeddings)
     np.testing.assert_array_equal(run.attentions, attentions)
     with torch.inference_mode():  # and what it answers is the model's, within int8's gate
