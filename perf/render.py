@@ -114,7 +114,8 @@ SECTIONS = [
         "sampled every half second: transformers loads it in float32, saves it and runs a "
         "128-token forward with attention, then times forwards with attention; `attnserve "
         "export --from-hf` imports it (float32 or int8); `attnserve serve` serves it (RSS after "
-        "warm-up and after one layer's attention at 128 tokens; Encode's p50 with one layer's "
+        "warm-up, after one layer's attention at 128 tokens and after every layer's hidden "
+        "states and the predictions at 128 (since 2026-11-28); Encode's p50 with one layer's "
         "attention). Ratios are against the float32 weights. The 7-9B shapes do not fit in "
         "float32 here: int8 only, without transformers.",
         "python -m perf sizes",
