@@ -230,7 +230,9 @@ def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_dir, "INT8_MIN_COSINE", 0.9999999)  # beyond 8 bits' reach
     out = tmp_path / "refused"
-    with pytest.raises(ParityError, match=r"embedding cosine \S+ < 0\.9999999"):
+    with pytest.raises(
+        ParityError, match=r"embedding cosine \S+ < 0\.9999999.*--int8-arithmetic float32"
+    ):
         write_model_dir(build_encoder(CONFIG), out, log=lambda _: None, precisions=("int8",))
     assert not out.exists()
 
