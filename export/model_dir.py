@@ -180,12 +180,12 @@ def write_model_dir(
         # gated where the served graphs are (the embeddings and the attention).
         served = frozenset({config.embeddings_name, config.attentions_name})
         int8_graphs: set[str] = set()  # checked with their weights prepacked, as served
+        int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
         for precision in [p for p in precisions if p in DERIVED]:
             limit, cosine = (
                 (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
             )
             recorded = {readout_filename(name, precision) for name in READOUT_GRAPHS}
-            int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
             for name in _derive(scratch, precision, log, int8 if precision == "int8" else None):
                 gates[name] = (limit, cosine, served if name in recorded else None)
                 if precision == "int8":
@@ -221,7 +221,7 @@ def write_model_dir(
                     raise
                 raise ParityError(
                     f"{exc} (8-bit weights times int8 activations; `--int8-arithmetic "
-                    "float32` is about twice as close to float32, and slower)"
+                    "float32` comes closer to float32, and is slower)"
                 ) from exc
             parity_seconds += time.perf_counter() - start
             for case in graph_cases:  # what the gate judged (parity.scaled_diff)

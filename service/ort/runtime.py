@@ -107,7 +107,13 @@ class OrtRuntime:
             )
         self.config = _read_config(self.session, self.attention_graph)
         self.version = weights_version(model_path)
-        _check_io(self.session, self.config, self.attention_graph, True, self._one_graph)
+        _check_io(
+            self.session,
+            self.config,
+            self.attention_graph,
+            with_attentions=True,
+            head_inputs=self._one_graph,
+        )
         fused = options.fused_attention and model_dir.fused_graph.is_file() and not self._one_graph
         if fused and self.provider == "cpu" and self.precision == "fp32":
             # ORT's CUDA Attention kernel cannot return probabilities yet: CPU only.
