@@ -7,6 +7,8 @@ RSS, Encode's p50 with one layer's attention at T = 8 / 128 / 512).
     PYTHONPATH=. .venv/bin/python research/float32-unchanged/compare.py \
         --tree before=/work/base --tree after=. --rounds 2 --out bench-results/float32-unchanged
 
+`--precision int8` compares the int8 import and its one-session serving instead.
+
 Each child (`python -m attnserve ...`) runs in its checkout's folder, so `-m` finds that
 checkout's package first; the harness (this checkout's perf/sizes.py) only times and
 samples them.
@@ -32,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     trees = {name: Path(path).resolve() for name, path in (t.split("=", 1) for t in args.tree)}
@@ -46,13 +49,14 @@ def main() -> None:
                 os.environ["PYTHONPATH"] = str(tree)
                 model_dir = work / "model"
                 command = [sys.executable, "-m", "attnserve", "export", "--from-hf"]
-                command += [str(work / "hf"), "--precision", "fp32", "--out", str(model_dir)]
+                command += [str(work / "hf"), "--precision", args.precision]
+                command += ["--out", str(model_dir)]
                 run = {"export": sizes.measured(command)}
-                run["serve"] = sizes.served(model_dir, work, "fp32")
+                run["serve"] = sizes.served(model_dir, work, args.precision)
                 shutil.rmtree(model_dir)
                 results[name].append(run)
                 print(round_, name, json.dumps(run), flush=True)
-    (args.out / "float32-unchanged.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{args.precision}-unchanged.json").write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
 
 
