@@ -13,6 +13,7 @@ import sys
 from attnserve.bench import cli as bench_cli
 from attnserve.client import cli as client_cli
 from attnserve.export import cli as export_cli
+from attnserve.export import sae_cli
 from attnserve.model import cli as model_cli
 from attnserve.service import cli as service_cli
 
@@ -25,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     service_cli.add_commands(commands)  # serve
     export_cli.add_commands(commands)  # export
+    sae_cli.add_commands(commands)  # sae add | list
     model_cli.add_commands(commands)  # train
     client_cli.add_commands(commands)  # info, encode, heatmap, health
     bench_cli.add_commands(commands)  # bench latency | endpoints | attention | load

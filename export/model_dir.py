@@ -142,7 +142,7 @@ def write_model_dir(
     log(f"checking: PyTorch's outputs at (batch, seq_len) {shapes}, kept for the parity gate")
     references = reference_outputs(model, shapes)
     parity_seconds = time.perf_counter() - start
-    with _scratch_beside(out) as scratch:
+    with scratch_beside(out) as scratch:
         start = time.perf_counter()
         progress = _progress(log, parameters * 4)
         # The parameters themselves, not state_dict's detached views: _release frees their
@@ -271,7 +271,7 @@ def write_streamed_int8(
     start = time.perf_counter()
     prefix = prefix_config(config)
     outside = tuple(f"blocks.{i}." for i in range(prefix.n_layers, config.n_layers))
-    with _scratch_beside(out) as scratch:
+    with scratch_beside(out) as scratch:
         scope = f"the first {prefix.n_layers} of {config.n_layers} layers"
         log(f"checking on {scope}: float32 does not fit, the prefix does")
         prefix_model = encoder_from_weights(
@@ -418,7 +418,7 @@ def _release(model: Encoder) -> None:
 
 
 @contextmanager
-def _scratch_beside(out: Path) -> Iterator[Path]:
+def scratch_beside(out: Path) -> Iterator[Path]:
     """A scratch directory beside `out` (same file system: the files move in by rename),
     removed whatever happens; a full disk becomes an ExportWriteError that says so."""
     scratch = out.parent / f".{out.name}.partial-{os.getpid()}"

@@ -43,3 +43,17 @@ def hook_names(config: ModelConfig) -> list[str]:
     if config.norm_placement != "post":  # post-norm blocks end normed already
         names.append(FINAL_NORMALIZED)
     return names
+
+
+def site_width(config: ModelConfig, name: str) -> int | None:
+    """The width of one position at site `name`, its heads flattened (hook_z's H x d_k, as
+    SAELens' hook_z SAEs read it); None for hook_pattern, whose width is the text's length.
+    The name must be one of hook_names(config)."""
+    site = name.split(".", 2)[-1] if name.startswith("blocks.") else name
+    if site == PATTERN.split(".", 2)[-1]:
+        return None
+    if site in (Q.split(".", 2)[-1], Z.split(".", 2)[-1]):
+        return config.n_heads * config.head_dim
+    if site in (K.split(".", 2)[-1], V.split(".", 2)[-1]):
+        return config.kv_heads * config.head_dim
+    return config.d_model

@@ -1,0 +1,229 @@
+"""`attnserve sae add`: a sparse autoencoder in SAELens' format, checked against a model
+directory and written beside it as an ONNX graph (model/sae.py traced) in
+`MODEL_DIR/saes/NAME/`: sae.onnx, sae.data (its weights) and sae.json (its config and
+what the parity check measured).
+
+The graph: `x` (B, T, d_in) the hook site's values, `top_k` int64 [1] in; `top_ids`
+int64 and `top_activations` (B, T, k) (descending; -1 and 0 where fewer are active),
+`l0` int64 and `error_norm` (B, T), and `activations` (B, T, d_sae) out.
+
+SAELens' directory format: `cfg.json` (architecture, d_in, d_sae, apply_b_dec_to_input,
+normalize_activations, k for topk; the hook in metadata.hook_name, hook_name or the older
+hook_point) and `sae_weights.safetensors` (W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
+b_dec, threshold for jumprelu). Safetensors only: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import torch
+from safetensors.torch import load_file
+
+from attnserve.export.model_dir import scratch_beside
+from attnserve.export.onnx_export import ONNX_OPSET
+from attnserve.export.onnx_files import save_checked
+from attnserve.export.weights import WeightsFile, externalize
+from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
+from attnserve.model.config import ModelConfig
+from attnserve.model.hooks import hook_names, site_width
+from attnserve.model.sae import ARCHITECTURES, NORMALIZATIONS, SAEConfig, SparseAutoencoder
+
+SAES_DIRNAME = "saes"
+SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
+SAE_INPUTS = ("x", "top_k")
+SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
+# The parity gate: ONNX Runtime against PyTorch, each difference over that position's
+# largest activation (or its input's norm, for the error's norm).
+SAE_TOLERANCE = 1e-4
+# The check's inputs: residual-stream-like rows of this scale with a few outlier
+# dimensions of OUTLIER_SCALE, as trained models' run (docs/model.md).
+CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
+
+
+class SAEError(ValueError):
+    """An SAE that cannot be served with this model; the message names the field."""
+
+
+def read_saelens(
+    source: Path, hook: str | None = None
+) -> tuple[SAEConfig, dict[str, torch.Tensor]]:
+    """An SAE saved by SAELens (`SAE.save_model`): its config and float32 weights."""
+    cfg_path, weights_path = source / "cfg.json", source / "sae_weights.safetensors"
+    for path in (cfg_path, weights_path):
+        if not path.is_file():
+            raise SAEError(f"{source} is not an SAELens directory: no {path.name}")
+    cfg = json.loads(cfg_path.read_text())
+    metadata = cfg.get("metadata") or {}
+    hook = hook or metadata.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point")
+    if not hook:
+        raise SAEError(f"{cfg_path}: no metadata.hook_name (or hook_point); name it with --hook")
+    architecture = cfg.get("architecture", "standard")
+    if architecture not in ARCHITECTURES:
+        raise SAEError(f"{cfg_path}: architecture {architecture!r} is not one of {ARCHITECTURES}")
+    normalize = cfg.get("normalize_activations", "none")
+    if normalize not in NORMALIZATIONS:
+        raise SAEError(
+            f"{cfg_path}: normalize_activations {normalize!r} is not one of {NORMALIZATIONS}"
+        )
+    config = SAEConfig(
+        architecture=architecture,
+        d_in=int(cfg["d_in"]),
+        d_sae=int(cfg["d_sae"]),
+        hook_name=hook,
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+        normalize_activations=normalize,
+        k=int(cfg.get("k", 0)) if architecture == "topk" else 0,
+        rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+    )
+    weights = {name: t.float() for name, t in load_file(weights_path).items()}
+    return config, weights
+
+
+def model_config(model_dir: Path) -> ModelConfig:
+    """The config of the model a directory serves (from its graph's metadata)."""
+    directory = ModelDirectory(model_dir)
+    if not directory.precisions:
+        raise SAEError(f"{model_dir} is not a model directory: no model graph")
+    graph = onnx.load(str(directory.graph(directory.precisions[0], True)), load_external_data=False)
+    metadata = {p.key: p.value for p in graph.metadata_props}
+    return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
+
+
+def check_against(sae: SAEConfig, config: ModelConfig) -> None:
+    """Refuse an SAE whose site this model lacks or whose d_in is not the site's width."""
+    names = hook_names(config)
+    if sae.hook_name not in names:
+        layers = f"layers 0-{config.n_layers - 1}"
+        raise SAEError(
+            f"hook_name {sae.hook_name!r} is not a site of this model ({layers}; "
+            f"e.g. {names[-2]!r})"
+        )
+    width = site_width(config, sae.hook_name)
+    if width is None:
+        raise SAEError(f"hook_name {sae.hook_name!r}: an SAE cannot read attention patterns")
+    if sae.d_in != width:
+        raise SAEError(f"d_in is {sae.d_in}, but {sae.hook_name} is {width} wide in this model")
+
+
+def add_sae(
+    model_dir: str | Path,
+    source: str | Path,
+    name: str | None = None,
+    hook: str | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Check the SAELens SAE at `source` against the model in `model_dir` and write its
+    graph into model_dir/saes/NAME (NAME: the source folder's name); nothing is written
+    if a check fails."""
+    model_dir, source = Path(model_dir), Path(source)
+    config, weights = read_saelens(source, hook)
+    check_against(config, model_config(model_dir))
+    name = name or source.name
+    out = model_dir / SAES_DIRNAME / name
+    if out.exists():
+        raise SAEError(f"{out} exists: choose another --name")
+    sae = SparseAutoencoder(config)
+    expected = {k for k, _ in sae.named_parameters()}
+    if set(weights) < expected:
+        raise SAEError(f"{source}: the weights lack {sorted(expected - set(weights))}")
+    sae.load_state_dict({k: weights[k] for k in expected})
+    with scratch_beside(out) as scratch:
+        log(f"tracing the {config.architecture} SAE ({config.d_in} -> {config.d_sae})...")
+        export_sae(sae, scratch)
+        log("checking: PyTorch vs ONNX Runtime CPU...")
+        fidelity = check_sae(sae, scratch / SAE_ONNX)
+        info = {"config": config.to_dict(), "source": str(source), "fidelity": fidelity}
+        (scratch / SAE_JSON).write_text(json.dumps(info, indent=2) + "\n")
+        scratch.rename(out)
+    log(f"wrote {out}: {config.architecture}, {config.d_sae} features on {config.hook_name}")
+    return out
+
+
+def list_saes(model_dir: str | Path) -> list[dict]:
+    """Each SAE a model directory holds: its name and sae.json."""
+    root = Path(model_dir) / SAES_DIRNAME
+    found = sorted(root.glob(f"*/{SAE_JSON}")) if root.is_dir() else []
+    return [{"name": path.parent.name, **json.loads(path.read_text())} for path in found]
+
+
+def export_sae(sae: SparseAutoencoder, out: Path) -> Path:
+    """Trace `sae` to out/sae.onnx, its weights in out/sae.data, with `top_k` an input."""
+    batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=1)
+    example = torch.zeros(2, 3, sae.config.d_in)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(
+            sae.eval(),
+            (example,),
+            dynamo=True,
+            dynamic_shapes={"x": {0: batch, 1: seq}},
+            input_names=["x"],
+            output_names=["l0", "error_norm", "activations"],
+            opset_version=ONNX_OPSET,
+            verbose=False,
+        )
+    assert program is not None
+    graph = program.model
+    _with_top_features(graph)
+    with WeightsFile(out / SAE_WEIGHTS) as weights:
+        externalize(graph, weights)
+    return save_checked(ir.to_proto(graph), out / SAE_ONNX)
+
+
+def _with_top_features(model: ir.Model) -> None:
+    """The k strongest activations per position and their ids (k an input), -1 and 0 past
+    the active ones, ahead of the other outputs."""
+    graph = model.graph
+    activations = graph.outputs[-1]
+    int64 = ir.TensorType(ir.DataType.INT64)
+    k = ir.Value(name=SAE_INPUTS[1], shape=ir.Shape([1]), type=int64)
+    graph.inputs.append(k)
+    zero, none = (ir.Value(name=n) for n in ("zero", "no_feature"))
+    zero.const_value = ir.tensor(np.array(0.0, np.float32), name="zero")
+    none.const_value = ir.tensor(np.array(-1, np.int64), name="no_feature")
+    for value in (zero, none):
+        graph.register_initializer(value)
+    top = ir.node("TopK", [activations, k], attributes={"axis": -1}, num_outputs=2)
+    values, ids = top.outputs
+    active = ir.node("Greater", [values, zero])
+    top_ids = ir.node("Where", [active.outputs[0], ids, none])
+    top_acts = ir.node("Where", [active.outputs[0], values, zero])
+    graph.extend([top, active, top_ids, top_acts])
+    float32 = ir.TensorType(ir.DataType.FLOAT)
+    for node, dtype, name in ((top_ids, int64, "top_ids"), (top_acts, float32, "top_activations")):
+        output = node.outputs[0]
+        output.name, output.type, output.shape = name, dtype, ir.Shape(["batch", "seq", "k"])
+    graph.outputs[:] = [top_ids.outputs[0], top_acts.outputs[0], *graph.outputs]
+
+
+def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, float]:
+    """ONNX Runtime's outputs against PyTorch's on rows with outlier dimensions; raises
+    SAEError past SAE_TOLERANCE. Returns the largest scaled difference per output."""
+    generator = torch.Generator().manual_seed(seed)
+    x = CHECK_SCALE * torch.randn(2, 7, sae.config.d_in, generator=generator)
+    x[..., :: max(1, sae.config.d_in // 4)] *= OUTLIER_SCALE / CHECK_SCALE
+    k = min(16, sae.config.d_sae)
+    with torch.no_grad():
+        l0, error_norm, acts = (t.numpy() for t in sae(x))
+    top = -np.sort(-acts, axis=-1)[..., :k]  # (B, T, k) descending
+    want = {"top_activations": np.where(top > 0, top, 0), "activations": acts}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    outputs = session.run(None, {"x": x.numpy(), "top_k": np.array([k])})
+    got = dict(zip(SAE_OUTPUTS, outputs, strict=True))
+    scale = np.maximum(np.abs(acts).max(-1), 1.0)  # (B, T): each position's largest
+    diffs = {name: float((np.abs(got[name] - w).max(-1) / scale).max()) for name, w in want.items()}
+    diffs["l0"] = float(np.abs(got["l0"] - l0).max())
+    norms = np.linalg.norm(x.numpy(), axis=-1)
+    diffs["error_norm"] = float((np.abs(got["error_norm"] - error_norm) / norms).max())
+    failed = {name: d for name, d in diffs.items() if d > SAE_TOLERANCE}
+    if failed:
+        raise SAEError(f"ONNX Runtime disagrees with PyTorch past {SAE_TOLERANCE:g}: {failed}")
+    return diffs

@@ -1,0 +1,101 @@
+"""A sparse autoencoder over one hook site, as SAELens runs one at inference, and what a
+researcher reads of it per token: its features' activations, how many fire (L0), and what
+the SAE fails to reconstruct.
+
+SAELens' `SAE.encode` for the architectures served here (shapes: B batch, T positions, D
+the site's width `d_in`, S the SAE's width `d_sae`):
+
+    x' = normalize(x) - b_dec * apply_b_dec_to_input      # (B, T, D)
+    pre = x' @ W_enc + b_enc                              # (B, T, S)
+    standard: acts = relu(pre)
+    jumprelu: acts = relu(pre) * (pre > threshold)
+    topk:     acts = relu of the k largest of pre, 0 elsewhere
+
+and the reconstruction `denormalize(acts @ W_dec + b_dec)`. Torch-free config; the module
+is traced to ONNX by export/sae.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+ARCHITECTURES = ("standard", "jumprelu", "topk")
+# expected_average_only_in: SAELens folds the dataset's scale into the weights where it
+# knows it and otherwise runs the SAE on x unscaled, as this does.
+NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+LAYER_NORM_EPS = 1e-5  # SAELens' run-time layer norm, added to the standard deviation
+
+
+@dataclass(frozen=True)
+class SAEConfig:
+    architecture: str  # one of ARCHITECTURES
+    d_in: int  # the site's width per position (D)
+    d_sae: int  # the number of features (S)
+    hook_name: str  # the site it reads, TransformerLens' name (model/hooks.py)
+    apply_b_dec_to_input: bool = True
+    normalize_activations: str = "none"  # one of NORMALIZATIONS
+    k: int = 0  # topk: the features kept per position
+    rescale_acts_by_decoder_norm: bool = False  # topk: rank pre * |W_dec row|
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class SparseAutoencoder(nn.Module):
+    """One SAE; forward(x) returns what it reads of each position."""
+
+    def __init__(self, config: SAEConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, s = config.d_in, config.d_sae
+        self.W_enc = nn.Parameter(torch.empty(d, s))
+        self.b_enc = nn.Parameter(torch.empty(s))
+        self.W_dec = nn.Parameter(torch.empty(s, d))
+        self.b_dec = nn.Parameter(torch.empty(d))
+        if config.architecture == "jumprelu":
+            self.threshold = nn.Parameter(torch.empty(s))
+
+    def normalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x rescaled as the SAE was trained on it, and (scale, shift) that undo it:
+        x = x' * scale + shift."""
+        ones, zeros = torch.ones_like(x[..., :1]), torch.zeros_like(x[..., :1])
+        kind = self.config.normalize_activations
+        if kind == "constant_norm_rescale":  # every position at norm sqrt(D)
+            scale = x.norm(dim=-1, keepdim=True) / self.config.d_in**0.5  # (B, T, 1)
+            return x / scale, scale, zeros
+        if kind == "layer_norm":  # torch's std: unbiased, as SAELens'
+            mean = x.mean(dim=-1, keepdim=True)
+            std = (x - mean).std(dim=-1, keepdim=True)
+            return (x - mean) / (std + LAYER_NORM_EPS), std, mean
+        return x, ones, zeros
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (L0 (B, T), the reconstruction error's norm (B, T), the
+        activations (B, T, S)). The strongest features are the activations' top k
+        (export/sae.py appends them to the graph, k an input)."""
+        normed, scale, shift = self.normalize(x)
+        if self.config.apply_b_dec_to_input:
+            normed = normed - self.b_dec
+        pre = normed @ self.W_enc + self.b_enc  # (B, T, S)
+        acts = self.activate(pre)  # (B, T, S)
+        decoded = acts
+        if self.config.rescale_acts_by_decoder_norm:  # ranked in units of W_dec's norms
+            decoded = acts / self.W_dec.norm(dim=-1)
+        reconstruction = (decoded @ self.W_dec + self.b_dec) * scale + shift  # (B, T, D)
+        l0 = (acts > 0).sum(dim=-1)  # (B, T)
+        return l0, (x - reconstruction).norm(dim=-1), acts
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        """The architecture's activation of the pre-activations (B, T, S)."""
+        if self.config.architecture == "jumprelu":
+            return torch.relu(pre) * (pre > self.threshold)
+        if self.config.architecture == "topk":
+            ranked = pre
+            if self.config.rescale_acts_by_decoder_norm:
+                ranked = pre * self.W_dec.norm(dim=-1)
+            values, ids = ranked.topk(self.config.k, dim=-1)  # (B, T, k)
+            return torch.zeros_like(ranked).scatter(-1, ids, torch.relu(values))
+        return torch.relu(pre)

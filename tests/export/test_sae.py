@@ -1,0 +1,135 @@
+"""`attnserve sae add`: SAELens' SAEs as ONNX graphs beside a model, equal to SAELens'
+own `SAE.encode` (the reference, built and saved here with random weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from sae_lens import SAE
+
+from attnserve.export.sae import SAE_JSON, SAE_ONNX, SAE_OUTPUTS, SAEError, add_sae, list_saes
+from tests.conftest import SMALL_CONFIG, run_cli
+
+D = SMALL_CONFIG.d_model
+D_SAE = 96
+LAST = f"blocks.{SMALL_CONFIG.n_layers - 1}.hook_resid_post"  # before the final norm
+
+
+@pytest.fixture
+def model_dir(small_model_dir, tmp_path) -> Path:
+    """The session's small model directory, its files linked into one of this test's own:
+    an SAE added here leaves the shared one untouched."""
+    out = tmp_path / "model"
+    out.mkdir()
+    for path in small_model_dir.iterdir():
+        (out / path.name).symlink_to(path)
+    return out
+
+
+def saelens_sae(
+    tmp_path: Path, architecture: str, normalize: str = "none", d_in: int = D, hook: str = LAST
+) -> tuple[SAE, Path]:
+    """An SAE built by SAELens, its weights random at the scale trained ones reach, saved
+    in SAELens' own format."""
+    cfg = {
+        "architecture": architecture,
+        "d_in": d_in,
+        "d_sae": D_SAE,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": True,
+        "normalize_activations": normalize,
+        "metadata": {"hook_name": hook},
+    }
+    if architecture == "topk":
+        cfg["k"] = 12
+    sae = SAE.from_dict(cfg)
+    generator = torch.Generator().manual_seed(len(architecture) + len(normalize))
+    with torch.no_grad():
+        for parameter in sae.parameters():
+            parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
+        if architecture == "jumprelu":  # positive thresholds that leave some features off
+            scale = 20 if normalize == "none" else 0.5  # normalized rows are about 1 wide
+            sae.threshold.copy_(scale * torch.rand(D_SAE, generator=generator))
+    source = tmp_path / f"{architecture}-{normalize}"
+    sae.save_model(source)
+    return sae, source
+
+
+def residual_rows(seed: int = 0) -> torch.Tensor:
+    """(2, 9, D) rows as a trained model's residual stream runs: tens, with outlier
+    dimensions in the thousands."""
+    generator = torch.Generator().manual_seed(seed)
+    x = 20 * torch.randn(2, 9, D, generator=generator)
+    x[..., [3, 17]] *= 150
+    return x
+
+
+@pytest.mark.parametrize(
+    "architecture, normalize",
+    [
+        ("standard", "none"),
+        ("jumprelu", "none"),
+        ("topk", "none"),
+        ("standard", "constant_norm_rescale"),
+        ("jumprelu", "layer_norm"),
+    ],
+)
+def test_the_graph_equals_saelens_encode(model_dir, tmp_path, architecture, normalize):
+    sae, source = saelens_sae(tmp_path, architecture, normalize)
+    out = add_sae(model_dir, source, log=lambda _: None)
+    x = residual_rows()
+    with torch.no_grad():
+        want = sae.encode(x)  # (B, T, S)
+        error = (x - sae.decode(want)).norm(dim=-1)
+    k = 20
+    session = ort.InferenceSession(str(out / SAE_ONNX), providers=["CPUExecutionProvider"])
+    got = dict(zip(SAE_OUTPUTS, session.run(None, {"x": x.numpy(), "top_k": np.array([k])})))
+    want, error = want.numpy(), error.numpy()
+    largest = np.abs(want).max(-1, keepdims=True)  # each position's largest activation
+    assert (largest > 0).all()
+    assert (np.abs(got["activations"] - want) <= 1e-4 * largest).all()
+    np.testing.assert_array_equal(got["l0"], (want > 0).sum(-1))
+    np.testing.assert_allclose(got["error_norm"], error, rtol=1e-4)
+    # the top k: descending, SAELens' strongest features (no ties among random floats),
+    # -1 and 0 past the active ones
+    order = np.argsort(-want, axis=-1, kind="stable")[..., :k]
+    active = np.take_along_axis(want, order, -1) > 0
+    np.testing.assert_array_equal(got["top_ids"], np.where(active, order, -1))
+    strongest = np.take_along_axis(want, order, -1)
+    assert (np.abs(got["top_activations"] - np.where(active, strongest, 0)) <= 1e-4 * largest).all()
+    if architecture == "topk":  # fewer than k active: the rest say so
+        assert (got["top_ids"][..., 12:] == -1).all() and (got["l0"] == 12).all()
+
+
+def test_an_sae_that_does_not_fit_the_model_is_refused_by_field(model_dir, tmp_path):
+    _, wide = saelens_sae(tmp_path, "standard", d_in=D + 1)
+    with pytest.raises(SAEError, match=rf"d_in is {D + 1}, but {LAST} is {D} wide"):
+        add_sae(model_dir, wide, log=lambda _: None)
+    _, elsewhere = saelens_sae(tmp_path, "jumprelu", hook="blocks.7.hook_resid_post")
+    with pytest.raises(SAEError, match=r"hook_name 'blocks.7.hook_resid_post' is not a site"):
+        add_sae(model_dir, elsewhere, log=lambda _: None)
+    _, pattern = saelens_sae(tmp_path, "topk", hook="blocks.0.attn.hook_pattern")
+    with pytest.raises(SAEError, match="cannot read attention patterns"):
+        add_sae(model_dir, pattern, log=lambda _: None)
+    assert list_saes(model_dir) == []  # nothing written
+    # hook_z reads the heads flattened: n_heads x head_dim wide
+    _, heads = saelens_sae(tmp_path, "standard", hook="blocks.0.attn.hook_z")
+    assert add_sae(model_dir, heads, name="z0", log=lambda _: None).is_dir()
+
+
+def test_sae_add_and_list_on_the_command_line(model_dir, tmp_path):
+    _, source = saelens_sae(tmp_path, "jumprelu")
+    added = run_cli("sae", "add", str(model_dir), str(source), "--name", "resid")
+    assert added.returncode == 0, added.stderr
+    assert (model_dir / "saes" / "resid" / SAE_JSON).is_file()
+    listed = run_cli("sae", "list", str(model_dir))
+    assert listed.stdout.strip() == f"resid: jumprelu, {D_SAE} features on {LAST} (d_in {D})"
+    again = run_cli("sae", "add", str(model_dir), str(source), "--name", "resid")
+    assert again.returncode == 1 and "exists: choose another --name" in again.stderr
+    missing = run_cli("sae", "add", str(model_dir), str(tmp_path))
+    assert missing.returncode == 1 and "no cfg.json" in missing.stderr
