@@ -88,7 +88,8 @@ def test_the_graph_equals_saelens_encode(model_dir, tmp_path, architecture, norm
         error = (x - sae.decode(want)).norm(dim=-1)
     k = 20
     session = ort.InferenceSession(str(out / SAE_ONNX), providers=["CPUExecutionProvider"])
-    got = dict(zip(SAE_OUTPUTS, session.run(None, {"x": x.numpy(), "top_k": np.array([k])})))
+    outputs = session.run(None, {"x": x.numpy(), "top_k": np.array([k])})
+    got = dict(zip(SAE_OUTPUTS, outputs, strict=True))
     want, error = want.numpy(), error.numpy()
     largest = np.abs(want).max(-1, keepdims=True)  # each position's largest activation
     assert (largest > 0).all()
