@@ -72,14 +72,18 @@ class SparseAutoencoder(nn.Module):
             return (x - mean) / (std + LAYER_NORM_EPS), std, mean
         return x, ones, zeros
 
+    def pre_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> the pre-activations (B, T, S), and (scale, shift) of normalize."""
+        normed, scale, shift = self.normalize(x)
+        if self.config.apply_b_dec_to_input:
+            normed = normed - self.b_dec
+        return normed @ self.W_enc + self.b_enc, scale, shift
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (L0 (B, T), the reconstruction error's norm (B, T), the
         activations (B, T, S)). The strongest features are the activations' top k
         (export/sae.py appends them to the graph, k an input)."""
-        normed, scale, shift = self.normalize(x)
-        if self.config.apply_b_dec_to_input:
-            normed = normed - self.b_dec
-        pre = normed @ self.W_enc + self.b_enc  # (B, T, S)
+        pre, scale, shift = self.pre_activations(x)  # (B, T, S)
         acts = self.activate(pre)  # (B, T, S)
         decoded = acts
         if self.config.rescale_acts_by_decoder_norm:  # ranked in units of W_dec's norms
@@ -93,9 +97,27 @@ class SparseAutoencoder(nn.Module):
         if self.config.architecture == "jumprelu":
             return torch.relu(pre) * (pre > self.threshold)
         if self.config.architecture == "topk":
-            ranked = pre
-            if self.config.rescale_acts_by_decoder_norm:
-                ranked = pre * self.W_dec.norm(dim=-1)
+            ranked = self.ranked(pre)
             values, ids = ranked.topk(self.config.k, dim=-1)  # (B, T, k)
             return torch.zeros_like(ranked).scatter(-1, ids, torch.relu(values))
         return torch.relu(pre)
+
+    def ranked(self, pre: torch.Tensor) -> torch.Tensor:
+        """What a top-k SAE ranks its features by (B, T, S)."""
+        if self.config.rescale_acts_by_decoder_norm:
+            return pre * self.W_dec.norm(dim=-1)
+        return pre
+
+    def distance_to_switch(self, pre: torch.Tensor) -> torch.Tensor:
+        """How far each pre-activation (B, T, S) is from switching its feature on or off:
+        from the threshold (jumprelu) or midway between the k-th largest and the next
+        (topk); inf for ReLU, whose activation is as small as that distance there. A
+        rounding's worth from it, two correct implementations may disagree."""
+        if self.config.architecture == "jumprelu":
+            return (pre - self.threshold).abs()
+        if self.config.architecture == "topk" and self.config.k < self.config.d_sae:
+            ranked = self.ranked(pre)
+            values = ranked.topk(self.config.k + 1, dim=-1).values  # (B, T, k + 1)
+            between = (values[..., -2:-1] + values[..., -1:]) / 2  # the k-th and the next
+            return (ranked - between).abs()
+        return torch.full_like(pre, float("inf"))

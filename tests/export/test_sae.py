@@ -134,3 +134,6 @@ def test_sae_add_and_list_on_the_command_line(model_dir, tmp_path):
     assert again.returncode == 1 and "exists: choose another --name" in again.stderr
     missing = run_cli("sae", "add", str(model_dir), str(tmp_path))
     assert missing.returncode == 1 and "no cfg.json" in missing.stderr
+    outside = run_cli("sae", "add", str(model_dir), str(source), "--name", "../escape")
+    assert outside.returncode == 1 and "name '../escape': letters" in outside.stderr
+    assert not (model_dir / "escape").exists()
