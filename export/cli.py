@@ -147,8 +147,9 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"{args.out / ONNX_FILENAME} exists; nothing to export (--if-missing)")
         return 0
     from attnserve.export.hf_import import HFCheckpoint, HFImportError
-    from attnserve.export.model_dir import ExportWriteError, write_model_dir, write_streamed_int8
+    from attnserve.export.model_dir import write_model_dir, write_streamed_int8
     from attnserve.export.parity import ParityError
+    from attnserve.export.scratch import ExportWriteError
     from attnserve.model.checkpoint import CheckpointError
     from attnserve.model.footprint import FootprintError
 

@@ -8,14 +8,12 @@ can then be freed (`release_weights`) before ONNX Runtime opens the graphs to ch
 
 from __future__ import annotations
 
-import errno
 import gc
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -40,6 +38,7 @@ from attnserve.export.parity import (
     default_shapes,
     reference_outputs,
 )
+from attnserve.export.scratch import scratch_beside
 from attnserve.export.trace_ahead import tracer
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
@@ -62,10 +61,6 @@ from attnserve.model.artifacts import (
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, encoder_from_weights
 from attnserve.model.footprint import parameter_count, prefix_config, weight_bytes
-
-
-class ExportWriteError(OSError):
-    """The directory could not be written (a full disk, say); nothing was left behind."""
 
 
 @dataclass(frozen=True)
@@ -415,28 +410,6 @@ def _release(model: Encoder) -> None:
     for tensor in (*model.parameters(), *model.buffers()):
         tensor.data = torch.empty(0, dtype=tensor.dtype)
     gc.collect()
-
-
-@contextmanager
-def scratch_beside(out: Path) -> Iterator[Path]:
-    """A scratch directory beside `out` (same file system: the files move in by rename),
-    removed whatever happens; a full disk becomes an ExportWriteError that says so."""
-    scratch = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    try:
-        yield scratch
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            free = shutil.disk_usage(out.parent).free
-            raise ExportWriteError(
-                exc.errno,
-                f"the disk holding {out.parent} is full ({free / 1e9:.1f} GB free after "
-                f"removing the partial export): {exc.strerror}; nothing was written to {out}",
-            ) from exc
-        raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _progress(log: Callable[[str], None], total: int) -> Callable[[int], None]:

@@ -28,9 +28,9 @@ import onnxruntime as ort
 import torch
 from safetensors.torch import load_file
 
-from attnserve.export.model_dir import scratch_beside
 from attnserve.export.onnx_export import ONNX_OPSET
 from attnserve.export.onnx_files import save_checked
+from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
 from attnserve.model.config import ModelConfig
@@ -168,7 +168,7 @@ def export_sae(sae: SparseAutoencoder, out: Path) -> Path:
             (example,),
             dynamo=True,
             dynamic_shapes={"x": {0: batch, 1: seq}},
-            input_names=["x"],
+            input_names=[SAE_INPUTS[0]],
             output_names=["l0", "error_norm", "activations"],
             opset_version=ONNX_OPSET,
             verbose=False,
@@ -218,7 +218,7 @@ def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, fl
         l0, error_norm, acts = (t.numpy() for t in sae(x))
         distance = sae.distance_to_switch(sae.pre_activations(x)[0]).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, {"x": x.numpy(), "top_k": np.array([k])})
+    outputs = session.run(None, dict(zip(SAE_INPUTS, (x.numpy(), np.array([k])), strict=True)))
     got = dict(zip(SAE_OUTPUTS, outputs, strict=True))
     scale = np.maximum(np.abs(acts).max(-1), 1.0)  # (B, T): each position's largest
     # Features a rounding away from switching may switch either way: left out, and the

@@ -36,11 +36,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 def run_add(args: argparse.Namespace) -> int:
     from attnserve.export.sae import SAEError, add_sae
+    from attnserve.export.scratch import ExportWriteError
 
     try:
         add_sae(args.model_dir, args.source, name=args.name, hook=args.hook)
     except SAEError as exc:
         print(f"error: {exc}; nothing was written", file=sys.stderr)
+        return 1
+    except ExportWriteError as exc:  # a full disk: the message says so
+        print(f"error: {exc.strerror}", file=sys.stderr)
         return 1
     return 0
 

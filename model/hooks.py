@@ -49,11 +49,8 @@ def site_width(config: ModelConfig, name: str) -> int | None:
     """The width of one position at site `name`, its heads flattened (hook_z's H x d_k, as
     SAELens' hook_z SAEs read it); None for hook_pattern, whose width is the text's length.
     The name must be one of hook_names(config)."""
-    site = name.split(".", 2)[-1] if name.startswith("blocks.") else name
-    if site == PATTERN.split(".", 2)[-1]:
-        return None
-    if site in (Q.split(".", 2)[-1], Z.split(".", 2)[-1]):
-        return config.n_heads * config.head_dim
-    if site in (K.split(".", 2)[-1], V.split(".", 2)[-1]):
-        return config.kv_heads * config.head_dim
+    heads, kv_heads = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
+    for site, width in ((PATTERN, None), (Q, heads), (Z, heads), (K, kv_heads), (V, kv_heads)):
+        if name.endswith(site.split("}", 1)[1]):  # ".attn.hook_q" after "blocks.{layer}"
+            return width
     return config.d_model

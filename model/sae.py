@@ -11,8 +11,8 @@ the site's width `d_in`, S the SAE's width `d_sae`):
     jumprelu: acts = relu(pre) * (pre > threshold)
     topk:     acts = relu of the k largest of pre, 0 elsewhere
 
-and the reconstruction `denormalize(acts @ W_dec + b_dec)`. Torch-free config; the module
-is traced to ONNX by export/sae.py.
+and the reconstruction `denormalize(acts @ W_dec + b_dec)`. SAEConfig is plain data (an
+SAE directory's sae.json holds it); export/sae.py traces the module to ONNX.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ def test_a_full_disk_is_said_and_leaves_nothing_behind(small_model, tmp_path, mo
     import pytest
 
     from attnserve.export import weights
-    from attnserve.export.model_dir import ExportWriteError, write_model_dir
+    from attnserve.export.model_dir import write_model_dir
+    from attnserve.export.scratch import ExportWriteError
 
     def no_space(self, tensor):
         raise OSError(errno.ENOSPC, "No space left on device")

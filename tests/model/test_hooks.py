@@ -54,6 +54,9 @@ def test_every_site_is_named_once_and_reached_once_in_order(model):
         model(ids())
     for name in names:
         assert tuple(values[name].shape) == expected_shape(config, name), name
+        # what an SAE on the site reads per position: its heads flattened
+        width = None if name.endswith("hook_pattern") else values[name][0, 0].numel()
+        assert hooks.site_width(config, name) == width, name
 
 
 def test_the_stream_sites_are_the_stream(model):
