@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import grpc
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.client.codec import (
@@ -330,6 +331,13 @@ def info_dict(response: pb.GetModelInfoResponse) -> dict:
     info: dict = {}
     for field in response.DESCRIPTOR.fields:
         value = getattr(response, field.name)
-        info[field.name] = value if isinstance(value, str | int | float) else list(value)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            info[field.name] = dict(value)  # output_fidelity: {output: difference}
+        elif field.message_type is not None:  # saes: each SAEInfo as a dict
+            info[field.name] = [
+                json_format.MessageToDict(m, preserving_proto_field_name=True) for m in value
+            ]
+        else:
+            info[field.name] = value if isinstance(value, str | int | float) else list(value)
     info["config"] = json.loads(info.pop("config_json") or "{}")
     return info

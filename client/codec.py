@@ -58,6 +58,7 @@ class Encoding:
     predictions: TokenPredictions | None = None  # layers is [n_layers]
     logit_lens: TokenPredictions | None = None
     attribution: LogitAttribution | None = None
+    features: SAEFeatures | None = None
     # EncodeLayers' answer (encode_layers): attention one array per selected layer, as
     # received (causal-packed stays packed), and `attention` is None.
     attention_by_layer: list[np.ndarray] = field(default_factory=list)
@@ -88,6 +89,21 @@ class LogitAttribution:
         """The parts summed: each target's logit (or logit difference), (positions, targets)."""
         layers = self.heads.sum(-1) + self.attention_biases + self.mlps
         return layers.sum(-1) + self.embeddings + self.constants
+
+
+@dataclass
+class SAEFeatures:
+    """Sparse-autoencoder features, each array (saes, positions, ...)."""
+
+    saes: list[str]
+    positions: list[int]
+    top_ids: np.ndarray  # int32 (.., k), strongest first; -1 past the active ones
+    top_activations: np.ndarray  # float32 (.., k)
+    l0: np.ndarray  # int32 (..): how many features are active
+    error_norm: np.ndarray  # float32 (..): |x - the SAE's reconstruction|
+    feature_ids: list[int]
+    feature_activations: np.ndarray | None  # float32 (.., len(feature_ids))
+    activations: np.ndarray | None  # float32 (.., d_sae), when asked for (dense)
 
 
 @dataclass
@@ -156,6 +172,7 @@ def build_request(
     predictions: bool | Mapping = False,
     logit_lens: bool | Mapping = False,
     attribution: Mapping | None = None,
+    features: Mapping | None = None,
     head_mask: np.ndarray | Mapping[tuple[int, int], float] | None = None,
     head_means: Mapping[tuple[int, int], Sequence[float] | np.ndarray] | None = None,
     request_id: str = "",
@@ -171,6 +188,7 @@ def build_request(
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
     [-1], "top_k": 3, "lens_norm": "own"}`). `attribution`: the fields of
     LogitAttributionRequest as a dict (`{"target_ids": [id], "positions": [-1]}`).
+    `features`: the fields of FeaturesRequest as a dict (`{"saes": ["res-16k"], "top_k": 5}`).
     `head_mask`: (n_layers, n_heads) scales, or {(layer, head): scale}; 0 removes a head.
     `head_means`: {(layer, head): head_dim floats} added to those heads' outputs after their
     scale (with scale 0: mean-ablation).
@@ -220,6 +238,8 @@ def build_request(
                 getattr(options, name).MergeFrom(type(getattr(options, name))(**value))
     if attribution is not None:
         options.attribution.MergeFrom(pb.LogitAttributionRequest(**attribution))
+    if features is not None:
+        options.features.MergeFrom(pb.FeaturesRequest(**features))
     if head_mask is not None or head_means:
         options.head_mask.extend(_head_scales(head_mask, head_means or {}))
     return request
@@ -370,6 +390,7 @@ def decode_response(
                 predictions=_predictions(tensors, "predictions"),
                 logit_lens=_predictions(tensors, "logit_lens"),
                 attribution=_attribution(tensors),
+                features=_features(tensors),
             )
         )
         if unpack_attention:
@@ -396,6 +417,23 @@ def _attribution(result: _Tensors) -> LogitAttribution | None:
         list(a.message.target_ids),
         list(a.message.contrast_ids),
         **{name: a.array(name) for name in ATTRIBUTION_PARTS},
+    )
+
+
+def _features(result: _Tensors) -> SAEFeatures | None:
+    if not result.message.HasField("features"):
+        return None
+    f = result.child("features")
+    return SAEFeatures(
+        saes=list(f.message.saes),
+        positions=list(f.message.positions),
+        top_ids=f.array("top_ids"),
+        top_activations=f.array("top_activations"),
+        l0=f.array("l0"),
+        error_norm=f.array("error_norm"),
+        feature_ids=list(f.message.feature_ids),
+        feature_activations=f.optional("feature_activations"),
+        activations=f.optional("activations"),
     )
 
 

@@ -32,22 +32,30 @@ from attnserve.export.onnx_export import ONNX_OPSET
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
-from attnserve.model.artifacts import CONFIG_METADATA_KEY, ModelDirectory
+from attnserve.model.artifacts import (
+    CONFIG_METADATA_KEY,
+    SAE_INPUTS,
+    SAE_JSON,
+    SAE_ONNX,
+    SAE_OUTPUTS,
+    SAE_WEIGHTS,
+    SAES_DIRNAME,
+    ModelDirectory,
+    stream_site,
+)
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, hook_names, site_width
-from attnserve.model.sae import ARCHITECTURES, NORMALIZATIONS, SAEConfig, SparseAutoencoder
+from attnserve.model.sae import SparseAutoencoder
+from attnserve.model.sae_config import ARCHITECTURES, NORMALIZATIONS, SAEConfig
 
-SAES_DIRNAME = "saes"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a folder of saes/, no more
-SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
-SAE_INPUTS = ("x", "top_k")
-SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # The parity gate: ONNX Runtime against PyTorch, each difference over that position's
 # largest activation (or its input's norm, for the error's norm).
 SAE_TOLERANCE = 1e-4
 # The check's inputs: residual-stream-like rows of this scale with a few outlier
 # dimensions of OUTLIER_SCALE, as trained models' run (docs/model.md).
 CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
+SERVED_SITES = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "hook_mlp_out")
 
 
 class SAEError(ValueError):
@@ -110,6 +118,11 @@ def check_against(sae: SAEConfig, config: ModelConfig) -> None:
     width = site_width(config, sae.hook_name)
     if width is None:
         raise SAEError(f"hook_name {sae.hook_name!r}: an SAE cannot read attention patterns")
+    if stream_site(config, sae.hook_name) is None:
+        raise SAEError(
+            f"hook_name {sae.hook_name!r}: the served graphs do not return this site; SAEs "
+            f"are served on {', '.join(SERVED_SITES)}"
+        )
     if sae.d_in != width:
         raise SAEError(f"d_in is {sae.d_in}, but {sae.hook_name} is {width} wide in this model")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attnserve.model import hooks
 from attnserve.model.config import ModelConfig
+from attnserve.model.sae_config import SAEConfig
 
 ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer and head
 # The same graph with the readouts: a head mask in, the residual stream out beside them
@@ -49,6 +50,19 @@ def readout_sites(config: ModelConfig) -> dict[str, list[str]]:
     }
 
 
+def stream_site(config: ModelConfig, name: str) -> tuple[str, int] | None:
+    """Where the readouts graph returns hook site `name`: (its output, the index on axis 1),
+    or None for a site it does not return. A block's hook_resid_post is the next block's
+    hook_resid_pre: the same values, one row of the residual stream."""
+    for output, names in readout_sites(config).items():
+        if name in names:
+            return output, names.index(name)
+    for layer in range(config.n_layers - 1):
+        if name == hooks.RESID_POST.format(layer=layer):
+            return RESIDUAL_STREAM_NAME, layer + 1
+    return None
+
+
 # Direct logit attribution: those parts at some positions, x_0 and x_L there, and target
 # ids [rows, n] -> what each part adds to each target's logit (Encoder.attribution);
 # written where the parts add up to the logit (ModelConfig.attribution_refusal).
@@ -78,6 +92,15 @@ EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
 # The full graph's outputs through the fused Attention op (export/fused.py): faster on CPU;
 # ORT's CUDA kernel cannot return the attention probabilities yet, so only CPU uses it.
 FUSED_ONNX_FILENAME = "model_fused.onnx"
+# Sparse autoencoders beside the model (`attnserve sae add`): MODEL_DIR/saes/NAME/ holds
+# one's graph, its weights and sae.json ({"config": SAEConfig, "source", "fidelity"}).
+# The graph: x float32 [batch, seq, d_in] (a hook site's values) and top_k int64 [1] in;
+# the top_k features' ids (int64, -1 past the active ones) and activations, L0 (int64) and
+# the reconstruction error's norm [batch, seq], and every activation [batch, seq, d_sae] out.
+SAES_DIRNAME = "saes"
+SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
+SAE_INPUTS = ("x", "top_k")
+SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # The first two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
 # for the CUDA execution provider (precision="fp16").
 FP16_ONNX_FILENAME = "model_fp16.onnx"
@@ -173,6 +196,14 @@ class ModelDirectory:
     def _report(self) -> dict:
         report = self.path / REPORT_FILENAME
         return json.loads(report.read_text()) if report.is_file() else {}
+
+    def saes(self) -> dict[str, SAEConfig]:
+        """The sparse autoencoders the directory holds, by name."""
+        root = self.path / SAES_DIRNAME
+        found = sorted(root.glob(f"*/{SAE_JSON}")) if root.is_dir() else []
+        return {
+            p.parent.name: SAEConfig.from_dict(json.loads(p.read_text())["config"]) for p in found
+        }
 
     @property
     def fused_graph(self) -> Path:

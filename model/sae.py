@@ -11,37 +11,18 @@ the site's width `d_in`, S the SAE's width `d_sae`):
     jumprelu: acts = relu(pre) * (pre > threshold)
     topk:     acts = relu of the k largest of pre, 0 elsewhere
 
-and the reconstruction `denormalize(acts @ W_dec + b_dec)`. SAEConfig is plain data (an
-SAE directory's sae.json holds it); export/sae.py traces the module to ONNX.
+and the reconstruction `denormalize(acts @ W_dec + b_dec)`. SAEConfig (model/sae_config.py)
+is plain data (an SAE directory's sae.json holds it); export/sae.py traces the module to ONNX.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 from torch import nn
 
-ARCHITECTURES = ("standard", "jumprelu", "topk")
-# expected_average_only_in: SAELens folds the dataset's scale into the weights where it
-# knows it and otherwise runs the SAE on x unscaled, as this does.
-NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+from attnserve.model.sae_config import SAEConfig
+
 LAYER_NORM_EPS = 1e-5  # SAELens' run-time layer norm, added to the standard deviation
-
-
-@dataclass(frozen=True)
-class SAEConfig:
-    architecture: str  # one of ARCHITECTURES
-    d_in: int  # the site's width per position (D)
-    d_sae: int  # the number of features (S)
-    hook_name: str  # the site it reads, TransformerLens' name (model/hooks.py)
-    apply_b_dec_to_input: bool = True
-    normalize_activations: str = "none"  # one of NORMALIZATIONS
-    k: int = 0  # topk: the features kept per position
-    rescale_acts_by_decoder_norm: bool = False  # topk: rank pre * |W_dec row|
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class SparseAutoencoder(nn.Module):

@@ -7,12 +7,14 @@ the batcher's tests implement it with a few lines of numpy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.model.sae_config import SAEConfig
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,19 @@ class AttributionSelection:
     contrasts: tuple[int, ...] = ()  # empty, or one per target
 
 
+@dataclass(frozen=True)
+class FeaturesSelection:
+    """Sparse-autoencoder features of one input: each SAE's at `positions`."""
+
+    saes: tuple[str, ...]
+    widths: tuple[int, ...]  # each SAE's d_sae
+    positions: tuple[int, ...]  # absolute
+    top_k: int
+    feature_ids: tuple[int, ...] = ()
+    dense: bool = False
+    parts: bool = False  # an SAE reads a head's or an MLP's output, not the stream
+
+
 @dataclass(frozen=True, eq=False)
 class ReadoutSelection:
     """One input's request of what only the readouts graph has: a head mask, the residual
@@ -87,6 +102,7 @@ class ReadoutSelection:
     predictions: PredictionsSelection | None = None
     lens: PredictionsSelection | None = None
     attribution: AttributionSelection | None = None
+    features: FeaturesSelection | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,19 @@ class Attribution:
 
 
 @dataclass(frozen=True)
+class Features:
+    """What one FeaturesSelection makes, each with a first axis over its SAEs, then the
+    positions."""
+
+    top_ids: np.ndarray  # int64 (saes, positions, k), strongest first; -1 past the active
+    top_activations: np.ndarray  # float32 (saes, positions, k); 0 past the active
+    l0: np.ndarray  # int64 (saes, positions): how many features are active
+    error_norm: np.ndarray  # float32 (saes, positions): |x - the reconstruction|
+    feature_activations: np.ndarray | None  # float32 (saes, positions, n) of feature_ids
+    activations: np.ndarray | None  # float32 (saes, positions, d_sae) when dense
+
+
+@dataclass(frozen=True)
 class ReadoutOutput:
     """What one input's ReadoutSelection makes besides embeddings."""
 
@@ -121,6 +150,7 @@ class ReadoutOutput:
     predictions: Predictions | None = None
     lens: Predictions | None = None
     attribution: Attribution | None = None
+    features: Features | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +194,10 @@ class Backend(Protocol):
         """What `read` can compute: "stream" (hidden states, head masks), "lens"
         (predictions, the logit lens) and "attribution"; empty where the model has no
         readouts graphs."""
+
+    @property
+    def saes(self) -> Mapping[str, SAEConfig]:
+        """The sparse autoencoders `read` serves features of, by name."""
 
     def attend(
         self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]

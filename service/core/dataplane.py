@@ -125,7 +125,10 @@ class DataPlane:
         self._idle.clear()
         try:
             config = self.backend.config
-            plan = plan_request(inputs, options, config, self.tokenizer, self.backend.readouts)
+            backend = self.backend
+            plan = plan_request(
+                inputs, options, config, self.tokenizer, backend.readouts, backend.saes
+            )
             check_response_size(plan, config, self.max_message_bytes, by_layer)
             reserved = request_bytes(plan, config)
             self._cancel_release()  # not idle after all

@@ -8,7 +8,7 @@ the backend may trust.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.packing import packed_length
+from attnserve.model.sae_config import SAEConfig
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
@@ -59,9 +60,10 @@ def plan_request(
     config: ModelConfig,
     tokenizer: Tokenizer,
     readable: frozenset[str] = frozenset(),
+    saes: Mapping[str, SAEConfig] | None = None,
 ) -> EncodePlan:
     """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
-    the readouts the backend computes (Backend.readouts)."""
+    the readouts the backend computes (Backend.readouts); `saes`: the SAEs it serves."""
     if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")
     sequences, truncated = [], []
@@ -99,7 +101,7 @@ def plan_request(
         options.token_embeddings,
         attention,
         options.return_tokens,
-        plan_readouts(options, config, sequences, attention, readable),
+        plan_readouts(options, config, sequences, attention, readable, saes or {}),
     )
 
 

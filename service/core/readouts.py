@@ -1,20 +1,22 @@
-"""A request's readouts, planned: the head mask, hidden states, predictions, logit lens and
-direct logit attribution of each input, validated against the model and what its directory
-can compute.
+"""A request's readouts, planned: the head mask, hidden states, predictions, logit lens,
+direct logit attribution and sparse-autoencoder features of each input, validated against
+the model and what its directory can compute.
 
 Readouts come from the readouts graph (the residual stream and its parts, a head-mask
-input), the lens graph (the final norm and unembedding of any residual row) and the
-attribution graph (what each part adds to a logit); `Backend.readouts` says which of them
-a served model has.
+input; SAE features of them, core/features.py), the lens graph (the final norm and
+unembedding of any residual row) and the attribution graph (what each part adds to a
+logit); `Backend.readouts` says which of them a served model has.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionSelection,
     AttributionSelection,
@@ -23,6 +25,11 @@ from attnserve.service.core.backend import (
     ReadoutSelection,
 )
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
+from attnserve.service.core.features import (
+    features_response_bytes,
+    features_work_bytes,
+    plan_features,
+)
 from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.request import (
     AttributionOptions,
@@ -43,6 +50,7 @@ _GRAPH_OF = {
     "predictions": LENS,
     "logit_lens": LENS,
     "attribution": ATTRIBUTION,
+    "features": STREAM,
 }
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 1000
@@ -60,11 +68,13 @@ def plan_readouts(
     sequences: list[np.ndarray],
     attention: list[AttentionSelection] | None,
     readable: frozenset[str],
+    saes: Mapping[str, SAEConfig],
 ) -> list[ReadoutSelection] | None:
-    """One ReadoutSelection per sequence, or None when the request asks for no readout."""
+    """One ReadoutSelection per sequence, or None when the request asks for no readout.
+    `readable`: the graphs the backend has (Backend.readouts); `saes`: the SAEs it serves."""
     asked = [
         f
-        for f in ("hidden_states", "predictions", "logit_lens", "attribution")
+        for f in ("hidden_states", "predictions", "logit_lens", "attribution", "features")
         if getattr(options, f) is not None
     ]
     if options.head_mask:
@@ -89,7 +99,7 @@ def plan_readouts(
         _head_mask(options.head_mask, config) if options.head_mask else (None, None)
     )
     hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
-    attribution = options.attribution
+    attribution, features = options.attribution, options.features
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
@@ -110,6 +120,9 @@ def plan_readouts(
                 attribution=None
                 if attribution is None
                 else _attribution(attribution, config, length, index),
+                features=None
+                if features is None
+                else plan_features(features, saes, config, length, index),
             )
         )
     return selections
@@ -263,19 +276,23 @@ def readout_response_bytes(selection: ReadoutSelection, config: ModelConfig) -> 
     if a is not None:
         parts = config.n_layers * (config.n_heads + 2) + 2  # heads, biases, MLPs, x_0, 1
         total += len(a.positions) * len(a.targets) * parts * 4
+    if selection.features is not None:
+        total += features_response_bytes(selection.features)
     return total
 
 
 def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length: int) -> int:
     """What computing `selection` holds besides its answer: the readouts graph's residual
-    stream (and its parts, for attribution), and the lens's or the attribution's chunk
-    (bounded by LENS_CHUNK_BYTES) while it runs."""
+    stream (and its parts, for attribution), the lens's or the attribution's chunk
+    (bounded by LENS_CHUNK_BYTES) while it runs, and the features' work."""
     total = 2 * (config.n_layers + 1) * length * config.d_model * 4
     if selection.attribution is not None:
         width = config.n_heads * config.head_dim + config.d_model  # heads and MLP, each layer
         total += 2 * config.n_layers * length * width * 4 + LENS_CHUNK_BYTES
     if selection.predictions is not None or selection.lens is not None:
         total += 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
+    if selection.features is not None:
+        total += features_work_bytes(selection.features, config, length)
     return total
 
 

@@ -84,6 +84,18 @@ class AttributionOptions:
 
 
 @dataclass(frozen=True)
+class FeaturesOptions:
+    """Sparse-autoencoder features of the hook sites the named SAEs read."""
+
+    saes: tuple[str, ...] = ()  # as `attnserve sae list` names them
+    positions: tuple[int, ...] = ()
+    top_k: int = 0  # 0: the default
+    feature_ids: tuple[int, ...] = ()  # whose activations to return at every position
+    dense: bool = False  # every feature's activation
+    skip_first_token: bool = False  # leave position 0 out (its activations are outliers)
+
+
+@dataclass(frozen=True)
 class HeadScale:
     """One head's output times `scale`, plus `mean` (head_dim floats) where given."""
 
@@ -105,3 +117,4 @@ class EncodeOptions:
     logit_lens: PredictionsOptions | None = None
     attribution: AttributionOptions | None = None
     head_mask: tuple[HeadScale, ...] = ()
+    features: FeaturesOptions | None = None

@@ -28,6 +28,7 @@ from attnserve.model.artifacts import (
     readout_filename,
 )
 from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionOutput,
     AttentionSelection,
@@ -41,6 +42,8 @@ from attnserve.service.core.errors import (
     ProviderUnavailableError,
 )
 from attnserve.service.core.memory import give_back_memory
+from attnserve.service.core.readouts import STREAM
+from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.readouts import ReadoutGraphs, every_head
 from attnserve.service.ort.reducer import AttentionReducer
@@ -143,6 +146,19 @@ class OrtRuntime:
             stream=self.session if self._one_graph else None,
         )
 
+        # The SAEs the directory holds, served where the readouts graph feeds them.
+        self.sae_graphs = (
+            SAEGraphs(
+                model_dir,
+                self.config,
+                lambda path, so: _open(Path(path), so, _providers(self.provider)),
+                lambda: session_options(options),
+                prepack=self.readout_graphs.prepack,
+            )
+            if STREAM in self.readout_graphs.available
+            else None
+        )
+
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file() and not options.single_session:
@@ -152,9 +168,10 @@ class OrtRuntime:
         sessions = 1 + (self.embeddings_session is not self.session)
         served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]
         served += [readout_filename(name, self.precision) for name in READOUT_GRAPHS]
+        sae_bytes = self.sae_graphs.weight_bytes if self.sae_graphs else 0
         self.weights_info = WeightsInfo(
             weight_bytes,
-            sessions * weight_bytes,
+            sessions * weight_bytes + sae_bytes,
             **model_dir.fidelity(self.attention_graph.name),
             output_fidelity=model_dir.output_fidelity(served),
             fidelity_scope=model_dir.fidelity_scope,
@@ -204,6 +221,10 @@ class OrtRuntime:
     def readouts(self) -> frozenset[str]:
         return self.readout_graphs.available
 
+    @property
+    def saes(self) -> dict[str, SAEConfig]:
+        return self.sae_graphs.configs if self.sae_graphs else {}
+
     def read(
         self,
         input_ids: np.ndarray,
@@ -224,13 +245,16 @@ class OrtRuntime:
             input_ids,
             mask,
             attentions=any(selection.attention is not None for selection in selections),
-            parts=any(selection.attribution is not None for selection in selections),
+            parts=any(_reads_parts(selection) for selection in selections),
             head_means=means,
         )
         outputs = []
         try:
             for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
                 out = self.readout_graphs.read_row(run, row, selection)
+                if selection.features is not None and self.sae_graphs is not None:
+                    features = self.sae_graphs.read(run, row, selection.features)
+                    out = replace(out, features=features)
                 if selection.attention is not None and run.attentions is not None:
                     attention = self.reducer(run.attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)
@@ -278,6 +302,12 @@ class OrtRuntime:
             ids = np.full((1, seq_len), self.config.bos_id, dtype=np.int64)
             self.run(ids)
             self.embed(ids)
+
+
+def _reads_parts(selection: ReadoutSelection) -> bool:
+    """Whether `selection` needs the readouts graph's head and MLP outputs."""
+    features = selection.features
+    return selection.attribution is not None or (features is not None and features.parts)
 
 
 def session_settings(options: RuntimeOptions) -> dict:

@@ -81,4 +81,14 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         embedding_cosine_min=weights.embedding_cosine_min,
         output_fidelity=weights.output_fidelity,
         fidelity_scope=weights.fidelity_scope,
+        saes=[
+            pb.SAEInfo(
+                name=name,
+                hook_name=sae.hook_name,
+                architecture=sae.architecture,
+                d_in=sae.d_in,
+                d_sae=sae.d_sae,
+            )
+            for name, sae in sorted(plane.backend.saes.items())
+        ],
     )

@@ -17,6 +17,7 @@ from attnserve.service.core.request import (
     AttentionOptions,
     AttributionOptions,
     EncodeOptions,
+    FeaturesOptions,
     HeadReduction,
     HeadScale,
     HiddenStatesOptions,
@@ -104,6 +105,16 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
         )
         if options.head_mask
         else (),
+        features=FeaturesOptions(
+            saes=tuple(options.features.saes),
+            positions=tuple(options.features.positions),
+            top_k=options.features.top_k,
+            feature_ids=tuple(options.features.feature_ids),
+            dense=options.features.dense,
+            skip_first_token=options.features.skip_first_token,
+        )
+        if options.HasField("features")
+        else None,
     )
 
 

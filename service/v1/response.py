@@ -11,6 +11,8 @@ from google.protobuf.message import Message
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import (
     AttentionSelection,
+    Features,
+    FeaturesSelection,
     Predictions,
     PredictionsSelection,
     ReadoutOutput,
@@ -158,6 +160,24 @@ def _fill_readouts(
         a.contrast_ids[:] = asked_attribution.contrasts
         for name in ATTRIBUTION_PARTS:
             out.put(f"attribution.{name}", getattr(attribution, name))
+    if selection.features is not None and readouts.features is not None:
+        _fill_features(out, selection.features, readouts.features)
+
+
+def _fill_features(out: SplicedMessage, asked: FeaturesSelection, got: Features) -> None:
+    """The SAEFeatures of `out`'s EncodeResult."""
+    message = out.message.features
+    message.saes[:] = asked.saes
+    message.positions[:] = asked.positions
+    message.feature_ids[:] = asked.feature_ids
+    out.put("features.top_ids", got.top_ids, pb.DTYPE_INT32)
+    out.put("features.top_activations", got.top_activations)
+    out.put("features.l0", got.l0, pb.DTYPE_INT32)
+    out.put("features.error_norm", got.error_norm)
+    if got.feature_activations is not None:
+        out.put("features.feature_activations", got.feature_activations)
+    if got.activations is not None:
+        out.put("features.activations", got.activations)
 
 
 def _fill_predictions(

@@ -11,7 +11,8 @@ import pytest
 import torch
 from sae_lens import SAE
 
-from attnserve.export.sae import SAE_JSON, SAE_ONNX, SAE_OUTPUTS, SAEError, add_sae, list_saes
+from attnserve.export.sae import SAEError, add_sae, list_saes
+from attnserve.model.artifacts import SAE_JSON, SAE_ONNX, SAE_OUTPUTS
 from tests.conftest import SMALL_CONFIG, run_cli
 
 D = SMALL_CONFIG.d_model
@@ -19,22 +20,31 @@ D_SAE = 96
 LAST = f"blocks.{SMALL_CONFIG.n_layers - 1}.hook_resid_post"  # before the final norm
 
 
-@pytest.fixture
-def model_dir(small_model_dir, tmp_path) -> Path:
-    """The session's small model directory, its files linked into one of this test's own:
-    an SAE added here leaves the shared one untouched."""
-    out = tmp_path / "model"
+def linked_copy(model_dir: Path, out: Path) -> Path:
+    """A session's model directory, its files linked into `out`: an SAE added there leaves
+    the shared one untouched."""
     out.mkdir()
-    for path in small_model_dir.iterdir():
+    for path in model_dir.iterdir():
         (out / path.name).symlink_to(path)
     return out
 
 
+@pytest.fixture
+def model_dir(small_model_dir, tmp_path) -> Path:
+    return linked_copy(small_model_dir, tmp_path / "model")
+
+
 def saelens_sae(
-    tmp_path: Path, architecture: str, normalize: str = "none", d_in: int = D, hook: str = LAST
+    tmp_path: Path,
+    architecture: str,
+    normalize: str = "none",
+    d_in: int = D,
+    hook: str = LAST,
+    threshold: float | None = None,
 ) -> tuple[SAE, Path]:
     """An SAE built by SAELens, its weights random at the scale trained ones reach, saved
-    in SAELens' own format."""
+    in SAELens' own format; a jumprelu's thresholds uniform in [0, `threshold`) (default:
+    what leaves some of its features off on rows like residual_rows')."""
     cfg = {
         "architecture": architecture,
         "d_in": d_in,
@@ -53,8 +63,9 @@ def saelens_sae(
         for parameter in sae.parameters():
             parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
         if architecture == "jumprelu":  # positive thresholds that leave some features off
-            scale = 20 if normalize == "none" else 0.5  # normalized rows are about 1 wide
-            sae.threshold.copy_(scale * torch.rand(D_SAE, generator=generator))
+            if threshold is None:  # normalized rows are about 1 wide
+                threshold = 20 if normalize == "none" else 0.5
+            sae.threshold.copy_(threshold * torch.rand(D_SAE, generator=generator))
     source = tmp_path / f"{architecture}-{normalize}"
     sae.save_model(source)
     return sae, source
@@ -117,6 +128,9 @@ def test_an_sae_that_does_not_fit_the_model_is_refused_by_field(model_dir, tmp_p
     _, pattern = saelens_sae(tmp_path, "topk", hook="blocks.0.attn.hook_pattern")
     with pytest.raises(SAEError, match="cannot read attention patterns"):
         add_sae(model_dir, pattern, log=lambda _: None)
+    _, attn_out = saelens_sae(tmp_path, "topk", hook="blocks.0.hook_attn_out")
+    with pytest.raises(SAEError, match="the served graphs do not return this site; SAEs are"):
+        add_sae(model_dir, attn_out, log=lambda _: None)
     assert list_saes(model_dir) == []  # nothing written
     # hook_z reads the heads flattened: n_heads x head_dim wide
     _, heads = saelens_sae(tmp_path, "standard", hook="blocks.0.attn.hook_z")

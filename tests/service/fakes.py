@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import MappingProxyType
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class FakeBackend:
     provider = "cpu"
     precision = "fp32"
     readouts = frozenset({"stream"})
+    saes = MappingProxyType({})  # serves no SAE
 
     def __init__(self, config: ModelConfig = FAKE_CONFIG, fail_on: int | None = None) -> None:
         self.config = config

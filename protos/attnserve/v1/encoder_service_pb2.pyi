@@ -153,6 +153,58 @@ class LogitAttributionRequest(_message.Message):
     contrast_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, positions: _Optional[_Iterable[int]] = ..., target_ids: _Optional[_Iterable[int]] = ..., contrast_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class FeaturesRequest(_message.Message):
+    __slots__ = ("saes", "positions", "top_k", "feature_ids", "dense", "skip_first_token")
+    SAES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    saes: _containers.RepeatedScalarFieldContainer[str]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    top_k: int
+    feature_ids: _containers.RepeatedScalarFieldContainer[int]
+    dense: bool
+    skip_first_token: bool
+    def __init__(self, saes: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., feature_ids: _Optional[_Iterable[int]] = ..., dense: _Optional[bool] = ..., skip_first_token: _Optional[bool] = ...) -> None: ...
+
+class SAEFeatures(_message.Message):
+    __slots__ = ("saes", "positions", "top_ids", "top_activations", "l0", "error_norm", "feature_ids", "feature_activations", "activations")
+    SAES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    L0_FIELD_NUMBER: _ClassVar[int]
+    ERROR_NORM_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_IDS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    saes: _containers.RepeatedScalarFieldContainer[str]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    top_ids: Tensor
+    top_activations: Tensor
+    l0: Tensor
+    error_norm: Tensor
+    feature_ids: _containers.RepeatedScalarFieldContainer[int]
+    feature_activations: Tensor
+    activations: Tensor
+    def __init__(self, saes: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ..., top_ids: _Optional[_Union[Tensor, _Mapping]] = ..., top_activations: _Optional[_Union[Tensor, _Mapping]] = ..., l0: _Optional[_Union[Tensor, _Mapping]] = ..., error_norm: _Optional[_Union[Tensor, _Mapping]] = ..., feature_ids: _Optional[_Iterable[int]] = ..., feature_activations: _Optional[_Union[Tensor, _Mapping]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class SAEInfo(_message.Message):
+    __slots__ = ("name", "hook_name", "architecture", "d_in", "d_sae")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOOK_NAME_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    D_IN_FIELD_NUMBER: _ClassVar[int]
+    D_SAE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    hook_name: str
+    architecture: str
+    d_in: int
+    d_sae: int
+    def __init__(self, name: _Optional[str] = ..., hook_name: _Optional[str] = ..., architecture: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ...) -> None: ...
+
 class HeadScale(_message.Message):
     __slots__ = ("layer", "head", "scale", "mean")
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -166,7 +218,7 @@ class HeadScale(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
-    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution")
+    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution", "features")
     POOLING_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +229,7 @@ class EncodeOptions(_message.Message):
     LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
     HEAD_MASK_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     pooling: Pooling
     skip_token_embeddings: bool
     attention: AttentionRequest
@@ -187,7 +240,8 @@ class EncodeOptions(_message.Message):
     logit_lens: TokenPredictionsRequest
     head_mask: _containers.RepeatedCompositeFieldContainer[HeadScale]
     attribution: LogitAttributionRequest
-    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ..., attribution: _Optional[_Union[LogitAttributionRequest, _Mapping]] = ...) -> None: ...
+    features: FeaturesRequest
+    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ..., attribution: _Optional[_Union[LogitAttributionRequest, _Mapping]] = ..., features: _Optional[_Union[FeaturesRequest, _Mapping]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("inputs", "options", "request_id", "model")
@@ -202,7 +256,7 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution", "features")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +275,7 @@ class EncodeResult(_message.Message):
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -239,7 +294,8 @@ class EncodeResult(_message.Message):
     predictions: TokenPredictions
     logit_lens: TokenPredictions
     attribution: LogitAttribution
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ...) -> None: ...
+    features: SAEFeatures
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ..., features: _Optional[_Union[SAEFeatures, _Mapping]] = ...) -> None: ...
 
 class LogitAttribution(_message.Message):
     __slots__ = ("positions", "target_ids", "contrast_ids", "heads", "attention_biases", "mlps", "embeddings", "constants")
@@ -356,7 +412,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope")
+    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes")
     class OutputFidelityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +443,7 @@ class GetModelInfoResponse(_message.Message):
     EMBEDDING_COSINE_MIN_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIDELITY_FIELD_NUMBER: _ClassVar[int]
     FIDELITY_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SAES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -410,4 +467,5 @@ class GetModelInfoResponse(_message.Message):
     embedding_cosine_min: float
     output_fidelity: _containers.ScalarMap[str, float]
     fidelity_scope: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ...) -> None: ...
+    saes: _containers.RepeatedCompositeFieldContainer[SAEInfo]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ...) -> None: ...

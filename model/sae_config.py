@@ -1,0 +1,32 @@
+"""A sparse autoencoder's config as plain data: what an SAE directory's sae.json holds and
+what the service reads of it (torch-free: the service imports it; model/sae.py runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+ARCHITECTURES = ("standard", "jumprelu", "topk")
+# expected_average_only_in: SAELens folds the dataset's scale into the weights where it
+# knows it and otherwise runs the SAE on x unscaled, as this does.
+NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+
+
+@dataclass(frozen=True)
+class SAEConfig:
+    architecture: str  # one of ARCHITECTURES
+    d_in: int  # the site's width per position (D)
+    d_sae: int  # the number of features (S)
+    hook_name: str  # the site it reads, TransformerLens' name (model/hooks.py)
+    apply_b_dec_to_input: bool = True
+    normalize_activations: str = "none"  # one of NORMALIZATIONS
+    k: int = 0  # topk: the features kept per position
+    rescale_acts_by_decoder_norm: bool = False  # topk: rank pre * |W_dec row|
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SAEConfig:
+        """The config of `values` (sae.json's "config"), keys it does not know ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})

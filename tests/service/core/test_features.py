@@ -1,0 +1,169 @@
+"""Sparse-autoencoder features through the real server (gRPC and JSON): SAELens' own
+`SAE.encode` of the hook sites the PyTorch model computes, the options that select them,
+and requests refused by the field they get wrong."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.export.sae import add_sae
+from attnserve.model.hook_points import captured, head_ablation, hooked
+from tests.conftest import SMALL_CONFIG, ServerThread
+from tests.export.test_sae import D_SAE, linked_copy, saelens_sae
+
+L, D, NAME = SMALL_CONFIG.n_layers, SMALL_CONFIG.d_model, SMALL_CONFIG.name
+TEXT = "The cat sat on the mat."
+# name -> (architecture, the site it reads): the residual stream, a head's and an MLP's output
+SAES = {
+    "resid": ("jumprelu", f"blocks.{L - 1}.hook_resid_post"),
+    "z": ("standard", "blocks.0.attn.hook_z"),
+    "mlp": ("topk", f"blocks.{L - 1}.hook_mlp_out"),
+}
+
+
+@pytest.fixture(scope="module")
+def sae_server(small_model_dir, tmp_path_factory):
+    """A server on the small model with the SAEs of SAES beside it, and SAELens' own."""
+    root = tmp_path_factory.mktemp("features")
+    model_dir = linked_copy(small_model_dir, root / "model")
+    saes = {}
+    for name, (architecture, hook) in SAES.items():
+        sae, source = saelens_sae(root / name, architecture, hook=hook, threshold=2.0)
+        add_sae(model_dir, source, name=name, log=lambda _: None)
+        saes[name] = sae
+    server = ServerThread(model_dir)
+    yield server, saes
+    server.stop()
+
+
+@pytest.fixture
+def features_client(sae_server):
+    with EncoderClient(sae_server[0].address, ClientOptions(timeout_s=60)) as c:
+        yield c
+
+
+def saelens_encode(small_model, sae, hook: str, ids, head_mask=None) -> np.ndarray:
+    """SAELens' activations (T, d_sae) of the site PyTorch computes for `ids`."""
+    changes = {} if head_mask is None else head_ablation(torch.from_numpy(head_mask))
+    with torch.inference_mode(), hooked(small_model, changes), captured(small_model, [hook]) as v:
+        small_model(torch.tensor([list(ids)]))
+        x = v[hook].flatten(2)  # (1, T, d_in): hook_z's heads side by side
+        return sae.encode(x)[0].numpy()
+
+
+def test_features_equal_saelens_on_each_site(sae_server, features_client, small_model):
+    _, saes = sae_server
+    out = features_client.encode(TEXT, features={"saes": list(SAES), "top_k": 8, "dense": True})
+    got = out[0].features
+    t = len(out[0].token_ids)
+    assert got.saes == list(SAES) and got.positions == list(range(t))
+    assert got.top_ids.shape == (3, t, 8) and got.activations.shape == (3, t, D_SAE)
+    for i, (name, (_, hook)) in enumerate(SAES.items()):
+        want = saelens_encode(small_model, saes[name], hook, out[0].token_ids)
+        largest = np.abs(want).max(-1, keepdims=True)
+        assert (np.abs(got.activations[i] - want) <= 1e-4 * np.maximum(largest, 1e-6)).all()
+        np.testing.assert_array_equal(got.l0[i], (want > 0).sum(-1))
+        order = np.argsort(-want, axis=-1, kind="stable")[:, :8]
+        active = np.take_along_axis(want, order, -1) > 0
+        np.testing.assert_array_equal(got.top_ids[i], np.where(active, order, -1))
+        assert got.l0[i].min() > 0 and got.l0[i].max() < D_SAE  # features on and off
+
+
+def test_positions_feature_ids_and_the_first_token_left_out(features_client):
+    everything = features_client.encode(TEXT, features={"saes": ["resid"], "dense": True})
+    dense = everything[0].features.activations[0]  # (T, S)
+    out = features_client.encode(
+        TEXT,
+        features={
+            "saes": ["resid", "z"],
+            "positions": [0, -1, 2],
+            "skip_first_token": True,
+            "feature_ids": [3, 0, 95],
+            "top_k": 4,
+        },
+    )
+    got = out[0].features
+    t = len(out[0].token_ids)
+    assert got.positions == [t - 1, 2] and got.feature_ids == [3, 0, 95]
+    assert got.top_ids.shape == (2, 2, 4) and got.activations is None
+    np.testing.assert_allclose(
+        got.feature_activations[0], dense[[t - 1, 2]][:, [3, 0, 95]], rtol=0, atol=1e-5
+    )
+    # the default top_k is 10, and without feature_ids none are returned
+    plain = features_client.encode(TEXT, features={"saes": ["mlp"]})[0].features
+    assert plain.top_ids.shape[-1] == 10 and plain.feature_activations is None
+
+
+def test_features_are_read_under_the_head_mask(sae_server, features_client, small_model):
+    _, saes = sae_server
+    mask = np.ones((L, SMALL_CONFIG.n_heads), dtype=np.float32)
+    mask[0, 1] = 0.0
+    out = features_client.encode(TEXT, features={"saes": ["resid"], "dense": True}, head_mask=mask)
+    want = saelens_encode(small_model, saes["resid"], SAES["resid"][1], out[0].token_ids, mask)
+    got = out[0].features.activations[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    unmasked = features_client.encode(TEXT, features={"saes": ["resid"], "dense": True})
+    assert np.abs(unmasked[0].features.activations[0] - got).max() > 1e-3
+
+
+def test_model_info_lists_the_saes(features_client):
+    info = features_client.model_info()
+    assert [s["name"] for s in info["saes"]] == sorted(SAES)
+    by_name = {s["name"]: s for s in info["saes"]}
+    assert by_name["z"] == {
+        "name": "z",
+        "hook_name": "blocks.0.attn.hook_z",
+        "architecture": "standard",
+        "d_in": SMALL_CONFIG.n_heads * SMALL_CONFIG.head_dim,
+        "d_sae": D_SAE,
+    }
+
+
+def test_features_in_json_are_the_grpc_numbers(sae_server, features_client):
+    server, _ = sae_server
+    body = {
+        "inputs": [{"text": TEXT}],
+        "options": {"features": {"saes": ["resid"], "topK": 5, "featureIds": [1, 2]}},
+        "tensor_format": "list",
+    }
+    response = httpx.post(f"{server.http_url}/v1/encode", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    got = response.json()["results"][0]["features"]
+    want = features_client.encode(
+        TEXT, features={"saes": ["resid"], "top_k": 5, "feature_ids": [1, 2]}
+    )
+    f = want[0].features
+    assert got["topIds"]["values"] == f.top_ids.tolist()
+    assert got["l0"]["values"] == f.l0.tolist()
+    np.testing.assert_allclose(got["errorNorm"]["values"], f.error_norm, rtol=1e-6)
+    np.testing.assert_allclose(got["featureActivations"]["values"], f.feature_activations)
+
+
+@pytest.mark.parametrize(
+    "features, message",
+    [
+        ({"saes": []}, f"options.features.saes: name at least one; {NAME} serves mlp, resid, z"),
+        ({"saes": ["resid", "nope"]}, f"options.features.saes[1]: 'nope' is not an SAE of {NAME}"),
+        ({"saes": ["z", "z"]}, "options.features.saes: ['z', 'z'] names an SAE twice"),
+        ({"saes": ["z"], "top_k": D_SAE + 1}, f"options.features.top_k: {D_SAE + 1} is outside"),
+        ({"saes": ["z"], "feature_ids": [D_SAE]}, f"feature_ids: {D_SAE} is outside [0, d_sae="),
+        ({"saes": ["z"], "positions": [99]}, "options.features.positions: 99 is outside"),
+    ],
+)
+def test_bad_features_are_refused_by_field(features_client, features, message):
+    with pytest.raises(grpc.RpcError) as excinfo:
+        features_client.encode(TEXT, features=features)
+    assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in excinfo.value.details()
+    assert features_client.encode(TEXT, features={"saes": ["z"]})[0].features is not None
+
+
+def test_leaving_out_the_only_token_is_refused(features_client):
+    with pytest.raises(grpc.RpcError) as excinfo:
+        features_client.encode([5], features={"saes": ["z"], "skip_first_token": True})
+    assert "skip_first_token leaves no position of inputs[0]" in excinfo.value.details()

@@ -1,0 +1,116 @@
+"""Sparse-autoencoder features as served (the readouts graph's run, then each SAE's graph)
+against SAELens' own `SAE.encode` on transformers' residual stream, for three families:
+the activations, the strongest features, L0 and the reconstruction error's norm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.export.sae import add_sae
+from attnserve.service.core.backend import ReadoutSelection
+from attnserve.service.core.features import plan_features
+from attnserve.service.core.request import FeaturesOptions
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from tests.export.test_hf_families import padded_batch
+from tests.export.test_hf_readouts import blocks
+from tests.export.test_sae import linked_copy, saelens_sae
+
+TOLERANCE = 1e-4  # of each position's largest activation (issue 69)
+
+
+def residual_sites(reference, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """transformers' residual stream (B, T, D) by TransformerLens' names: what each decoder
+    layer reads (hook_resid_pre) and writes (hook_resid_post; the last before the final
+    norm)."""
+    values, handles = {}, []
+    for layer, block in enumerate(blocks(reference)):
+
+        def read(_module, args, kwargs, layer=layer):
+            x = args[0] if args else kwargs["hidden_states"]
+            values[f"blocks.{layer}.hook_resid_pre"] = x.numpy().copy()
+
+        def write(_module, _args, output, layer=layer):
+            x = output[0] if isinstance(output, tuple) else output
+            values[f"blocks.{layer}.hook_resid_post"] = x.numpy().copy()
+
+        handles.append(block.register_forward_pre_hook(read, with_kwargs=True))
+        handles.append(block.register_forward_hook(write))
+    try:
+        with torch.no_grad():
+            reference(torch.as_tensor(ids))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return values
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_served_features_equal_saelens_on_transformers_residual(families, tmp_path, family):
+    _, reference = families.checkpoint(family)
+    model_dir = linked_copy(families.exported(family), tmp_path / "model")
+    d, last = reference.config.hidden_size, reference.config.num_hidden_layers - 1
+    hooks = {  # the last block's output before the final norm included
+        "standard": f"blocks.{last}.hook_resid_post",
+        "jumprelu": "blocks.0.hook_resid_post",
+        "topk": f"blocks.{last}.hook_resid_pre",
+    }
+    saes = {}
+    for architecture, hook in hooks.items():
+        sae, source = saelens_sae(tmp_path, architecture, d_in=d, hook=hook, threshold=0.2)
+        add_sae(model_dir, source, name=architecture, log=lambda _: None)
+        saes[architecture] = sae
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert set(runtime.saes) == set(hooks)
+
+    ids, lengths = padded_batch(reference.config.vocab_size, seed=3)
+    options = FeaturesOptions(saes=tuple(hooks), top_k=12, dense=True, feature_ids=(5, 0, 7))
+    selections = [
+        ReadoutSelection(features=plan_features(options, runtime.saes, runtime.config, t, row))
+        for row, t in enumerate(lengths)
+    ]
+    _, outputs = runtime.read(ids, list(lengths), selections)
+    sites = residual_sites(reference, ids)
+    switched_off = 0
+    for row, (t, out) in enumerate(zip(lengths, outputs, strict=True)):
+        got = out.features
+        assert got is not None and got.activations is not None
+        assert got.top_ids.shape == (3, t, 12) and got.l0.shape == got.error_norm.shape == (3, t)
+        for i, (architecture, sae) in enumerate(saes.items()):
+            x = torch.from_numpy(sites[hooks[architecture]][row, :t])  # (t, D)
+            with torch.no_grad():
+                _, cache = sae.run_with_cache(x[None])
+                want = sae.encode(x[None])[0].numpy()  # (t, S)
+                pre = cache["hook_sae_acts_pre"][0].numpy()
+                error = (x - sae.decode(torch.from_numpy(want))).norm(dim=-1).numpy()
+            largest = np.maximum(np.abs(want).max(-1), 1e-6)  # (t,)
+            # a feature a rounding away from switching may switch either way
+            near = np.zeros_like(want, dtype=bool)
+            if architecture == "jumprelu":
+                near = np.abs(pre - sae.threshold.detach().numpy()) <= TOLERANCE * largest[:, None]
+                switched_off += int(((pre > 0) & (want == 0)).sum())
+            if architecture == "topk":
+                ranked = -np.sort(-pre, axis=-1)
+                gap = ranked[:, sae.cfg.k - 1] - ranked[:, sae.cfg.k]
+                near |= (gap <= TOLERANCE * largest)[:, None]
+            clear = ~near.any(-1)  # (t,)
+            assert clear.mean() > 0.5  # the comparison below covers most positions
+            diff = np.where(near, 0, np.abs(got.activations[i] - want)).max(-1)
+            assert (diff <= TOLERANCE * largest).all()
+            np.testing.assert_array_equal(got.l0[i][clear], (want > 0).sum(-1)[clear])
+            order = np.argsort(-want, axis=-1, kind="stable")[:, :12]
+            strongest = np.take_along_axis(want, order, -1)
+            active = strongest > 0
+            expected_ids = np.where(active, order, -1)
+            np.testing.assert_array_equal(got.top_ids[i][clear], expected_ids[clear])
+            assert (
+                np.abs(got.top_activations[i] - np.where(active, strongest, 0)).max(-1)[clear]
+                <= TOLERANCE * largest[clear]
+            ).all()
+            scale = np.linalg.norm(x.numpy(), axis=-1)
+            assert (np.abs(got.error_norm[i] - error)[clear] <= TOLERANCE * scale[clear]).all()
+            np.testing.assert_array_equal(
+                got.feature_activations[i], got.activations[i][:, [5, 0, 7]]
+            )
+    assert switched_off > 0  # the thresholds turned features off that a ReLU keeps
