@@ -99,6 +99,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "embedding's part; each an id or a token's text, e.g. ' Mary: John' (repeatable: "
         "all with contrasts or none)",
     )
+    features = encode.add_argument_group("sparse-autoencoder features")
+    features.add_argument(
+        "--sae",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="an SAE the model serves (`attnserve info` lists them): each token's "
+        "strongest features (repeatable)",
+    )
+    features.add_argument("--top-features", type=int, default=5, help="features per token")
+    features.add_argument(
+        "--skip-first-token", action="store_true", help="leave the first token's out"
+    )
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
@@ -231,7 +244,13 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         top_k=args.top_k,
         head_entropy=args.entropy,
         truncate=args.truncate,
-        return_tokens=args.tokens,
+        return_tokens=args.tokens or bool(args.sae),
+        features=args.sae
+        and {
+            "saes": args.sae,
+            "top_k": args.top_features,
+            "skip_first_token": args.skip_first_token,
+        },
         predictions=args.predict and predictions,
         logit_lens=args.lens and {**predictions, "lens_norm": args.lens_norm},
         hidden_states=args.hidden_norms

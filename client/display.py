@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.client.codec import EncodeOutput, Encoding, LogitAttribution, TokenPredictions
+from attnserve.client.codec import (
+    EncodeOutput,
+    Encoding,
+    LogitAttribution,
+    SAEFeatures,
+    TokenPredictions,
+)
 from attnserve.v1.wire import ATTRIBUTION_PARTS
 
 
@@ -30,6 +36,7 @@ def output_json(out: EncodeOutput) -> dict:
                 "predictions": _predictions_json(e.predictions),
                 "logit_lens": _predictions_json(e.logit_lens),
                 "attribution": _attribution_json(e.attribution),
+                "features": _features_json(e.features),
             }
             for e in out
         ],
@@ -64,6 +71,41 @@ def print_encoding(e: Encoding, target_ids: list[int], texts: dict[int, str]) ->
         _print_predictions("logit lens", e.logit_lens, target_ids, texts)
     if e.attribution is not None:
         _print_attribution(e.attribution, texts)
+    if e.features is not None:
+        _print_features(e.features, e.tokens)
+
+
+def _print_features(f: SAEFeatures, tokens: list[str]) -> None:
+    """Each SAE's strongest features at each position, beside the token's text."""
+    for s, sae in enumerate(f.saes):
+        print(f"    features of {sae} (id activation, strongest first):")
+        for p, position in enumerate(f.positions):
+            token = f" {tokens[position]!r}" if position < len(tokens) else ""
+            top = ", ".join(
+                f"#{i} {a:.3f}"
+                for i, a in zip(f.top_ids[s, p], f.top_activations[s, p], strict=True)
+                if i >= 0
+            )
+            print(
+                f"      {position:>4}{token}: L0 {f.l0[s, p]}, error {f.error_norm[s, p]:.3f}"
+                f"{': ' + top if top else ''}"
+            )
+
+
+def _features_json(f: SAEFeatures | None) -> dict | None:
+    if f is None:
+        return None
+    return {
+        "saes": f.saes,
+        "positions": f.positions,
+        "top_ids": f.top_ids.tolist(),
+        "top_activations": f.top_activations.tolist(),
+        "l0": f.l0.tolist(),
+        "error_norm": f.error_norm.tolist(),
+        "feature_ids": f.feature_ids,
+        "feature_activations": _list(f.feature_activations),
+        "activations": _list(f.activations),
+    }
 
 
 def _token(token_id: int, texts: dict[int, str]) -> str:

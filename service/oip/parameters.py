@@ -79,6 +79,15 @@ PARAMETERS = {
                                     "attribution.target_ids"),
     "attribution_contrast_ids": _spec(list, "one per target: attribute the difference",
                                       "attribution.contrast_ids"),
+    "sae": _spec(str, "the SAE whose features to return (GetModelInfo's saes)", "features.saes"),
+    "sae_top_k": _spec(int, "how many strongest features per position (default 10)",
+                       "features.top_k"),
+    "sae_positions": _spec(list, "positions read; -1 is the last (default all)",
+                           "features.positions"),
+    "sae_feature_ids": _spec(list, "features whose activations to return",
+                             "features.feature_ids"),
+    "sae_skip_first_token": _spec(bool, "leave position 0 out (its activations are outliers)",
+                                  "features.skip_first_token"),
 }  # fmt: skip
 # an option's name, as a whole word ("options.truncate", not "options.truncation") -> the
 # V2 parameter that sets it

@@ -38,11 +38,17 @@ with top_k; the readouts, from hidden_states on, only when named):
   attribution_embeddings        FP32 [batch, positions, targets]
   attribution_constants         FP32 [batch, positions, targets]
                                 (parameter attribution_target_ids)
+  sae_top_ids                   INT64 [batch, positions, k]  strongest first (parameter sae)
+  sae_top_activations           FP32 [batch, positions, k]
+  sae_l0                        INT64 [batch, positions]
+  sae_error_norm                FP32 [batch, positions]
+  sae_feature_activations       FP32 [batch, positions, ids]  (parameter sae_feature_ids)
+  sae_activations               FP32 [batch, positions, d_sae]
 Options are request parameters, each setting the options its row of the one table says
 (service/oip/parameters.py PARAMETERS); the outputs asked say which groups of options are
 computed.
-Ragged results are zero-padded to the longest row (-1 for token ids predicted and
-attention_indices).
+Ragged results are zero-padded to the longest row (-1 for token ids predicted,
+attention_indices and sae_top_ids).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from attnserve.service.core.request import (
     AttentionOptions,
     AttributionOptions,
     EncodeOptions,
+    FeaturesOptions,
     HeadScale,
     HiddenStatesOptions,
     Input,
@@ -103,6 +110,12 @@ OUTPUT_DATATYPES = {
     "attribution_mlps": "FP32",
     "attribution_embeddings": "FP32",
     "attribution_constants": "FP32",
+    "sae_top_ids": "INT64",
+    "sae_top_activations": "FP32",
+    "sae_l0": "INT64",
+    "sae_error_norm": "FP32",
+    "sae_feature_activations": "FP32",
+    "sae_activations": "FP32",
 }
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
 HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
@@ -115,8 +128,11 @@ PREDICTION_OUTPUTS = (
 LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
 # attribution_<field> is the field of the data plane's Attribution
 ATTRIBUTION_V2_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS)
+# sae_<field> is the field of the data plane's Features, of the one SAE asked for
+SAE_V2_OUTPUTS = tuple(name for name in OUTPUT_DATATYPES if name.startswith("sae_"))
 READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_V2_OUTPUTS
-_INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids")  # padded with -1
+READOUT_OUTPUTS += SAE_V2_OUTPUTS
+_INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids", "sae_top_ids")
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").
 _PREDICTION_FIELDS = {
     "logits": ("predictions", "logits"),
@@ -135,6 +151,7 @@ OPTION_GROUPS = {
     "predictions": (PREDICTION_OUTPUTS, PredictionsOptions),
     "logit_lens": (LENS_OUTPUTS, PredictionsOptions),
     "attribution": (ATTRIBUTION_V2_OUTPUTS, AttributionOptions),
+    "features": (SAE_V2_OUTPUTS, FeaturesOptions),
 }
 
 
@@ -257,6 +274,15 @@ def _options(
         raise InvalidInputError(
             "outputs: the attribution outputs need the attribution_target_ids parameter"
         )
+    if "features" in groups:
+        features = values["features"]
+        if "saes" not in features:
+            raise InvalidInputError("outputs: the sae outputs need the sae parameter")
+        features |= {"saes": (features["saes"],), "dense": "sae_activations" in asked}
+        if "sae_feature_activations" in asked and not features.get("feature_ids"):
+            raise InvalidInputError(
+                "outputs: sae_feature_activations needs the sae_feature_ids parameter"
+            )
     options = {group: OPTION_GROUPS[group][1](**values[group]) for group in groups}
     return EncodeOptions(
         **top, token_embeddings="embeddings" in asked, head_mask=head_mask, **options
@@ -361,6 +387,9 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         part = name.removeprefix("attribution_")
         attributions = [r.readouts.attribution if r.readouts else None for r in results]
         return [getattr(a, part) for a in attributions]
+    if name in SAE_V2_OUTPUTS:  # the first axis is over the SAEs asked: one
+        features = [getattr(r.readouts, "features", None) for r in results]
+        return [getattr(f, name.removeprefix("sae_"))[0] for f in features]
     fields = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
     return [getattr(r.attention, fields[name]) for r in results]
 

@@ -1,8 +1,11 @@
-"""Sparse-autoencoder features through the real server (gRPC and JSON): SAELens' own
+"""Sparse-autoencoder features through the real server (attnserve.v1 over gRPC and JSON, the
+Open Inference Protocol by tritonclient): SAELens' own
 `SAE.encode` of the hook sites the PyTorch model computes, the options that select them,
 and requests refused by the field they get wrong."""
 
 from __future__ import annotations
+
+import json
 
 import grpc
 import httpx
@@ -13,8 +16,9 @@ import torch
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.sae import add_sae
 from attnserve.model.hook_points import captured, head_ablation, hooked
-from tests.conftest import SMALL_CONFIG, ServerThread
+from tests.conftest import SMALL_CONFIG, ServerThread, run_cli
 from tests.export.test_sae import D_SAE, linked_copy, saelens_sae
+from tests.service.oip.test_oip import Triton, array, ids_input
 
 L, D, NAME = SMALL_CONFIG.n_layers, SMALL_CONFIG.d_model, SMALL_CONFIG.name
 TEXT = "The cat sat on the mat."
@@ -167,3 +171,70 @@ def test_leaving_out_the_only_token_is_refused(features_client):
     with pytest.raises(grpc.RpcError) as excinfo:
         features_client.encode([5], features={"saes": ["z"], "skip_first_token": True})
     assert "skip_first_token leaves no position of inputs[0]" in excinfo.value.details()
+
+
+SAE_OUTPUTS_V2 = (
+    "sae_top_ids",
+    "sae_top_activations",
+    "sae_l0",
+    "sae_error_norm",
+    "sae_feature_activations",
+    "sae_activations",
+)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_features_through_tritonclient_equal_encodes(sae_server, features_client, protocol):
+    """The Open Inference Protocol's sae parameters and outputs, by tritonclient unmodified:
+    Encode's numbers, ragged rows padded (-1 for ids)."""
+    server, _ = sae_server
+    address = server.address if protocol == "grpc" else server.http_url.removeprefix("http://")
+    triton = Triton(protocol, address)
+    rows = [[3, 17, 40, 2, 9], [8, 1, 5]]
+    inputs = [ids_input([rows[0], rows[1] + [0, 0]])]
+    inputs.append({"name": "input_lengths", "datatype": "INT64", "shape": [2], "data": [5, 3]})
+    parameters = {"sae": "mlp", "sae_top_k": 4, "sae_feature_ids": "2,7"}
+    answer = triton.infer(inputs, SAE_OUTPUTS_V2, parameters, model=NAME)
+    assert answer["outputs"]["sae_top_ids"]["datatype"] == "INT64"
+    outputs = {name: array(output) for name, output in answer["outputs"].items()}
+    want = features_client.encode(
+        rows, features={"saes": ["mlp"], "top_k": 4, "feature_ids": [2, 7], "dense": True}
+    )
+    for row, encoding in enumerate(want):
+        f, t = encoding.features, len(rows[row])
+        for name in SAE_OUTPUTS_V2:
+            expected = getattr(f, name.removeprefix("sae_"))[0]
+            np.testing.assert_allclose(outputs[name][row, :t], expected, rtol=0, atol=1e-6)
+    assert (outputs["sae_top_ids"][1, 3:] == -1).all() and (outputs["sae_l0"][1, 3:] == 0).all()
+    for parameters, message in (
+        ({"sae_top_k": 4}, "the sae outputs need the sae parameter"),
+        ({"sae": "mlp", "sae_top_k": D_SAE + 1}, f"sae_top_k: {D_SAE + 1} is outside [1, {D_SAE}]"),
+        ({"sae": "nope"}, "parameters.sae[0]: 'nope' is not an SAE of"),
+    ):
+        refused = triton.infer(inputs, ["sae_l0"], parameters, model=NAME)
+        assert refused["error"]["status"] == triton.status("INVALID_ARGUMENT")
+        assert message in refused["error"]["message"]
+    triton.client.close()
+
+
+def test_encode_on_the_command_line_lists_each_tokens_features(sae_server, features_client):
+    server, _ = sae_server
+    args = ("encode", "--target", server.address, "--text", TEXT, "--sae", "resid")
+    summary = run_cli(*args, "--top-features", "3", "--skip-first-token")
+    assert summary.returncode == 0, summary.stderr
+    want = features_client.encode(
+        TEXT, features={"saes": ["resid"], "top_k": 3, "skip_first_token": True}, return_tokens=True
+    )[0]
+    lines = summary.stdout.splitlines()
+    start = lines.index("    features of resid (id activation, strongest first):")
+    rows = lines[start + 1 : start + 1 + len(want.features.positions)]
+    last = rows[-1]  # the last token: its text, L0 and its three strongest features
+    t = len(want.token_ids)
+    assert last.startswith(f"      {t - 1:>4} {want.tokens[-1]!r}: L0 {want.features.l0[0, -1]},")
+    ids, activations = want.features.top_ids[0, -1], want.features.top_activations[0, -1]
+    assert last.endswith(", ".join(f"#{i} {a:.3f}" for i, a in zip(ids, activations, strict=True)))
+    assert not rows[0].startswith("         0")  # the first token left out
+    as_json = json.loads(run_cli(*args, "--json").stdout)["results"][0]["features"]
+    assert as_json["saes"] == ["resid"] and len(as_json["top_ids"][0][0]) == 5
+    unknown = run_cli("encode", "--target", server.address, "--text", TEXT, "--sae", "nope")
+    assert unknown.returncode == 1 and "'nope' is not an SAE of" in unknown.stderr
