@@ -1,16 +1,13 @@
-"""`attnserve sae add`: a sparse autoencoder in SAELens' format, checked against a model
-directory and written beside it as an ONNX graph (model/sae.py traced) in
-`MODEL_DIR/saes/NAME/`: sae.onnx, sae.data (its weights) and sae.json (its config and
+"""`attnserve sae add`: a sparse autoencoder (SAELens', Gemma Scope's or Llama Scope's),
+checked against a model directory and written beside it as an ONNX graph (model/sae.py
+traced) in `MODEL_DIR/saes/NAME/`: sae.onnx, sae.data (its weights) and sae.json (its config and
 what the parity check measured).
 
 The graph: `x` (B, T, d_in) the hook site's values, `top_k` int64 [1] in; `top_ids`
 int64 and `top_activations` (B, T, k) (descending; -1 and 0 where fewer are active),
 `l0` int64 and `error_norm` (B, T), and `activations` (B, T, d_sae) out.
 
-SAELens' directory format: `cfg.json` (architecture, d_in, d_sae, apply_b_dec_to_input,
-normalize_activations, k for topk; the hook in metadata.hook_name, hook_name or the older
-hook_point) and `sae_weights.safetensors` (W_enc (d_in, d_sae), b_enc, W_dec (d_sae, d_in),
-b_dec, threshold for jumprelu). Safetensors only: nothing is unpickled.
+The formats an SAE is read from: export/sae_sources.py.
 """
 
 from __future__ import annotations
@@ -26,10 +23,10 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import torch
-from safetensors.torch import load_file
 
 from attnserve.export.onnx_export import ONNX_OPSET
 from attnserve.export.onnx_files import save_checked
+from attnserve.export.sae_sources import SAEError, read_sae
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
@@ -46,7 +43,7 @@ from attnserve.model.artifacts import (
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, hook_names, site_width
 from attnserve.model.sae import SparseAutoencoder
-from attnserve.model.sae_config import ARCHITECTURES, NORMALIZATIONS, SAEConfig
+from attnserve.model.sae_config import SAEConfig
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a folder of saes/, no more
 # The parity gate: ONNX Runtime against PyTorch, each difference over that position's
@@ -56,45 +53,6 @@ SAE_TOLERANCE = 1e-4
 # dimensions of OUTLIER_SCALE, as trained models' run (docs/model.md).
 CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
 SERVED_SITES = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "hook_mlp_out")
-
-
-class SAEError(ValueError):
-    """An SAE that cannot be served with this model; the message names the field."""
-
-
-def read_saelens(
-    source: Path, hook: str | None = None
-) -> tuple[SAEConfig, dict[str, torch.Tensor]]:
-    """An SAE saved by SAELens (`SAE.save_model`): its config and float32 weights."""
-    cfg_path, weights_path = source / "cfg.json", source / "sae_weights.safetensors"
-    for path in (cfg_path, weights_path):
-        if not path.is_file():
-            raise SAEError(f"{source} is not an SAELens directory: no {path.name}")
-    cfg = json.loads(cfg_path.read_text())
-    metadata = cfg.get("metadata") or {}
-    hook = hook or metadata.get("hook_name") or cfg.get("hook_name") or cfg.get("hook_point")
-    if not hook:
-        raise SAEError(f"{cfg_path}: no metadata.hook_name (or hook_point); name it with --hook")
-    architecture = cfg.get("architecture", "standard")
-    if architecture not in ARCHITECTURES:
-        raise SAEError(f"{cfg_path}: architecture {architecture!r} is not one of {ARCHITECTURES}")
-    normalize = cfg.get("normalize_activations", "none")
-    if normalize not in NORMALIZATIONS:
-        raise SAEError(
-            f"{cfg_path}: normalize_activations {normalize!r} is not one of {NORMALIZATIONS}"
-        )
-    config = SAEConfig(
-        architecture=architecture,
-        d_in=int(cfg["d_in"]),
-        d_sae=int(cfg["d_sae"]),
-        hook_name=hook,
-        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
-        normalize_activations=normalize,
-        k=int(cfg.get("k", 0)) if architecture == "topk" else 0,
-        rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
-    )
-    weights = {name: t.float() for name, t in load_file(weights_path).items()}
-    return config, weights
 
 
 def model_config(model_dir: Path) -> ModelConfig:
@@ -134,13 +92,13 @@ def add_sae(
     hook: str | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Check the SAELens SAE at `source` against the model in `model_dir` and write its
-    graph into model_dir/saes/NAME (NAME: the source folder's name); nothing is written
-    if a check fails."""
+    """Check the SAE at `source` (export/sae_sources.py) against the model in `model_dir`
+    and write its graph into model_dir/saes/NAME (NAME: the source's folder's name);
+    nothing is written if a check fails."""
     model_dir, source = Path(model_dir), Path(source)
-    config, weights = read_saelens(source, hook)
+    config, weights = read_sae(source, hook)
     check_against(config, model_config(model_dir))
-    name = name or source.name
+    name = name or (source.parent.name if source.is_file() else source.name)
     if not NAME_PATTERN.fullmatch(name):
         raise SAEError(f"name {name!r}: letters, digits, '.', '_' and '-', not first '.'")
     out = model_dir / SAES_DIRNAME / name
@@ -229,7 +187,7 @@ def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, fl
     k = min(16, sae.config.d_sae)
     with torch.no_grad():
         l0, error_norm, acts = (t.numpy() for t in sae(x))
-        distance = sae.distance_to_switch(sae.pre_activations(x)[0]).numpy()
+        distance = sae.distance_to_switch(x).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     outputs = session.run(None, dict(zip(SAE_INPUTS, (x.numpy(), np.array([k])), strict=True)))
     got = dict(zip(SAE_OUTPUTS, outputs, strict=True))

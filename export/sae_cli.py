@@ -13,17 +13,22 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "sae",
         help="add sparse autoencoders to a model directory, or list them",
-        description="Sparse autoencoders (SAELens' format) served beside a model.",
+        description="Sparse autoencoders (SAELens', Gemma Scope's, Llama Scope's) served "
+        "beside a model.",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser(
         "add",
         help="check an SAE against the model and write its graph into MODEL_DIR/saes/NAME",
-        description="Check an SAE saved by SAELens (cfg.json + sae_weights.safetensors) "
-        "against the model, then write its ONNX graph into MODEL_DIR/saes/NAME.",
+        description="Check an SAE (SAELens' directory: cfg.json + sae_weights.safetensors; "
+        "Gemma Scope's params.npz, with --hook; Llama Scope's directory: hyperparams.json + "
+        "checkpoints/final.safetensors) against the model, then write its ONNX graph into "
+        "MODEL_DIR/saes/NAME.",
     )
     add.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
-    add.add_argument("source", type=Path, metavar="SOURCE", help="an SAELens SAE's directory")
+    add.add_argument(
+        "source", type=Path, metavar="SOURCE", help="an SAE's directory, or a params.npz"
+    )
     add.add_argument("--name", help="the SAE's name in the model directory (default: SOURCE's)")
     add.add_argument(
         "--hook", help="the site it reads, e.g. blocks.3.hook_resid_post (default: its cfg's)"

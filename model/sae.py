@@ -10,6 +10,7 @@ the site's width `d_in`, S the SAE's width `d_sae`):
     standard: acts = relu(pre)
     jumprelu: acts = relu(pre) * (pre > threshold)
     topk:     acts = relu of the k largest of pre, 0 elsewhere
+    gated:    acts = relu(x' @ (W_enc * exp(r_mag)) + b_mag) * (x' @ W_enc + b_gate > 0)
 
 and the reconstruction `denormalize(acts @ W_dec + b_dec)`. SAEConfig (model/sae_config.py)
 is plain data (an SAE directory's sae.json holds it); export/sae.py traces the module to ONNX.
@@ -33,7 +34,12 @@ class SparseAutoencoder(nn.Module):
         self.config = config
         d, s = config.d_in, config.d_sae
         self.W_enc = nn.Parameter(torch.empty(d, s))
-        self.b_enc = nn.Parameter(torch.empty(s))
+        if config.architecture == "gated":  # a gate and a magnitude share W_enc
+            self.b_gate = nn.Parameter(torch.empty(s))
+            self.r_mag = nn.Parameter(torch.empty(s))  # the magnitude's W_enc * exp(r_mag)
+            self.b_mag = nn.Parameter(torch.empty(s))
+        else:
+            self.b_enc = nn.Parameter(torch.empty(s))
         self.W_dec = nn.Parameter(torch.empty(s, d))
         self.b_dec = nn.Parameter(torch.empty(d))
         if config.architecture == "jumprelu":
@@ -53,19 +59,25 @@ class SparseAutoencoder(nn.Module):
             return (x - mean) / (std + LAYER_NORM_EPS), std, mean
         return x, ones, zeros
 
-    def pre_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> the pre-activations (B, T, S), and (scale, shift) of normalize."""
+    def sae_in(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) as the encoder reads it, and (scale, shift) of normalize."""
         normed, scale, shift = self.normalize(x)
         if self.config.apply_b_dec_to_input:
             normed = normed - self.b_dec
-        return normed @ self.W_enc + self.b_enc, scale, shift
+        return normed, scale, shift
+
+    def pre_activations(self, sae_in: torch.Tensor) -> torch.Tensor:
+        """The encoder's pre-activations (B, T, S) (a gated SAE's magnitudes')."""
+        if self.config.architecture == "gated":
+            return sae_in @ (self.W_enc * self.r_mag.exp()) + self.b_mag
+        return sae_in @ self.W_enc + self.b_enc
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (L0 (B, T), the reconstruction error's norm (B, T), the
         activations (B, T, S)). The strongest features are the activations' top k
         (export/sae.py appends them to the graph, k an input)."""
-        pre, scale, shift = self.pre_activations(x)  # (B, T, S)
-        acts = self.activate(pre)  # (B, T, S)
+        sae_in, scale, shift = self.sae_in(x)
+        acts = self.activate(self.pre_activations(sae_in), sae_in)  # (B, T, S)
         decoded = acts
         if self.config.rescale_acts_by_decoder_norm:  # ranked in units of W_dec's norms
             decoded = acts / self.W_dec.norm(dim=-1)
@@ -73,15 +85,21 @@ class SparseAutoencoder(nn.Module):
         l0 = (acts > 0).sum(dim=-1)  # (B, T)
         return l0, (x - reconstruction).norm(dim=-1), acts
 
-    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+    def activate(self, pre: torch.Tensor, sae_in: torch.Tensor) -> torch.Tensor:
         """The architecture's activation of the pre-activations (B, T, S)."""
         if self.config.architecture == "jumprelu":
             return torch.relu(pre) * (pre > self.threshold)
+        if self.config.architecture == "gated":  # on where the gate opens
+            return torch.relu(pre) * (self.gate(sae_in) > 0)
         if self.config.architecture == "topk":
             ranked = self.ranked(pre)
             values, ids = ranked.topk(self.config.k, dim=-1)  # (B, T, k)
             return torch.zeros_like(ranked).scatter(-1, ids, torch.relu(values))
         return torch.relu(pre)
+
+    def gate(self, sae_in: torch.Tensor) -> torch.Tensor:
+        """A gated SAE's gate pre-activations (B, T, S): a feature is on where positive."""
+        return sae_in @ self.W_enc + self.b_gate
 
     def ranked(self, pre: torch.Tensor) -> torch.Tensor:
         """What a top-k SAE ranks its features by (B, T, S)."""
@@ -89,11 +107,16 @@ class SparseAutoencoder(nn.Module):
             return pre * self.W_dec.norm(dim=-1)
         return pre
 
-    def distance_to_switch(self, pre: torch.Tensor) -> torch.Tensor:
-        """How far each pre-activation (B, T, S) is from switching its feature on or off:
-        from the threshold (jumprelu) or midway between the k-th largest and the next
-        (topk); inf for ReLU, whose activation is as small as that distance there. A
-        rounding's worth from it, two correct implementations may disagree."""
+    def distance_to_switch(self, x: torch.Tensor) -> torch.Tensor:
+        """How far each feature at x (B, T, D) is from switching on or off (B, T, S): its
+        pre-activation from the threshold (jumprelu) or from midway between the k-th
+        largest and the next (topk), its gate from 0 (gated); inf for ReLU, whose
+        activation is as small as that distance there. A rounding's worth from it, two
+        correct implementations may disagree."""
+        sae_in = self.sae_in(x)[0]
+        if self.config.architecture == "gated":
+            return self.gate(sae_in).abs()
+        pre = self.pre_activations(sae_in)
         if self.config.architecture == "jumprelu":
             return (pre - self.threshold).abs()
         if self.config.architecture == "topk" and self.config.k < self.config.d_sae:

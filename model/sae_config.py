@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-ARCHITECTURES = ("standard", "jumprelu", "topk")
+ARCHITECTURES = ("standard", "jumprelu", "topk", "gated")
 # expected_average_only_in: SAELens folds the dataset's scale into the weights where it
 # knows it and otherwise runs the SAE on x unscaled, as this does.
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")

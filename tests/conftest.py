@@ -146,6 +146,15 @@ def default_model():
     return load_checkpoint(DEFAULT_CHECKPOINT).eval()
 
 
+def linked_copy(model_dir: Path, out: Path) -> Path:
+    """A session's model directory, its files linked into `out`: what is added there (an
+    SAE) leaves the shared one untouched."""
+    out.mkdir()
+    for path in model_dir.iterdir():
+        (out / path.name).symlink_to(path)
+    return out
+
+
 # --- servers -----------------------------------------------------------------
 
 

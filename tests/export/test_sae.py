@@ -20,20 +20,6 @@ D_SAE = 96
 LAST = f"blocks.{SMALL_CONFIG.n_layers - 1}.hook_resid_post"  # before the final norm
 
 
-def linked_copy(model_dir: Path, out: Path) -> Path:
-    """A session's model directory, its files linked into `out`: an SAE added there leaves
-    the shared one untouched."""
-    out.mkdir()
-    for path in model_dir.iterdir():
-        (out / path.name).symlink_to(path)
-    return out
-
-
-@pytest.fixture
-def model_dir(small_model_dir, tmp_path) -> Path:
-    return linked_copy(small_model_dir, tmp_path / "model")
-
-
 def saelens_sae(
     tmp_path: Path,
     architecture: str,

@@ -16,8 +16,8 @@ import torch
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.sae import add_sae
 from attnserve.model.hook_points import captured, head_ablation, hooked
-from tests.conftest import SMALL_CONFIG, ServerThread, run_cli
-from tests.export.test_sae import D_SAE, linked_copy, saelens_sae
+from tests.conftest import SMALL_CONFIG, ServerThread, linked_copy, run_cli
+from tests.export.test_sae import D_SAE, saelens_sae
 from tests.service.oip.test_oip import Triton, array, ids_input
 
 L, D, NAME = SMALL_CONFIG.n_layers, SMALL_CONFIG.d_model, SMALL_CONFIG.name

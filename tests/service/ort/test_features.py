@@ -13,9 +13,10 @@ from attnserve.service.core.backend import ReadoutSelection
 from attnserve.service.core.features import plan_features
 from attnserve.service.core.request import FeaturesOptions
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import linked_copy
 from tests.export.test_hf_families import padded_batch
 from tests.export.test_hf_readouts import blocks
-from tests.export.test_sae import linked_copy, saelens_sae
+from tests.export.test_sae import saelens_sae
 
 TOLERANCE = 1e-4  # of each position's largest activation (issue 69)
 
