@@ -16,7 +16,7 @@ import torch
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.sae import add_sae
 from attnserve.model.hook_points import captured, head_ablation, hooked
-from tests.conftest import SMALL_CONFIG, ServerThread, linked_copy, run_cli
+from tests.conftest import SMALL_CONFIG, ServerThread, linked_copy, make_repository, run_cli
 from tests.export.test_sae import D_SAE, saelens_sae
 from tests.service.oip.test_oip import Triton, array, ids_input
 
@@ -238,3 +238,27 @@ def test_encode_on_the_command_line_lists_each_tokens_features(sae_server, featu
     assert as_json["saes"] == ["resid"] and len(as_json["top_ids"][0][0]) == 5
     unknown = run_cli("encode", "--target", server.address, "--text", TEXT, "--sae", "nope")
     assert unknown.returncode == 1 and "'nope' is not an SAE of" in unknown.stderr
+
+
+def test_an_sae_added_to_a_served_model_is_served_after_its_reload(
+    tmp_path, small_model_dir, other_model_dir
+):
+    """`attnserve sae add` into a repository's version folder, then the repository's load
+    (Triton's extension, by tritonclient): the reload picks the SAE up."""
+    import tritonclient.grpc as triton_grpc
+
+    root = make_repository(tmp_path / "repo", small_model_dir, other_model_dir)
+    server = ServerThread(None, model_repository=root, default_model="a")
+    try:
+        with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
+            with pytest.raises(grpc.RpcError) as excinfo:
+                client.encode(TEXT, features={"saes": ["resid"]})
+            assert "it serves none (add one with `attnserve sae add`)" in excinfo.value.details()
+            _, source = saelens_sae(tmp_path, "jumprelu", hook=SAES["resid"][1], threshold=2.0)
+            add_sae(root / "a" / "1", source, name="resid", log=lambda _: None)
+            triton_grpc.InferenceServerClient(server.address).load_model("a")
+            out = client.encode(TEXT, features={"saes": ["resid"]})
+            assert out[0].features.saes == ["resid"] and out[0].features.l0.max() > 0
+            assert [s["name"] for s in client.model_info(model="a")["saes"]] == ["resid"]
+    finally:
+        server.stop()
