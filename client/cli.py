@@ -245,12 +245,13 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         head_entropy=args.entropy,
         truncate=args.truncate,
         return_tokens=args.tokens or bool(args.sae),
-        features=args.sae
-        and {
+        features={
             "saes": args.sae,
             "top_k": args.top_features,
             "skip_first_token": args.skip_first_token,
-        },
+        }
+        if args.sae
+        else None,
         predictions=args.predict and predictions,
         logit_lens=args.lens and {**predictions, "lens_norm": args.lens_norm},
         hidden_states=args.hidden_norms

@@ -1,9 +1,10 @@
-"""The HTTP app: OpenAI-compatible embeddings, the JSON mirror of Encode, the Open Inference
-Protocol's /v2, health, the explorer and the API docs, over the one data plane.
+"""The HTTP app: OpenAI-compatible embeddings, the JSON mirror of Encode, Neuronpedia's
+activation endpoints, the Open Inference Protocol's /v2, health, the explorer and the API
+docs, over the one data plane.
 
-Each API is a module-level router (openai.py, encode.py, oip.py, health.py) whose routes
-take the models from the app's state (state.py) and raise the service's typed errors;
-errors.py answers them in the API's shape with the status of the one table.
+Each API is a module-level router (openai.py, encode.py, neuronpedia.py, oip.py, health.py)
+whose routes take the models from the app's state (state.py) and raise the service's typed
+errors; errors.py answers them in the API's shape with the status of the one table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.http import encode, health, oip, openai
+from attnserve.service.http import encode, health, neuronpedia, oip, openai
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
@@ -45,7 +46,7 @@ def create_app(
         )
     app.add_middleware(BodyLimit, limit=settings.max_message_bytes)
     add_error_handlers(app)
-    for module in (health, openai, encode, oip):
+    for module in (health, openai, encode, neuronpedia, oip):
         app.include_router(module.router)
     add_pages(app)
     return app

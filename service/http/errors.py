@@ -2,10 +2,10 @@
 to, with the status of service/core/status.py's one table; and the request-size limit.
 
 The shape comes from the path: OpenAI's `{"error": {"message", "type", "param", "code"}}`
-(its SDK reads that) everywhere but the Open Inference Protocol's `/v2`, which answers
-`{"error": "..."}`. Routes raise the service's typed errors; `ErrorRoute` answers them (and
-logs anything unexpected with its traceback), and
-the app's handlers (`add_error_handlers`) answer the framework's own refusals alike.
+(its SDK reads that) everywhere but the Open Inference Protocol's `/v2` and Neuronpedia's
+`/v1/activation`, which answer `{"error": "..."}`. Routes raise the service's typed errors;
+`ErrorRoute` answers them (and logs anything unexpected with its traceback), and the app's
+handlers (`add_error_handlers`) answer the framework's own refusals alike.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ ERROR_TYPES = {
 }
 
 
+# The APIs whose refusals are {"error": "..."}: the Open Inference Protocol's and
+# Neuronpedia's; every other path answers in OpenAI's shape.
+PLAIN_ERROR_PATHS = ("/v2", "/v1/activation")
+
+
 class FrameworkError(Exception):
     """A refusal of the framework's (404 no such route, 405 wrong method), with its status."""
 
@@ -53,7 +58,7 @@ def error_response(path: str, exc: BaseException) -> JSONResponse:
     """`exc` as the API under `path` answers a refusal, with its status."""
     status = exc.status if isinstance(exc, FrameworkError) else http_status_for(exc)
     message = str(exc) or type(exc).__name__
-    if path.startswith("/v2"):
+    if path.startswith(PLAIN_ERROR_PATHS):
         return JSONResponse({"error": message}, status_code=status)
     code = (
         "model_not_found"

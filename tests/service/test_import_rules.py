@@ -1,9 +1,10 @@
 """Each folder of the service imports only what its role allows, in layers: the data plane
 (core) and the engine (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
-the Open Inference Protocol's) translate between one API and the core; the transports (grpc,
-http) carry them; ray/ hosts it all on Ray Serve. Nothing imports a layer above its own, no
-protocol the other, no transport the engine. Read from the source (every import statement,
-at any depth), so a new module is covered as written."""
+the Open Inference Protocol's, neuronpedia: Neuronpedia's activation API) translate between
+one API and the core; the transports (grpc, http) carry them; ray/ hosts it all on Ray
+Serve. Nothing imports a layer above its own, no protocol the other, no transport the
+engine. Read from the source (every import statement, at any depth), so a new module is
+covered as written."""
 
 import ast
 from pathlib import Path
@@ -23,15 +24,19 @@ def _folders(*names: str) -> tuple[str, ...]:
     return tuple(f"attnserve.service.{name}" for name in names)
 
 
+PROTOCOLS = ("v1", "oip", "neuronpedia")
 RULES = {  # folder -> module prefixes it must not import
-    "core": (*_folders("v1", "oip", "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
-    "ort": (*_folders("v1", "oip", "grpc", "http", "ray"), *WEB, *APIS, "torch"),
-    "v1": (*_folders("oip", "grpc", "http", "ray"), *ENGINE, *WEB, "attnserve.oip", "grpc"),
-    "oip": (*_folders("v1", "grpc", "http", "ray"), *ENGINE, *WEB, "attnserve.v1", "grpc"),
+    "core": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
+    "ort": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *WEB, *APIS, "torch"),
+    "v1": (*_folders("oip", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
+           "attnserve.oip", "grpc"),
+    "oip": (*_folders("v1", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
+            "attnserve.v1", "grpc"),
+    "neuronpedia": (*_folders("v1", "oip", "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
     "grpc": (*_folders("http", "ray"), *ENGINE, *WEB),
     "http": (*_folders("grpc", "ray"), *ENGINE),
     "ray": ENGINE,
-}
+}  # fmt: skip
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
