@@ -197,6 +197,11 @@ class ModelDirectory:
         report = self.path / REPORT_FILENAME
         return json.loads(report.read_text()) if report.is_file() else {}
 
+    def sae_bytes(self) -> int:
+        """The bytes of every SAE's weights the directory holds (what serving them costs)."""
+        root = self.path / SAES_DIRNAME
+        return sum(f.stat().st_size for f in root.glob(f"*/{SAE_WEIGHTS}")) if root.is_dir() else 0
+
     def saes(self) -> dict[str, SAEConfig]:
         """The sparse autoencoders the directory holds, by name."""
         root = self.path / SAES_DIRNAME

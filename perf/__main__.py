@@ -1,5 +1,5 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-repository, ray, containers, report), from the repository's root with attnserve installed
+features, repository, ray, containers, report), from the repository's root with attnserve installed
 (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
@@ -69,6 +69,15 @@ def parser() -> argparse.ArgumentParser:
         "--ref", default="7f71806", help="the commit to compare a plain request with"
     )
     readouts.add_argument("--repeats", type=int, default=20, help="calls per block")
+    features = commands.add_parser(
+        "features",
+        help="gemma-2-2b's shape: SAE features per width and of every layer beside the plain "
+        "request, memory with a 16k SAE per layer; a plain request before and after",
+    )
+    features.add_argument(
+        "--ref", default="bba3bb5", help="the commit to compare a plain request with"
+    )
+    features.add_argument("--repeats", type=int, default=10, help="calls per block")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -129,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         from perf.readouts import run_readouts
 
         run_readouts(args.out, args.ref, args.repeats, progress)
+        return 0
+    if args.command == "features":
+        from perf.features import run_features
+
+        run_features(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "containers":
         from perf.containers import run_containers

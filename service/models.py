@@ -21,6 +21,7 @@ from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import ModelLoadError
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
+from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
@@ -79,7 +80,9 @@ def build_model(
     else:
         options, count = session_layout(model_dir, settings)
         backend = OrtRuntime(model_dir, options)
-        instances = model_instances(model_dir, settings, backend.provider, count)
+        instances = model_instances(
+            model_dir, settings, backend.provider, count, backend.sae_graphs
+        )
         resident = sum(r.weights_info.resident_bytes for r in (backend, *instances))
         weights = replace(backend.weights_info, resident_bytes=resident)
     name = name or backend.config.name
@@ -110,13 +113,14 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     embeddings and the readouts (for large models it costs them nothing: docs/BENCHMARKS.md
     "Real sizes"); so does every int8 model unless instances are asked for. A model whose
     one copy does not fit is refused."""
-    weights = model_dir.weight_bytes(settings.precision)
-    available = settings.memory_limit or available_memory()
+    weights, saes = model_dir.weight_bytes(settings.precision), model_dir.sae_bytes()
+    # the SAEs' sessions are shared by every copy: they take their room once
+    available = (settings.memory_limit or available_memory()) - saes
     if weights + SERVE_BASE_BYTES > available:
         raise ModelLoadError(
-            f"{model_dir.path} needs about {(weights + SERVE_BASE_BYTES) / GiB:.1f} GiB to serve "
-            f"({weights / GiB:.1f} GiB of {settings.precision} weights) and "
-            f"{available / GiB:.1f} GiB is available"
+            f"{model_dir.path} needs about {(weights + saes + SERVE_BASE_BYTES) / GiB:.1f} GiB "
+            f"to serve ({weights / GiB:.1f} GiB of {settings.precision} weights, "
+            f"{saes / GiB:.1f} GiB of SAEs) and {(available + saes) / GiB:.1f} GiB is available"
         )
     options, cores = settings.runtime_options, len(os.sched_getaffinity(0))
     if settings.precision == "int8" and not settings.instances:
@@ -136,15 +140,19 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
 
 
 def model_instances(
-    model_dir: ModelDirectory, settings: Settings, provider: str, count: int = 0
+    model_dir: ModelDirectory,
+    settings: Settings,
+    provider: str,
+    count: int = 0,
+    sae_graphs: SAEGraphs | None = None,
 ) -> list[OrtRuntime]:
     """The narrow copies of the model that run batches side by side under load (Triton's
     instance groups): `count`, or by default one per core, a thread each, on CPU; none on
-    one GPU."""
+    one GPU. They share `sae_graphs` (the first backend's SAEs)."""
     cores = len(os.sched_getaffinity(0))
     count = count or (cores if provider == "cpu" else 1)
     if count < 2:
         return []
     threads = max(1, (settings.threads or cores) // count)
     options = replace(settings.runtime_options, provider=provider, intra_op_threads=threads)
-    return [OrtRuntime(model_dir, options) for _ in range(count)]
+    return [OrtRuntime(model_dir, options, sae_graphs) for _ in range(count)]

@@ -3,14 +3,13 @@
 readouts graph's run: each SAE's graph fed the hook site it reads, at the positions asked.
 
 Their sessions open with the model (what a directory holds is what it serves), on its
-provider and with the readouts' prepacking policy: unpacked, an SAE's encoder is read
-where its file is mapped instead of copied.
+provider and with the readouts' prepacking policy, once: the model's instances share them
+(ONNX Runtime's sessions run concurrently), so an SAE costs its weights once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -21,7 +20,6 @@ from attnserve.model.artifacts import (
     SAE_INPUTS,
     SAE_ONNX,
     SAE_OUTPUTS,
-    SAE_WEIGHTS,
     SAES_DIRNAME,
     ModelDirectory,
 )
@@ -48,7 +46,7 @@ class SAEGraphs:
         self.configs = model_dir.saes()
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
-        self.weight_bytes = 0  # every SAE's weights on disk, what their sessions hold
+        self.weight_bytes = model_dir.sae_bytes()  # what their sessions hold
         for name, sae in self.configs.items():
             folder = model_dir.path / SAES_DIRNAME / name
             try:
@@ -63,7 +61,6 @@ class SAEGraphs:
             if missing:
                 raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
             self._sessions[name] = session
-            self.weight_bytes += _size(folder / SAE_WEIGHTS)
 
     def read(self, run: StreamRun, row: int, selection: FeaturesSelection) -> Features:
         """Row `row`'s features of a readouts run: each SAE of `selection` on its site at
@@ -107,7 +104,3 @@ def _output(run: StreamRun, output: str) -> np.ndarray:
     if value is None:
         raise InferenceError(f"the readouts run did not return {output}")
     return value
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else 0

@@ -71,8 +71,13 @@ class OrtRuntime:
     """
 
     def __init__(
-        self, model_dir: ModelDirectory | str | Path, options: RuntimeOptions | None = None
+        self,
+        model_dir: ModelDirectory | str | Path,
+        options: RuntimeOptions | None = None,
+        sae_graphs: SAEGraphs | None = None,
     ) -> None:
+        """`sae_graphs`: the SAEs' sessions of another instance of this model, shared (else
+        this one opens them)."""
         options = options or RuntimeOptions()
         if not isinstance(model_dir, ModelDirectory):
             model_dir = ModelDirectory(model_dir)
@@ -147,17 +152,16 @@ class OrtRuntime:
         )
 
         # The SAEs the directory holds, served where the readouts graph feeds them.
-        self.sae_graphs = (
-            SAEGraphs(
+        owns_saes = sae_graphs is None and STREAM in self.readout_graphs.available
+        self.sae_graphs = sae_graphs
+        if owns_saes:
+            self.sae_graphs = SAEGraphs(
                 model_dir,
                 self.config,
                 lambda path, so: _open(Path(path), so, _providers(self.provider)),
                 lambda: session_options(options),
                 prepack=self.readout_graphs.prepack,
             )
-            if STREAM in self.readout_graphs.available
-            else None
-        )
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
@@ -168,7 +172,7 @@ class OrtRuntime:
         sessions = 1 + (self.embeddings_session is not self.session)
         served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]
         served += [readout_filename(name, self.precision) for name in READOUT_GRAPHS]
-        sae_bytes = self.sae_graphs.weight_bytes if self.sae_graphs else 0
+        sae_bytes = self.sae_graphs.weight_bytes if owns_saes and self.sae_graphs else 0
         self.weights_info = WeightsInfo(
             weight_bytes,
             sessions * weight_bytes + sae_bytes,

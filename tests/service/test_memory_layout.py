@@ -12,11 +12,13 @@ import pytest
 
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.footprint import SERVE_BASE_BYTES
+from attnserve.service.core.budget import ByteBudget
 from attnserve.service.core.errors import ModelLoadError
-from attnserve.service.models import EXTRA_COPIES_SHARE, session_layout
+from attnserve.service.core.metrics import Metrics
+from attnserve.service.models import EXTRA_COPIES_SHARE, build_model, session_layout
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.service.settings import Settings
-from tests.conftest import SMALL_CONFIG
+from tests.conftest import SMALL_CONFIG, linked_copy
 
 
 @pytest.fixture()
@@ -65,3 +67,31 @@ def test_cheap_copies_keep_the_sessions_and_instances(small_model_dir, weights):
     # Asked for, instances are made whatever they cost.
     asked = replace(_settings(small_model_dir, SERVE_BASE_BYTES + weights), instances=2)
     assert session_layout(ModelDirectory(small_model_dir), asked)[1] == 2
+
+
+def test_saes_cost_their_weights_once_and_count_in_the_fit(model_with_sae, weights):
+    """The instances share the first backend's SAE sessions; the model info counts their
+    weights once; a model that fits only without its SAEs is refused, naming them."""
+    sae_bytes = ModelDirectory(model_with_sae).sae_bytes()
+    assert sae_bytes > 0
+    settings = replace(_settings(model_with_sae, 1 << 40), instances=2)
+    plane = build_model(settings, Metrics(), ByteBudget(0), None, "1", model_with_sae, [])
+    instances = [lane.backend for lane in plane.batcher._narrow]
+    assert len(instances) == 2
+    assert all(i.sae_graphs is plane.backend.sae_graphs for i in instances)
+    sessions = 2 * (1 + len(instances))  # each copy: the full graph and the embeddings'
+    assert plane.weights.resident_bytes == sessions * weights + sae_bytes
+    tight = _settings(model_with_sae, SERVE_BASE_BYTES + weights + sae_bytes // 2)
+    with pytest.raises(ModelLoadError, match=r"GiB of SAEs\) and"):
+        session_layout(ModelDirectory(model_with_sae), tight)
+
+
+@pytest.fixture()
+def model_with_sae(small_model_dir, tmp_path):
+    from attnserve.export.sae import add_sae
+    from tests.export.test_sae import saelens_sae
+
+    model_dir = linked_copy(small_model_dir, tmp_path / "model")
+    _, source = saelens_sae(tmp_path, "standard")
+    add_sae(model_dir, source, name="resid", log=lambda _: None)
+    return model_dir

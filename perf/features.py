@@ -1,0 +1,199 @@
+"""`python -m perf features`: what sparse-autoencoder features cost.
+
+On gemma-2-2b's shape (random weights, 26 layers, d 2304, float32, imported by `attnserve
+export --from-hf`): JumpReLU SAEs of 4k, 16k and 65k features on layer 12's residual
+stream and one 16k SAE on every layer's (Gemma Scope's layout), added by `attnserve sae
+add` and served by `attnserve serve`. Encode at T = 128 in alternating blocks: the
+embeddings alone (a plain request), each width's top 10 features at every position, and
+the 26 layers' at once. Issue 69's target: a 16k SAE adds at most 15% to the plain
+request. The server's resident and peak memory with every SAE beside the model (the
+target: the 26 beside the float32 model on this 24 GiB machine).
+
+Then a plain request before and after, on SmolLM2-135M's shape with an SAE in its
+directory: `--ref`'s server (the commit before features were served) alternating with this
+checkout's, p50 at T = 8 and 128 (target: within 2%).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from attnserve.bench.results import save
+from attnserve.bench.timing import p50_ms, repeated
+from attnserve.client import ClientOptions, EncoderClient
+from attnserve.service.process import spawn_server
+from perf.hf_checkpoints import GEMMA2_2B, SMOLLM2_135M, build_checkpoint
+from perf.sizes import tree_rss
+from perf.sources import environment, sources_of
+
+BEFORE_FEATURES = "bba3bb5"  # the last commit before features were served
+WIDTHS = (4096, 16384, 65536)
+LAYER_WIDTH = 16384  # one per layer, as Gemma Scope's canonical residual SAEs
+T = 128
+FEATURE_TARGET, PLAIN_TARGET = 1.15, 1.02
+TOP_K = 10
+GiB = 2**30
+
+
+def write_sae(path: Path, d_in: int, d_sae: int, hook: str, seed: int) -> Path:
+    """A random JumpReLU SAE in SAELens' format (Gemma Scope's kind: b_dec not subtracted)."""
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True)
+    cfg = {"architecture": "jumprelu", "d_in": d_in, "d_sae": d_sae}
+    cfg |= {"apply_b_dec_to_input": False, "metadata": {"hook_name": hook}}
+    (path / "cfg.json").write_text(json.dumps(cfg))
+    weights = {
+        "W_enc": rng.standard_normal((d_in, d_sae), np.float32) / d_in**0.5,
+        "W_dec": rng.standard_normal((d_sae, d_in), np.float32) / d_sae**0.5,
+        "b_enc": np.zeros(d_sae, np.float32),
+        "b_dec": np.zeros(d_in, np.float32),
+        "threshold": np.full(d_sae, 1.0, np.float32),
+    }
+    save_file(weights, path / "sae_weights.safetensors")
+    return path
+
+
+def import_model(work: Path, family: str, shape: dict, name: str, log) -> Path:
+    log(f"{name}'s shape: building a random checkpoint and importing it...")
+    build_checkpoint(family, work / f"{name}-hf", perturb=0.0, **shape)
+    model_dir = work / name
+    command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(work / f"{name}-hf")]
+    command += ["--out", str(model_dir), "--max-seq-len", "512"]
+    subprocess.run(command, check=True, capture_output=True)
+    return model_dir
+
+
+def add(model_dir: Path, source: Path, name: str) -> None:
+    command = [sys.executable, "-m", "attnserve", "sae", "add", str(model_dir), str(source)]
+    subprocess.run([*command, "--name", name], check=True, capture_output=True)
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+
+def run_features(out: Path, ref: str = BEFORE_FEATURES, repeats: int = 10, log=print) -> dict:
+    result: dict = {"ref": ref, "seq_len": T, "top_k": TOP_K}
+    out.mkdir(parents=True, exist_ok=True)  # its scratch goes beside `out`
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out.parent))).resolve()
+        model_dir = import_model(work, "gemma2", GEMMA2_2B, "gemma-2-2b", log)
+        d, layers = GEMMA2_2B["hidden_size"], GEMMA2_2B["num_hidden_layers"]
+        log(f"  adding SAEs of {', '.join(map(str, WIDTHS))} features on layer 12...")
+        for width in WIDTHS:
+            source = write_sae(work / f"w{width}", d, width, "blocks.12.hook_resid_post", width)
+            add(model_dir, source, f"12-width-{width}")
+        log(f"  adding a {LAYER_WIDTH}-feature SAE on each of the {layers} layers...")
+        for layer in range(layers):
+            hook = f"blocks.{layer}.hook_resid_post"
+            source = write_sae(work / f"layer{layer}", d, LAYER_WIDTH, hook, layer)
+            add(model_dir, source, f"{layer}-res-16k")
+            log(f"    layer {layer} added")
+        result["sae_disk_gib"] = round(
+            sum(f.stat().st_size for f in (model_dir / "saes").rglob("*") if f.is_file()) / GiB, 2
+        )
+
+        log("  serving it...")
+        server = spawn_server(model_dir, "--provider", "cpu")
+        stack.callback(server.process.wait, 120)
+        stack.callback(server.process.terminate)
+        client = stack.enter_context(EncoderClient(server.address, ClientOptions(timeout_s=600)))
+        info = client.model_info()
+        result["weight_gib"] = round(info["weight_bytes"] / GiB, 2)
+        result["resident_weight_gib"] = round(info["resident_weight_bytes"] / GiB, 2)
+        result["rss_loaded_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
+        ids = np.random.default_rng(0).integers(0, info["vocab_size"], size=T).tolist()
+        every_layer = [f"{layer}-res-16k" for layer in range(layers)]
+        requests: dict[str, dict] = {"embeddings": {}}
+        for width in WIDTHS:
+            features = {"saes": [f"12-width-{width}"], "top_k": TOP_K}
+            requests[f"{width // 1024}k SAE, top {TOP_K}"] = {"features": features}
+        requests[f"{layers} layers' 16k SAEs, top {TOP_K}"] = {
+            "features": {"saes": every_layer, "top_k": TOP_K}
+        }
+        calls: dict[str, Callable[[], object]] = {
+            name: functools.partial(client.encode, [ids], **options)
+            for name, options in requests.items()
+        }
+        log(f"  T = {T}: {', '.join(calls)}")
+        times = repeated(calls, repeats)
+        result["p50_ms"] = {name: round(p50_ms(s), 2) for name, s in times.items()}
+        result["rss_after_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
+        result["peak_rss_gib"] = round(peak_rss(server.process.pid) / GiB, 2)
+        server.process.terminate()
+        server.process.wait(120)
+        result["plain"] = plain_before_after(work, ref, repeats, stack, log)
+    save(out, "features", result, table(result))
+    return result
+
+
+def plain_before_after(work: Path, ref: str, repeats: int, stack, log) -> list[dict]:
+    """A plain request's p50 on `ref`'s server and this checkout's, alternating, on
+    SmolLM2-135M's shape with an SAE in its directory."""
+    model_dir = import_model(work, "llama", SMOLLM2_135M, "SmolLM2-135M", log)
+    hook = f"blocks.{SMOLLM2_135M['num_hidden_layers'] - 1}.hook_resid_post"
+    add(model_dir, write_sae(work / "small", SMOLLM2_135M["hidden_size"], 4096, hook, 0), "sae")
+    log(f"  a plain request: {ref}'s server beside this checkout's, on one model directory")
+    src = stack.enter_context(sources_of(ref))
+    servers = {
+        "before": spawn_server(model_dir, "--provider", "cpu", cwd=src, env=environment(src)),
+        "after": spawn_server(model_dir, "--provider", "cpu"),
+    }
+    clients = {}
+    for name, server in servers.items():
+        stack.callback(server.process.wait, 60)
+        stack.callback(server.process.terminate)
+        options = ClientOptions(timeout_s=300)
+        clients[name] = stack.enter_context(EncoderClient(server.address, options))
+    rng = np.random.default_rng(1)
+    rows = []
+    for t in (8, 128):
+        ids = rng.integers(0, SMOLLM2_135M["vocab_size"], size=t).tolist()
+        calls = {name: functools.partial(c.encode, [ids]) for name, c in clients.items()}
+        times = repeated(calls, repeats * 3)
+        rows.append({"seq_len": t} | {n: round(p50_ms(s), 3) for n, s in times.items()})
+    return rows
+
+
+def table(result: dict) -> str:
+    p50 = result["p50_ms"]
+    plain = p50["embeddings"]
+    lines = [
+        f"| gemma-2-2b's shape, float32, Encode at T = {result['seq_len']} | p50 | ratio |",
+        "|---|---|---|",
+    ]
+    for name, ms in p50.items():
+        lines.append(f"| {name} | {ms:.1f} ms | {ms / plain:.2f}x |")
+    ratio = p50[f"16k SAE, top {result['top_k']}"] / plain
+    verdict = "met" if ratio <= FEATURE_TARGET else "missed"
+    lines += [
+        "",
+        f"A 16k SAE: {ratio:.2f}x the plain request (target <= {FEATURE_TARGET}x: {verdict}). "
+        f"Weights {result['weight_gib']} GiB on disk, the SAEs {result['sae_disk_gib']} GiB; "
+        f"resident weights (model info) {result['resident_weight_gib']} GiB; server RSS "
+        f"{result['rss_loaded_gib']} GiB loaded, {result['rss_after_gib']} GiB after the "
+        f"requests, peak {result['peak_rss_gib']} GiB.",
+        "",
+        f"| a plain request, SmolLM2-135M's shape | {result['ref']}'s server | this "
+        "checkout's | ratio |",
+        "|---|---|---|---|",
+    ]
+    for row in result["plain"]:
+        ratio = row["after"] / row["before"]
+        lines.append(
+            f"| T = {row['seq_len']} | {row['before']:.2f} ms | {row['after']:.2f} ms | "
+            f"{ratio:.3f}x ({'within' if ratio <= PLAIN_TARGET else 'outside'} 2%) |"
+        )
+    return "\n".join(lines)
