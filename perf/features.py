@@ -1,7 +1,7 @@
 """`python -m perf features`: what sparse-autoencoder features cost.
 
 On gemma-2-2b's shape (random weights, 26 layers, d 2304, float32, imported by `attnserve
-export --from-hf`): JumpReLU SAEs of 4k, 16k and 65k features on layer 12's residual
+export --from-hf`): JumpReLU SAEs of 4k, 16k and 32k features on layer 12's residual
 stream and one 16k SAE on every layer's (Gemma Scope's layout), added by `attnserve sae
 add` and served by `attnserve serve`. Encode at T = 128 in alternating blocks: the
 embeddings alone (a plain request), each width's top 10 features at every position, and
@@ -37,7 +37,7 @@ from perf.sizes import tree_rss
 from perf.sources import environment, sources_of
 
 BEFORE_FEATURES = "bba3bb5"  # the last commit before features were served
-WIDTHS = (4096, 16384, 65536)
+WIDTHS = (4096, 16384, 32768)
 LAYER_WIDTH = 16384  # one per layer, as Gemma Scope's canonical residual SAEs
 T = 128
 FEATURE_TARGET, PLAIN_TARGET = 1.15, 1.02
