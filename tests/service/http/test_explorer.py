@@ -429,3 +429,51 @@ def test_two_texts_through_one_model_and_the_model_picker(browser, two_models):
         assert "model=b" in page.url
     finally:
         context.close()
+
+
+def test_each_tokens_features_and_one_feature_across_the_text(browser, small_model_dir, tmp_path):
+    """With an SAE beside the model: each token's strongest features as bars under it,
+    and a click follows one feature across the text; the numbers are the API's, the URL
+    carries the feature."""
+    from attnserve.client import ClientOptions
+    from attnserve.export.sae import add_sae
+    from tests.conftest import linked_copy
+    from tests.export.test_sae import saelens_sae
+
+    model_dir = linked_copy(small_model_dir, tmp_path / "model")
+    hook = f"blocks.{SMALL_CONFIG.n_layers - 1}.hook_resid_post"
+    _, source = saelens_sae(tmp_path, "jumprelu", hook=hook, threshold=2.0)
+    add_sae(model_dir, source, name="resid", log=lambda _: None)
+    server = ServerThread(model_dir)
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    page = context.new_page()
+    try:
+        with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
+            want = client.encode(TEXT, features={"saes": ["resid"], "top_k": 5})[0].features
+            page.goto(f"{server.http_url}/?text={quote(TEXT)}")
+            page.locator('#features-section[data-ready="true"]').wait_for()
+            assert "jumprelu, 96 features on " + hook in page.locator("#sae-info").text_content()
+            t = want.top_ids.shape[1]
+            assert page.locator(".feature-token").count() == t
+            for position in range(t):
+                bars = page.locator(f'.feature-token[data-position="{position}"] .feature')
+                ids = [int(bars.nth(i).get_attribute("data-id")) for i in range(bars.count())]
+                assert ids == [i for i in want.top_ids[0, position] if i >= 0]
+                for i in range(bars.count()):
+                    got = float(bars.nth(i).get_attribute("data-activation"))
+                    assert got == pytest.approx(want.top_activations[0, position, i], rel=1e-6)
+            feature = int(want.top_ids[0, t - 1, 0])
+            page.locator(f'.feature-token[data-position="{t - 1}"] .feature').first.click()
+            trace = page.locator(f'#feature-trace[data-ready="true"][data-feature="{feature}"]')
+            trace.wait_for()
+            options = {"saes": ["resid"], "feature_ids": [feature]}
+            values = client.encode(TEXT, features=options)[0].features.feature_activations
+            cells = page.locator("#feature-trace .trace-token")
+            got = [float(cells.nth(p).get_attribute("data-activation")) for p in range(t)]
+            np.testing.assert_allclose(got, values[0, :, 0], rtol=1e-6)
+            assert f"feature={feature}" in page.url and "sae=resid" in page.url
+        page.goto(page.url)  # the shared URL shows the same feature followed
+        page.locator(f'#feature-trace[data-ready="true"][data-feature="{feature}"]').wait_for()
+    finally:
+        context.close()
+        server.stop()

@@ -11,9 +11,11 @@ const $ = (id) => document.getElementById(id);
 // predictions: pane a's next-token distribution and logit lens, with every head on.
 // off: the heads switched off, "layer.head" (in the URL as off=1.2,0.3); every view shows
 // the model without them.
+// saes: the served model's sparse autoencoders (GetModelInfo's), features the request their
+// bars came from, traced the feature followed across the text (feature= in the URL).
 const state = {
   panes: { a: null, b: null }, kvHeads: null, predictions: null, predictionsKey: null,
-  off: new Set(), bosId: null,
+  off: new Set(), bosId: null, saes: [], features: null, traced: null,
 };
 
 // ---- the wire format: base64 little-endian float16, causal-packed [L, H, T(T+1)/2] ----
@@ -360,7 +362,7 @@ function markSelected() {
 const URL_PARAMS = {
   text: "text", layer: "layer", head: "head", view: "view", rows: "rows",
   "model-a": "model", compare: "compare", "model-b": "model_b", "text-b": "text_b",
-  target: "target",
+  target: "target", sae: "sae",
 };
 
 function saveUrl() {
@@ -371,6 +373,7 @@ function saveUrl() {
     if ($(id).value) params.set(name, $(id).value);
   }
   if (state.off.size) params.set("off", offList().map(([l, h]) => `${l}.${h}`).join(","));
+  if (state.traced !== null) params.set("feature", state.traced);
   history.replaceState(null, "", "?" + params.toString());
 }
 
@@ -450,6 +453,8 @@ async function loadModelInfo() {
     const grouped = info.nKvHeads < info.nHeads;
     state.kvHeads = grouped ? info.kvHeads : null;
     state.bosId = info.bosId === undefined ? null : Number(info.bosId);
+    state.saes = info.saes || [];
+    fillSaes();
     $("model").textContent = info.name;
     $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
       (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
@@ -676,6 +681,99 @@ async function showLens(model, text) {
   }
 }
 
+// ---- sparse-autoencoder features: each token's strongest, and one feature everywhere ----
+
+function fillSaes() {
+  const select = $("sae"), keep = new URLSearchParams(location.search).get("sae") || select.value;
+  select.innerHTML = "";
+  for (const sae of state.saes) select.add(new Option(sae.name, sae.name));
+  if (state.saes.some((sae) => sae.name === keep)) select.value = keep;
+}
+
+// The chosen SAE's top five features at every token, without the heads `off` names.
+async function showFeatures(model, text, off) {
+  const section = $("features-section");
+  section.hidden = !state.saes.length;
+  if (!state.saes.length) return;
+  section.dataset.ready = "false";
+  const sae = $("sae").value;
+  const info = state.saes.find((s) => s.name === sae);
+  $("sae-info").textContent = `${info.architecture}, ${info.dSae} features on ${info.hookName}`;
+  const options = {
+    skipTokenEmbeddings: true,
+    returnTokens: true,
+    truncation: "TRUNCATION_RIGHT",
+    features: { saes: [sae], topK: 5 },
+  };
+  if (off.length) options.headMask = headMask(off);
+  const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
+  const f = result.features;
+  const k = Number(f.topIds.shape[2]);
+  const ids = decodeNumbers(f.topIds), acts = decodeNumbers(f.topActivations);
+  state.features = { model, text, off, sae, tokens: result.tokens };
+  let peak = 0;
+  for (const a of acts) peak = Math.max(peak, a);
+  const box = $("feature-tokens");
+  box.innerHTML = "";
+  result.tokens.forEach((token, position) => {
+    const column = document.createElement("div");
+    column.className = "feature-token";
+    column.dataset.position = position;
+    column.appendChild(document.createElement("b")).textContent = token;
+    for (let j = 0; j < k; j++) {
+      const id = ids[position * k + j], a = acts[position * k + j];
+      if (id < 0) break;  // fewer than five active
+      const row = column.appendChild(document.createElement("div"));
+      row.className = "feature";
+      Object.assign(row.dataset, { id, activation: a });
+      row.textContent = `#${id} ${a.toFixed(2)}`;
+      row.appendChild(document.createElement("span")).style.width = `${(100 * a) / (peak || 1)}%`;
+      row.addEventListener("click", () => traceFeature(id));
+    }
+    box.appendChild(column);
+  });
+  if (state.traced !== null && state.traced < info.dSae) await traceFeature(state.traced);
+  else {
+    $("feature-trace").innerHTML = "";
+    $("trace-caption").hidden = true;
+  }
+  section.dataset.ready = "true";
+}
+
+// One feature's activation at every token of the text, as bars.
+async function traceFeature(id) {
+  const { model, text, off, sae, tokens } = state.features;
+  const trace = $("feature-trace");
+  trace.dataset.ready = "false";
+  const options = {
+    skipTokenEmbeddings: true,
+    truncation: "TRUNCATION_RIGHT",
+    features: { saes: [sae], topK: 1, featureIds: [id] },
+  };
+  if (off.length) options.headMask = headMask(off);
+  const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
+  const values = decodeNumbers(result.features.featureActivations);
+  let peak = 0;
+  for (const v of values) peak = Math.max(peak, v);
+  trace.innerHTML = "";
+  tokens.forEach((token, position) => {
+    const cell = trace.appendChild(document.createElement("div"));
+    cell.className = "trace-token";
+    Object.assign(cell.dataset, { position, activation: values[position] });
+    cell.title = `${token}: ${values[position].toFixed(3)}`;
+    cell.appendChild(document.createElement("div")).style.height = `${(60 * values[position]) / (peak || 1)}px`;
+    cell.appendChild(document.createElement("span")).textContent = token;
+  });
+  for (const row of document.querySelectorAll("#feature-tokens .feature"))
+    row.classList.toggle("chosen", Number(row.dataset.id) === id);
+  $("trace-caption").hidden = false;
+  $("trace-caption").textContent = `feature #${id} of ${sae} at every token (largest ${peak.toFixed(3)})`;
+  trace.dataset.feature = id;
+  trace.dataset.ready = "true";
+  state.traced = id;
+  saveUrl();
+}
+
 function headLabel(h) {
   return state.kvHeads ? `${h} (kv ${state.kvHeads[h]})` : String(h);
 }
@@ -709,6 +807,7 @@ async function show(event) {
     const cut = result.truncated ? " (truncated to the model's max_seq_len)" : "";
     $("status").textContent = `${result.tokens.length} tokens${cut}, server ${first.ms.toFixed(1)} ms`;
     await showLens(first.encoding.model, first.encoding.text);
+    await showFeatures(first.encoding.model, first.encoding.text, off);
   } catch (error) {
     if (error instanceof Unauthorized) {
       const had = sessionStorage.getItem(TOKEN_KEY);
@@ -724,7 +823,8 @@ async function show(event) {
 async function init() {
   const params = new URLSearchParams(location.search);
   for (const [id, name] of Object.entries(URL_PARAMS))
-    if (params.get(name) && !["layer", "head", "model-a", "model-b"].includes(id)) $(id).value = params.get(name);
+    if (params.get(name) && !["layer", "head", "model-a", "model-b", "sae"].includes(id)) $(id).value = params.get(name);
+  if (/^\d+$/.test(params.get("feature") || "")) state.traced = Number(params.get("feature"));
   for (const key of (params.get("off") || "").split(",")) if (/^\d+\.\d+$/.test(key)) state.off.add(key);
   showCompareInputs();
   fillSelect("layer", 1, 0);
@@ -743,6 +843,12 @@ async function init() {
     $(id).addEventListener("mouseleave", () => draw());
   }
   $("auth").addEventListener("submit", useToken);
+  $("sae").addEventListener("change", () => {
+    state.traced = null;  // another SAE's features
+    saveUrl();
+    const { model, text, off } = state.features || {};
+    if (model) showFeatures(model, text, off).catch((error) => { $("sae-info").textContent = error.message; });
+  });
   $("target-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     saveUrl();
