@@ -78,8 +78,9 @@ def convert_to_int8(
     graph.opset_imports["com.microsoft"] = 1
     # The float32 weights left (norms, biases) move along, read one at a time when
     # written: one weights file per precision.
+    # The 8-bit ones are in `weights` already (and may not be on disk yet: buffered).
     for value in graph.graph.initializers.values():
-        if isinstance(value.const_value, ir.ExternalTensor):
+        if isinstance(value.const_value, ir.ExternalTensor) and str(value.name) not in weights:
             value.const_value = conversion.lazy(value.const_value)
     externalize(graph, weights)
     return save_checked(ir.to_proto(graph), dst)

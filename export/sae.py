@@ -24,6 +24,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
+from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.sae_sources import SAEError, read_sae
@@ -49,6 +50,12 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a folder of saes/,
 # The parity gate: ONNX Runtime against PyTorch, each difference over that position's
 # largest activation (or its input's norm, for the error's norm).
 SAE_TOLERANCE = 1e-4
+# An SAE's matrices in 8 bits (int8 arithmetic, blocks of 32: export/int8.py) land within
+# this of float32's (docs/model.md states what was measured).
+INT8_TOLERANCE = 0.05
+SAE_PRECISIONS = ("fp32", "int8")
+TOLERANCES = dict(zip(SAE_PRECISIONS, (SAE_TOLERANCE, INT8_TOLERANCE), strict=True))
+SAE_INT8_WEIGHTS = "sae_int8.data"
 # The check's inputs: residual-stream-like rows of this scale with a few outlier
 # dimensions of OUTLIER_SCALE, as trained models' run (docs/model.md).
 CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
@@ -91,10 +98,14 @@ def add_sae(
     name: str | None = None,
     hook: str | None = None,
     log: Callable[[str], None] = print,
+    precision: str = "fp32",
 ) -> Path:
     """Check the SAE at `source` (export/sae_sources.py) against the model in `model_dir`
-    and write its graph into model_dir/saes/NAME (NAME: the source's folder's name);
-    nothing is written if a check fails."""
+    and write its graph into model_dir/saes/NAME (NAME: the source's folder's name), its
+    matrices in 8 bits with precision "int8" (export/int8.py, as a model's); nothing is
+    written if a check fails."""
+    if precision not in SAE_PRECISIONS:
+        raise SAEError(f"precision {precision!r} is not one of {SAE_PRECISIONS}")
     model_dir, source = Path(model_dir), Path(source)
     config, weights = read_sae(source, hook)
     check_against(config, model_config(model_dir))
@@ -111,13 +122,25 @@ def add_sae(
     sae.load_state_dict({k: weights[k] for k in expected})
     with scratch_beside(out) as scratch:
         log(f"tracing the {config.architecture} SAE ({config.d_in} -> {config.d_sae})...")
-        export_sae(sae, scratch)
+        graph = export_sae(sae, scratch)
+        if precision == "int8":  # beside the float32 graph (its weights are read from there)
+            log("its matrices into 8 bits...")
+            eight_bits = scratch / f"int8_{SAE_ONNX}"
+            with WeightsFile(scratch / SAE_INT8_WEIGHTS) as packed:
+                convert_to_int8(graph, eight_bits, packed)
+            (scratch / SAE_WEIGHTS).unlink()
+            eight_bits.replace(graph)
         log("checking: PyTorch vs ONNX Runtime CPU...")
-        fidelity = check_sae(sae, scratch / SAE_ONNX)
-        info = {"config": config.to_dict(), "source": str(source), "fidelity": fidelity}
+        fidelity = check_sae(sae, scratch / SAE_ONNX, TOLERANCES[precision])
+        info = {"config": config.to_dict(), "source": str(source), "precision": precision}
+        info["fidelity"] = fidelity
         (scratch / SAE_JSON).write_text(json.dumps(info, indent=2) + "\n")
         scratch.rename(out)
-    log(f"wrote {out}: {config.architecture}, {config.d_sae} features on {config.hook_name}")
+    log(
+        f"wrote {out}: {config.architecture}, {config.d_sae} features on {config.hook_name} "
+        f"({precision}; the largest difference from PyTorch over each position's largest "
+        f"activation: {fidelity['activations']:.2g})"
+    )
     return out
 
 
@@ -130,6 +153,7 @@ def list_saes(model_dir: str | Path) -> list[dict]:
 
 def export_sae(sae: SparseAutoencoder, out: Path) -> Path:
     """Trace `sae` to out/sae.onnx, its weights in out/sae.data, with `top_k` an input."""
+    out.mkdir(parents=True, exist_ok=True)
     batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=1)
     example = torch.zeros(2, 3, sae.config.d_in)
     with torch.no_grad(), warnings.catch_warnings():
@@ -178,9 +202,11 @@ def _with_top_features(model: ir.Model) -> None:
     graph.outputs[:] = [top_ids.outputs[0], top_acts.outputs[0], *graph.outputs]
 
 
-def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, float]:
+def check_sae(
+    sae: SparseAutoencoder, path: Path, tolerance: float = SAE_TOLERANCE, seed: int = 0
+) -> dict[str, float]:
     """ONNX Runtime's outputs against PyTorch's on rows with outlier dimensions; raises
-    SAEError past SAE_TOLERANCE. Returns the largest scaled difference per output."""
+    SAEError past `tolerance`. Returns the largest scaled difference per output."""
     generator = torch.Generator().manual_seed(seed)
     x = CHECK_SCALE * torch.randn(2, 7, sae.config.d_in, generator=generator)
     x[..., :: max(1, sae.config.d_in // 4)] *= OUTLIER_SCALE / CHECK_SCALE
@@ -194,7 +220,7 @@ def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, fl
     scale = np.maximum(np.abs(acts).max(-1), 1.0)  # (B, T): each position's largest
     # Features a rounding away from switching may switch either way: left out, and the
     # positions holding one from the top k's comparison.
-    near = distance <= SAE_TOLERANCE * scale[..., None]  # (B, T, S)
+    near = distance <= tolerance * scale[..., None]  # (B, T, S)
     clear = ~near.any(-1)  # (B, T)
     top = -np.sort(-acts, axis=-1)[..., :k]  # (B, T, k) descending
     top_diff = np.abs(got["top_activations"] - np.where(top > 0, top, 0)).max(-1) / scale
@@ -207,7 +233,7 @@ def check_sae(sae: SparseAutoencoder, path: Path, seed: int = 0) -> dict[str, fl
             (np.abs(got["error_norm"] - error_norm) / np.linalg.norm(x.numpy(), axis=-1)).max()
         ),
     }
-    failed = {name: d for name, d in diffs.items() if d > SAE_TOLERANCE}
+    failed = {name: d for name, d in diffs.items() if d > tolerance}
     if failed:
-        raise SAEError(f"ONNX Runtime disagrees with PyTorch past {SAE_TOLERANCE:g}: {failed}")
+        raise SAEError(f"ONNX Runtime disagrees with PyTorch past {tolerance:g}: {failed}")
     return diffs

@@ -33,6 +33,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     add.add_argument(
         "--hook", help="the site it reads, e.g. blocks.3.hook_resid_post (default: its cfg's)"
     )
+    add.add_argument(
+        "--precision",
+        choices=["fp32", "int8"],
+        default="fp32",
+        help="int8: its matrices in 8 bits, a quarter of the memory (wide SAEs)",
+    )
     add.set_defaults(run=run_add)
     listing = actions.add_parser("list", help="the SAEs a model directory holds")
     listing.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
@@ -44,7 +50,9 @@ def run_add(args: argparse.Namespace) -> int:
     from attnserve.export.scratch import ExportWriteError
 
     try:
-        add_sae(args.model_dir, args.source, name=args.name, hook=args.hook)
+        add_sae(
+            args.model_dir, args.source, name=args.name, hook=args.hook, precision=args.precision
+        )
     except SAEError as exc:
         print(f"error: {exc}; nothing was written", file=sys.stderr)
         return 1

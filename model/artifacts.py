@@ -93,7 +93,8 @@ EMBEDDINGS_ONNX_FILENAME = "model_embeddings.onnx"
 # ORT's CUDA kernel cannot return the attention probabilities yet, so only CPU uses it.
 FUSED_ONNX_FILENAME = "model_fused.onnx"
 # Sparse autoencoders beside the model (`attnserve sae add`): MODEL_DIR/saes/NAME/ holds
-# one's graph, its weights and sae.json ({"config": SAEConfig, "source", "fidelity"}).
+# one's graph, its weights (sae.data; sae_int8.data for an SAE added in 8 bits) and
+# sae.json ({"config": SAEConfig, "source", "precision", "fidelity"}).
 # The graph: x float32 [batch, seq, d_in] (a hook site's values) and top_k int64 [1] in;
 # the top_k features' ids (int64, -1 past the active ones) and activations, L0 (int64) and
 # the reconstruction error's norm [batch, seq], and every activation [batch, seq, d_sae] out.
@@ -200,7 +201,7 @@ class ModelDirectory:
     def sae_bytes(self) -> int:
         """The bytes of every SAE's weights the directory holds (what serving them costs)."""
         root = self.path / SAES_DIRNAME
-        return sum(f.stat().st_size for f in root.glob(f"*/{SAE_WEIGHTS}")) if root.is_dir() else 0
+        return sum(f.stat().st_size for f in root.glob("*/*.data")) if root.is_dir() else 0
 
     def saes(self) -> dict[str, SAEConfig]:
         """The sparse autoencoders the directory holds, by name."""

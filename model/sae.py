@@ -109,19 +109,19 @@ class SparseAutoencoder(nn.Module):
 
     def distance_to_switch(self, x: torch.Tensor) -> torch.Tensor:
         """How far each feature at x (B, T, D) is from switching on or off (B, T, S): its
-        pre-activation from the threshold (jumprelu) or from midway between the k-th
-        largest and the next (topk), its gate from 0 (gated); inf for ReLU, whose
-        activation is as small as that distance there. A rounding's worth from it, two
-        correct implementations may disagree."""
+        pre-activation from 0 (the ReLU), from the threshold (jumprelu), from midway
+        between the k-th largest and the next (topk, and from 0), its gate from 0 (gated,
+        and its magnitude from 0). A rounding's worth from it, two correct implementations
+        may disagree (on L0; the activation there is as small as that distance, or jumps)."""
         sae_in = self.sae_in(x)[0]
-        if self.config.architecture == "gated":
-            return self.gate(sae_in).abs()
         pre = self.pre_activations(sae_in)
+        if self.config.architecture == "gated":
+            return torch.minimum(self.gate(sae_in).abs(), pre.abs())
         if self.config.architecture == "jumprelu":
             return (pre - self.threshold).abs()
         if self.config.architecture == "topk" and self.config.k < self.config.d_sae:
             ranked = self.ranked(pre)
             values = ranked.topk(self.config.k + 1, dim=-1).values  # (B, T, k + 1)
             between = (values[..., -2:-1] + values[..., -1:]) / 2  # the k-th and the next
-            return (ranked - between).abs()
-        return torch.full_like(pre, float("inf"))
+            return torch.minimum((ranked - between).abs(), pre.abs())
+        return pre.abs()

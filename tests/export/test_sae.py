@@ -3,15 +3,17 @@ own `SAE.encode` (the reference, built and saved here with random weights)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from sae_lens import SAE
 
-from attnserve.export.sae import SAEError, add_sae, list_saes
+from attnserve.export.sae import INT8_TOLERANCE, SAEError, add_sae, list_saes
 from attnserve.model.artifacts import SAE_JSON, SAE_ONNX, SAE_OUTPUTS
 from tests.conftest import SMALL_CONFIG, run_cli
 
@@ -137,3 +139,39 @@ def test_sae_add_and_list_on_the_command_line(model_dir, tmp_path):
     outside = run_cli("sae", "add", str(model_dir), str(source), "--name", "../escape")
     assert outside.returncode == 1 and "name '../escape': letters" in outside.stderr
     assert not (model_dir / "escape").exists()
+
+
+@pytest.mark.parametrize("architecture", ["jumprelu", "standard"])
+def test_an_sae_in_eight_bits_states_its_fidelity(model_dir, tmp_path, architecture):
+    """`--precision int8`: the matrices in 8 bits (MatMulNBits), a quarter of the bytes,
+    within INT8_TOLERANCE of SAELens' activations; what the check measured is recorded."""
+    sae, source = saelens_sae(tmp_path, architecture)
+    out = add_sae(model_dir, source, name="eight", precision="int8", log=lambda _: None)
+    float32 = add_sae(model_dir, source, name="float32", log=lambda _: None)
+    info = json.loads((out / SAE_JSON).read_text())
+    assert info["precision"] == "int8"
+    assert 1e-4 < info["fidelity"]["activations"] <= INT8_TOLERANCE  # 8 bits, not float32
+    size = {
+        path.name: sum(f.stat().st_size for f in path.glob("*.data")) for path in (out, float32)
+    }
+    assert size["eight"] < 0.5 * size["float32"]  # 8 bits and a scale per 32; biases stay
+    session = ort.InferenceSession(str(out / SAE_ONNX), providers=["CPUExecutionProvider"])
+    ops = {
+        node.op_type for node in onnx.load(str(out / SAE_ONNX), load_external_data=False).graph.node
+    }
+    assert "MatMulNBits" in ops
+    x = residual_rows(4)
+    got = dict(
+        zip(SAE_OUTPUTS, session.run(None, {"x": x.numpy(), "top_k": np.array([5])}), strict=True)
+    )
+    with torch.no_grad():
+        want = sae.encode(x).numpy()
+        pre = sae.run_with_cache(x)[1]["hook_sae_acts_pre"].numpy()
+    largest = np.abs(want).max(-1, keepdims=True)
+    # features 8 bits' worth from their threshold may switch: left out (ReLU's are continuous)
+    near = np.zeros_like(pre, dtype=bool)
+    if architecture == "jumprelu":
+        near = np.abs(pre - sae.threshold.detach().numpy()) <= INT8_TOLERANCE * largest
+    assert near.mean() < 0.1
+    diff = np.where(near, 0, np.abs(got["activations"] - want))
+    assert (diff <= INT8_TOLERANCE * largest).all()
