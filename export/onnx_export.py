@@ -32,10 +32,8 @@ from attnserve.model.artifacts import (
     HEAD_MEANS_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
-    PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
-    RESIDUAL_STREAM_NAME,
     VERSIONS_METADATA_KEY,
     readout_sites,
 )
@@ -114,7 +112,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     names: dict[str, tuple[list[str], list[str]]] = {
         "full": (
             [config.input_name, HEAD_MASK_NAME, HEAD_MEANS_NAME],
-            [config.embeddings_name, config.attentions_name, RESIDUAL_STREAM_NAME, *PARTS_NAMES],
+            [config.embeddings_name, config.attentions_name, *readout_sites(config)],
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
         "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
@@ -277,7 +275,7 @@ def _without_readouts(model: ir.Model, config: ModelConfig) -> None:
     the means of zeros, in the batch's shape, which the traced graph reads its batch size
     from too) and no residual stream or parts (what only fed them goes with them)."""
     graph = model.graph
-    for output in [v for v in graph.outputs if v.name in (RESIDUAL_STREAM_NAME, *PARTS_NAMES)]:
+    for output in [v for v in graph.outputs if v.name in readout_sites(config)]:
         graph.outputs.remove(output)
     input_ids = next(v for v in graph.inputs if v.name == config.input_name)
     batch = ir.node("Shape", [input_ids], attributes={"end": 1})

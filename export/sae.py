@@ -32,6 +32,7 @@ from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
+    READOUTS_ONNX_FILENAME,
     SAE_INPUTS,
     SAE_JSON,
     SAE_ONNX,
@@ -39,6 +40,8 @@ from attnserve.model.artifacts import (
     SAE_WEIGHTS,
     SAES_DIRNAME,
     ModelDirectory,
+    readout_filename,
+    readout_sites,
     stream_site,
 )
 from attnserve.model.config import ModelConfig
@@ -59,21 +62,28 @@ SAE_INT8_WEIGHTS = "sae_int8.data"
 # The check's inputs: residual-stream-like rows of this scale with a few outlier
 # dimensions of OUTLIER_SCALE, as trained models' run (docs/model.md).
 CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
-SERVED_SITES = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "hook_mlp_out")
 
 
-def model_config(model_dir: Path) -> ModelConfig:
-    """The config of the model a directory serves (from its graph's metadata)."""
+def served_model(model_dir: Path) -> tuple[ModelConfig, set[str]]:
+    """The config of the model a directory serves (from its graph's metadata), and the
+    outputs of its readouts graph (model/artifacts.py readout_sites; none without one)."""
     directory = ModelDirectory(model_dir)
     if not directory.precisions:
         raise SAEError(f"{model_dir} is not a model directory: no model graph")
-    graph = onnx.load(str(directory.graph(directory.precisions[0], True)), load_external_data=False)
+    precision = directory.precisions[0]
+    graph = onnx.load(str(directory.graph(precision, True)), load_external_data=False)
     metadata = {p.key: p.value for p in graph.metadata_props}
-    return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
+    readouts = directory.path / readout_filename(READOUTS_ONNX_FILENAME, precision)
+    returned = set()
+    if readouts.is_file():
+        outputs = onnx.load(str(readouts), load_external_data=False).graph.output
+        returned = {output.name for output in outputs}
+    return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY]), returned
 
 
-def check_against(sae: SAEConfig, config: ModelConfig) -> None:
-    """Refuse an SAE whose site this model lacks or whose d_in is not the site's width."""
+def check_against(sae: SAEConfig, config: ModelConfig, returned: set[str]) -> None:
+    """Refuse an SAE whose site this model lacks, whose d_in is not the site's width, or
+    whose site the directory's readouts graph (its outputs `returned`) does not return."""
     if sae.hook_name not in hook_names(config):
         last = RESID_POST.format(layer=config.n_layers - 1)
         raise SAEError(
@@ -83,10 +93,17 @@ def check_against(sae: SAEConfig, config: ModelConfig) -> None:
     width = site_width(config, sae.hook_name)
     if width is None:
         raise SAEError(f"hook_name {sae.hook_name!r}: an SAE cannot read attention patterns")
-    if stream_site(config, sae.hook_name) is None:
+    site = stream_site(config, sae.hook_name)
+    if site is None or site[0] not in returned:
+        served = {  # each site's name without its layer: blocks.0.attn.hook_z -> attn.hook_z
+            name.split(".", 2)[-1]
+            for output, names in readout_sites(config).items()
+            if output in returned
+            for name in names
+        }
         raise SAEError(
-            f"hook_name {sae.hook_name!r}: the served graphs do not return this site; SAEs "
-            f"are served on {', '.join(SERVED_SITES)}"
+            f"hook_name {sae.hook_name!r}: this model directory's readouts graph does not "
+            f"return this site; SAEs are served on {', '.join(sorted(served)) or 'none'}"
         )
     if sae.d_in != width:
         raise SAEError(f"d_in is {sae.d_in}, but {sae.hook_name} is {width} wide in this model")
@@ -108,7 +125,7 @@ def add_sae(
         raise SAEError(f"precision {precision!r} is not one of {SAE_PRECISIONS}")
     model_dir, source = Path(model_dir), Path(source)
     config, weights = read_sae(source, hook)
-    check_against(config, model_config(model_dir))
+    check_against(config, *served_model(model_dir))
     name = name or (source.parent.name if source.is_file() else source.name)
     if not NAME_PATTERN.fullmatch(name):
         raise SAEError(f"name {name!r}: letters, digits, '.', '_' and '-', not first '.'")

@@ -33,21 +33,31 @@ PREDICTION_OUTPUTS = ("top_ids", "top_probabilities", "target_probabilities")
 # its output projection reads them, [batch, layers, seq, heads * d_head], and its MLP's
 # output, [batch, layers, seq, d_model].
 PARTS_NAMES = ("head_outputs", "mlp_outputs")
+# The other sites SAEs read, beside them: what attention writes (hook_attn_out: after its
+# output norm, before Granite's scale), [batch, layers, seq, d_model], and in sequential
+# blocks the stream between attention and MLP (hook_resid_mid), likewise.
+ATTN_OUTPUTS_NAME, RESID_MID_NAME = "attn_outputs", "resid_mid"
 
 
 def readout_sites(config: ModelConfig) -> dict[str, list[str]]:
     """The readouts graph's outputs beside forward's: each is its hook points' values
     stacked on axis 1 (a hook_z's heads side by side): the residual stream x_0 .. x_L (every
-    block's input, then the last block's output, before the final norm), and its parts."""
+    block's input, then the last block's output, before the final norm), its parts, what
+    attention writes and (sequential blocks) the stream between attention and MLP.
+    Directories written before 2026-11-28 lack the last two (their SAEs are refused)."""
     layers = range(config.n_layers)
-    return {
+    sites = {
         RESIDUAL_STREAM_NAME: [
             *(hooks.RESID_PRE.format(layer=layer) for layer in layers),
             hooks.RESID_POST.format(layer=config.n_layers - 1),
         ],
         PARTS_NAMES[0]: [hooks.Z.format(layer=layer) for layer in layers],
         PARTS_NAMES[1]: [hooks.MLP_OUT.format(layer=layer) for layer in layers],
+        ATTN_OUTPUTS_NAME: [hooks.ATTN_OUT.format(layer=layer) for layer in layers],
     }
+    if config.residual == "sequential":
+        sites[RESID_MID_NAME] = [hooks.RESID_MID.format(layer=layer) for layer in layers]
+    return sites
 
 
 def stream_site(config: ModelConfig, name: str) -> tuple[str, int] | None:

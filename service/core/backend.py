@@ -87,7 +87,8 @@ class FeaturesSelection:
     top_k: int
     feature_ids: tuple[int, ...] = ()
     dense: bool = False
-    parts: bool = False  # an SAE reads a head's or an MLP's output, not the stream
+    # the readouts graph's outputs the SAEs read (model/artifacts.py readout_sites)
+    sites: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from attnserve.model.artifacts import RESIDUAL_STREAM_NAME, stream_site
+from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import FeaturesSelection
@@ -78,7 +78,7 @@ def plan_features(
         top_k=top_k,
         feature_ids=tuple(request.feature_ids),
         dense=request.dense,
-        parts=any(site_of(saes[n], config)[0] != RESIDUAL_STREAM_NAME for n in request.saes),
+        sites=tuple(dict.fromkeys(site_of(saes[name], config)[0] for name in request.saes)),
     )
 
 
@@ -100,11 +100,15 @@ def features_response_bytes(selection: FeaturesSelection) -> int:
 
 
 def features_work_bytes(selection: FeaturesSelection, config: ModelConfig, length: int) -> int:
-    """What computing `selection` holds besides its answer: every layer's head and MLP
-    outputs where an SAE reads them, and (SAEs run one at a time) the widest SAE's
-    pre-activations, activations and top k at its positions."""
-    total = 0
-    if selection.parts:
-        width = config.n_heads * config.head_dim + config.d_model
-        total += 2 * config.n_layers * length * width * 4
+    """What computing `selection` holds besides its answer: each readouts output an SAE
+    reads besides the residual stream (every layer's, in ONNX Runtime and copied out), and
+    (SAEs run one at a time) the widest SAE's pre-activations, activations and top k at
+    its positions."""
+    heads = config.n_heads * config.head_dim
+    widths = [
+        heads if site == PARTS_NAMES[0] else config.d_model
+        for site in selection.sites
+        if site != RESIDUAL_STREAM_NAME  # counted with the readouts' work
+    ]
+    total = sum(2 * config.n_layers * length * width * 4 for width in widths)
     return total + 3 * len(selection.positions) * max(selection.widths) * 4

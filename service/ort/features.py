@@ -9,14 +9,12 @@ provider and with the readouts' prepacking policy, once: the model's instances s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
-    PARTS_NAMES,
-    RESIDUAL_STREAM_NAME,
     SAE_INPUTS,
     SAE_ONNX,
     SAE_OUTPUTS,
@@ -41,8 +39,10 @@ class SAEGraphs:
         config: ModelConfig,
         open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
         options: Callable[[], ort.SessionOptions],
+        returned: Collection[str],
         prepack: bool = False,
     ) -> None:
+        """`returned`: the readouts graph's outputs (an SAE on a site it lacks is refused)."""
         self.configs = model_dir.saes()
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
@@ -53,6 +53,12 @@ class SAEGraphs:
                 self._sites[name] = site_of(sae, config)
             except UnsupportedError as exc:
                 raise ModelLoadError(f"{folder}: {exc}") from None
+            if self._sites[name][0] not in returned:
+                raise ModelLoadError(
+                    f"{folder}: the SAE reads {sae.hook_name}, which this directory's "
+                    f"readouts graph does not return (written before attnserve returned "
+                    f"{self._sites[name][0]}): export the model again"
+                )
             so = options()
             if not prepack:
                 so.add_session_config_entry("session.disable_prepacking", "1")
@@ -73,7 +79,7 @@ class SAEGraphs:
         per_sae = []
         for sae in selection.saes:
             output, index = self._sites[sae]
-            x = _output(run, output)[row, index, positions][None]  # (1, P, d_in)
+            x = run.output(output)[row, index, positions][None]  # (1, P, d_in)
             feeds = dict(zip(SAE_INPUTS, (x, k), strict=True))
             try:
                 outputs = self._sessions[sae].run(names, feeds)
@@ -95,12 +101,3 @@ class SAEGraphs:
             feature_activations=stacked("chosen") if ids else None,
             activations=stacked(_ACTIVATIONS) if selection.dense else None,
         )
-
-
-def _output(run: StreamRun, output: str) -> np.ndarray:
-    """The readouts graph's output of that name in `run` (asked for with the run)."""
-    by_name = {RESIDUAL_STREAM_NAME: run.residual, PARTS_NAMES[0]: run.heads}
-    value = by_name.get(output, run.mlps)
-    if value is None:
-        raise InferenceError(f"the readouts run did not return {output}")
-    return value

@@ -18,10 +18,11 @@ to float32 whole at every run.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
@@ -67,8 +68,25 @@ class StreamRun:
     embeddings: np.ndarray  # float32 (B, T, D)
     residual: np.ndarray  # float32 (B, L+1, T, D): x_0 .. x_L
     attentions: np.ndarray | None  # float32 (B, L, H, T, T), when asked for
-    heads: np.ndarray | None  # float32 (B, L, T, H*d_k) as each W_O reads them, when asked
-    mlps: np.ndarray | None  # float32 (B, L, T, D), with the heads
+    # The graph's other readout_sites outputs asked for, by name: (B, L, T, width) each
+    sites: dict[str, np.ndarray]
+
+    def output(self, name: str) -> np.ndarray:
+        """The readouts graph's output `name` (the residual stream, or one asked for)."""
+        value = self.residual if name == RESIDUAL_STREAM_NAME else self.sites.get(name)
+        if value is None:
+            raise InferenceError(f"the readouts run did not return {name}")
+        return value
+
+    @property
+    def heads(self) -> np.ndarray:
+        """(B, L, T, H*d_k): each head's output as W_O reads it."""
+        return self.output(PARTS_NAMES[0])
+
+    @property
+    def mlps(self) -> np.ndarray:
+        """(B, L, T, D): each MLP's output."""
+        return self.output(PARTS_NAMES[1])
 
 
 @dataclass(frozen=True)
@@ -129,24 +147,31 @@ class ReadoutGraphs:
             if (model_dir.path / readout_filename(filename, precision)).is_file()
         )
 
+    def stream_outputs(self) -> frozenset[str]:
+        """The readouts graph's outputs (read from its file; its weights stay on disk)."""
+        path = self.model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
+        graph = onnx.load(str(path), load_external_data=False).graph
+        return frozenset(output.name for output in graph.output)
+
     def stream(
         self,
         input_ids: np.ndarray,
         head_mask: np.ndarray,
         attentions: bool = True,
-        parts: bool = False,
+        sites: Collection[str] = (),
         head_means: np.ndarray | None = None,
     ) -> StreamRun:
         """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) -> the
         readouts graph's run, every head's output times its entry in the mask, plus its
         entry of head_means (B, L, H, d_k; None: zeros): the attentions only with
-        `attentions`, the parts only with `parts` (what is not asked for is not copied out
-        of ONNX Runtime)."""
+        `attentions`, of its other outputs (readout_sites) the `sites` named (what is not
+        asked for is not copied out of ONNX Runtime)."""
         c = self.config
         session = self._session(STREAM)
+        sites = [name for name in sites if name != RESIDUAL_STREAM_NAME]
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
-        names += list(PARTS_NAMES) if parts else []
+        names += sites
         feeds = {c.input_name: input_ids} | every_head(c, len(input_ids))
         feeds[HEAD_MASK_NAME] = head_mask
         if head_means is not None:
@@ -155,13 +180,11 @@ class ReadoutGraphs:
             values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
-        heads, mlps = (values.get(name) for name in PARTS_NAMES)
         return StreamRun(
             values[c.embeddings_name],
             values[RESIDUAL_STREAM_NAME],
             values.get(c.attentions_name),
-            heads,
-            mlps,
+            {name: values[name] for name in sites},
         )
 
     def lens(
@@ -261,7 +284,6 @@ class ReadoutGraphs:
     ) -> Attribution | None:
         if selection is None:
             return None
-        assert run.heads is not None and run.mlps is not None  # asked for with the selection
         positions = list(selection.positions)
         ids = np.asarray([*selection.targets, *selection.contrasts], dtype=np.int64)
         heads, mlps = (

@@ -22,6 +22,7 @@ from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
     HEAD_MASK_NAME,
     HEAD_MEANS_NAME,
+    PARTS_NAMES,
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     ModelDirectory,
@@ -160,6 +161,7 @@ class OrtRuntime:
                 self.config,
                 lambda path, so: _open(Path(path), so, _providers(self.provider)),
                 lambda: session_options(options),
+                self.readout_graphs.stream_outputs(),
                 prepack=self.readout_graphs.prepack,
             )
 
@@ -249,7 +251,7 @@ class OrtRuntime:
             input_ids,
             mask,
             attentions=any(selection.attention is not None for selection in selections),
-            parts=any(_reads_parts(selection) for selection in selections),
+            sites=sorted({site for selection in selections for site in _sites(selection)}),
             head_means=means,
         )
         outputs = []
@@ -308,10 +310,10 @@ class OrtRuntime:
             self.embed(ids)
 
 
-def _reads_parts(selection: ReadoutSelection) -> bool:
-    """Whether `selection` needs the readouts graph's head and MLP outputs."""
-    features = selection.features
-    return selection.attribution is not None or (features is not None and features.parts)
+def _sites(selection: ReadoutSelection) -> tuple[str, ...]:
+    """The readouts graph's outputs `selection` needs besides the residual stream."""
+    features = selection.features.sites if selection.features is not None else ()
+    return (*(PARTS_NAMES if selection.attribution is not None else ()), *features)
 
 
 def session_settings(options: RuntimeOptions) -> dict:

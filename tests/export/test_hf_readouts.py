@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnserve.export.hf_import import load_hf
+from attnserve.model.artifacts import PARTS_NAMES
 from attnserve.model.hook_points import head_ablation, hooked
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from perf.hf_checkpoints import build_checkpoint
@@ -352,7 +353,7 @@ def test_exported_attribution_equals_transformers_decomposed(families, family):
     want, logits = transformers_attribution(reference, family, ids, targets)
     graphs = runtime.readout_graphs
     ones = np.ones((1, config.n_layers, config.n_heads), dtype=np.float32)
-    run = graphs.stream(ids, ones, attentions=False, parts=True)
+    run = graphs.stream(ids, ones, attentions=False, sites=PARTS_NAMES)
     inputs = [run.heads[0].swapaxes(0, 1), run.mlps[0].swapaxes(0, 1)]
     inputs += [run.residual[0, 0], run.residual[0, -1]]
     got = list(

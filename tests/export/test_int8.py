@@ -134,15 +134,15 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     ids = np.random.default_rng(7).integers(0, CONFIG.vocab_size, size=(2, 24))
     mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
     mask[1, 0, 1] = 0.0
-    run = runtime.readout_graphs.stream(ids, mask, parts=True)
     sites = readout_sites(CONFIG)
+    run = runtime.readout_graphs.stream(ids, mask, sites=sites)
     reads = [site for names in sites.values() for site in names]
     changes = head_ablation(torch.from_numpy(mask))
     with torch.inference_mode(), hooked(model, changes), captured(model, reads) as values:
         model(torch.from_numpy(ids))
         want = {name: value.numpy() for name, value in stacked(values, sites).items()}
-    parts = (run.residual, run.heads, run.mlps)
-    for name, value in zip((RESIDUAL_STREAM_NAME, *PARTS_NAMES), parts, strict=True):
+    for name in sites:  # the stream, its parts, what attention writes, resid_mid
+        value = run.output(name)
         assert 1e-5 < scaled_diff(value, want[name], bounded=False) <= INT8_TOLERANCE, name
     rows = run.residual[0].reshape(-1, CONFIG.d_model)
     last = np.broadcast_to(run.residual[0, -1], run.residual[0].shape).reshape(rows.shape)

@@ -14,7 +14,15 @@ import torch
 from sae_lens import SAE
 
 from attnserve.export.sae import INT8_TOLERANCE, SAEError, add_sae, list_saes
-from attnserve.model.artifacts import SAE_JSON, SAE_ONNX, SAE_OUTPUTS
+from attnserve.model.artifacts import (
+    ATTN_OUTPUTS_NAME,
+    READOUTS_ONNX_FILENAME,
+    SAE_JSON,
+    SAE_ONNX,
+    SAE_OUTPUTS,
+)
+from attnserve.service.core.errors import ModelLoadError
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG, run_cli
 
 D = SMALL_CONFIG.d_model
@@ -116,9 +124,10 @@ def test_an_sae_that_does_not_fit_the_model_is_refused_by_field(model_dir, tmp_p
     _, pattern = saelens_sae(tmp_path, "topk", hook="blocks.0.attn.hook_pattern")
     with pytest.raises(SAEError, match="cannot read attention patterns"):
         add_sae(model_dir, pattern, log=lambda _: None)
-    _, attn_out = saelens_sae(tmp_path, "topk", hook="blocks.0.hook_attn_out")
-    with pytest.raises(SAEError, match="the served graphs do not return this site; SAEs are"):
-        add_sae(model_dir, attn_out, log=lambda _: None)
+    _, queries = saelens_sae(tmp_path, "topk", hook="blocks.0.attn.hook_q")
+    served = "attn.hook_z, hook_attn_out, hook_mlp_out, hook_resid_mid, hook_resid_post, "
+    with pytest.raises(SAEError, match=f"does not return this site; SAEs are served on {served}"):
+        add_sae(model_dir, queries, log=lambda _: None)
     assert list_saes(model_dir) == []  # nothing written
     # hook_z reads the heads flattened: n_heads x head_dim wide
     _, heads = saelens_sae(tmp_path, "standard", hook="blocks.0.attn.hook_z")
@@ -175,3 +184,21 @@ def test_an_sae_in_eight_bits_states_its_fidelity(model_dir, tmp_path, architect
     assert near.mean() < 0.1
     diff = np.where(near, 0, np.abs(got["activations"] - want))
     assert (diff <= INT8_TOLERANCE * largest).all()
+
+
+def test_a_directory_whose_readouts_lack_a_site_refuses_its_saes(model_dir, tmp_path):
+    """A directory written before the readouts graph returned hook_attn_out: `sae add`
+    refuses an SAE on it, and a server refuses to load one placed there by hand."""
+    _, source = saelens_sae(tmp_path, "standard", hook="blocks.0.hook_attn_out")
+    add_sae(model_dir, source, name="attn", log=lambda _: None)  # before: taken
+    readouts = model_dir / READOUTS_ONNX_FILENAME
+    graph = onnx.load(str(readouts), load_external_data=False)  # weights stay where they are
+    kept = [output for output in graph.graph.output if output.name != ATTN_OUTPUTS_NAME]
+    del graph.graph.output[:]
+    graph.graph.output.extend(kept)
+    readouts.unlink()  # a link to the session's directory
+    onnx.save(graph, str(readouts))
+    with pytest.raises(SAEError, match=r"'blocks\.0\.hook_attn_out': this model directory's"):
+        add_sae(model_dir, source, name="again", log=lambda _: None)
+    with pytest.raises(ModelLoadError, match=r"reads blocks\.0\.hook_attn_out, which this"):
+        OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))

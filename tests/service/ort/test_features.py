@@ -1,6 +1,7 @@
 """Sparse-autoencoder features as served (the readouts graph's run, then each SAE's graph)
-against SAELens' own `SAE.encode` on transformers' residual stream, for three families:
-the activations, the strongest features, L0 and the reconstruction error's norm."""
+against SAELens' own `SAE.encode` on transformers' residual stream and attention output, for
+three families: the activations, the strongest features, L0 and the reconstruction error's
+norm."""
 
 from __future__ import annotations
 
@@ -21,23 +22,45 @@ from tests.export.test_sae import saelens_sae
 TOLERANCE = 1e-4  # of each position's largest activation (issue 69)
 
 
-def residual_sites(reference, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """transformers' residual stream (B, T, D) by TransformerLens' names: what each decoder
-    layer reads (hook_resid_pre) and writes (hook_resid_post; the last before the final
-    norm)."""
+# Each family's decoder-layer modules whose output is what attention writes (after its
+# output norm: hook_attn_out) and whose input is the stream between attention and MLP
+# (hook_resid_mid).
+ATTENTION_SITES = {
+    "llama": ("self_attn", "post_attention_layernorm"),
+    "gemma2": ("post_attention_layernorm", "pre_feedforward_layernorm"),
+    "gpt2": ("attn", "ln_2"),
+}
+
+
+def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """transformers' sites (B, T, D) by TransformerLens' names: what each decoder layer
+    reads (hook_resid_pre) and writes (hook_resid_post; the last before the final norm),
+    what its attention writes (hook_attn_out) and the stream between (hook_resid_mid)."""
     values, handles = {}, []
+
+    def keep(name: str, x) -> None:
+        x = x[0] if isinstance(x, tuple) else x
+        values[name] = x.numpy().copy()
+
+    attention, between = ATTENTION_SITES[family]
     for layer, block in enumerate(blocks(reference)):
 
-        def read(_module, args, kwargs, layer=layer):
-            x = args[0] if args else kwargs["hidden_states"]
-            values[f"blocks.{layer}.hook_resid_pre"] = x.numpy().copy()
+        def read(_module, args, kwargs, name=f"blocks.{layer}.hook_resid_pre"):
+            keep(name, args[0] if args else kwargs["hidden_states"])
 
-        def write(_module, _args, output, layer=layer):
-            x = output[0] if isinstance(output, tuple) else output
-            values[f"blocks.{layer}.hook_resid_post"] = x.numpy().copy()
+        def write(_module, _args, output, name=f"blocks.{layer}.hook_resid_post"):
+            keep(name, output)
+
+        def attn_out(_module, _args, output, name=f"blocks.{layer}.hook_attn_out"):
+            keep(name, output)
+
+        def mid(_module, args, name=f"blocks.{layer}.hook_resid_mid"):
+            keep(name, args[0])
 
         handles.append(block.register_forward_pre_hook(read, with_kwargs=True))
         handles.append(block.register_forward_hook(write))
+        handles.append(getattr(block, attention).register_forward_hook(attn_out))
+        handles.append(getattr(block, between).register_forward_pre_hook(mid))
     try:
         with torch.no_grad():
             reference(torch.as_tensor(ids))
@@ -52,16 +75,19 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
     _, reference = families.checkpoint(family)
     model_dir = linked_copy(families.exported(family), tmp_path / "model")
     d, last = reference.config.hidden_size, reference.config.num_hidden_layers - 1
-    hooks = {  # the last block's output before the final norm included
-        "standard": f"blocks.{last}.hook_resid_post",
-        "jumprelu": "blocks.0.hook_resid_post",
-        "topk": f"blocks.{last}.hook_resid_pre",
+    hooks = {  # name: (architecture, site); the last block's output before the final norm
+        "standard": ("standard", f"blocks.{last}.hook_resid_post"),
+        "jumprelu": ("jumprelu", "blocks.0.hook_resid_post"),
+        "topk": ("topk", f"blocks.{last}.hook_resid_pre"),
+        "attn_out": ("standard", "blocks.0.hook_attn_out"),
+        "resid_mid": ("jumprelu", f"blocks.{last}.hook_resid_mid"),
     }
     saes = {}
-    for architecture, hook in hooks.items():
-        sae, source = saelens_sae(tmp_path, architecture, d_in=d, hook=hook, threshold=0.2)
-        add_sae(model_dir, source, name=architecture, log=lambda _: None)
-        saes[architecture] = sae
+    for name, (architecture, hook) in hooks.items():
+        (tmp_path / name).mkdir()
+        sae, source = saelens_sae(tmp_path / name, architecture, d_in=d, hook=hook, threshold=0.2)
+        add_sae(model_dir, source, name=name, log=lambda _: None)
+        saes[name] = sae
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     assert set(runtime.saes) == set(hooks)
 
@@ -72,14 +98,15 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
         for row, t in enumerate(lengths)
     ]
     _, outputs = runtime.read(ids, list(lengths), selections)
-    sites = residual_sites(reference, ids)
+    sites = residual_sites(reference, family, ids)
     switched_off = 0
     for row, (t, out) in enumerate(zip(lengths, outputs, strict=True)):
         got = out.features
         assert got is not None and got.activations is not None
-        assert got.top_ids.shape == (3, t, 12) and got.l0.shape == got.error_norm.shape == (3, t)
-        for i, (architecture, sae) in enumerate(saes.items()):
-            x = torch.from_numpy(sites[hooks[architecture]][row, :t])  # (t, D)
+        assert got.top_ids.shape == (5, t, 12) and got.l0.shape == got.error_norm.shape == (5, t)
+        for i, (name, sae) in enumerate(saes.items()):
+            architecture, hook = hooks[name]
+            x = torch.from_numpy(sites[hook][row, :t])  # (t, D)
             with torch.no_grad():
                 _, cache = sae.run_with_cache(x[None])
                 want = sae.encode(x[None])[0].numpy()  # (t, S)

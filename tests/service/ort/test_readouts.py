@@ -36,10 +36,10 @@ def masks(batch: int) -> np.ndarray:
 def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_model):
     ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
     mask = masks(3)
-    run = small_runtime.readout_graphs.stream(ids, mask, parts=True)
+    sites = readout_sites(SMALL_CONFIG)
+    run = small_runtime.readout_graphs.stream(ids, mask, sites=sites)
     embeddings, stream = run.embeddings, run.residual
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
-    sites = readout_sites(SMALL_CONFIG)
     reads = [site for names in sites.values() for site in names]
     changes = head_ablation(torch.from_numpy(mask))
     with torch.inference_mode(), hooked(small_model, changes), captured(small_model, reads) as v:
@@ -48,8 +48,9 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
     np.testing.assert_allclose(stream, want[RESIDUAL_STREAM_NAME], rtol=0, atol=1e-4)
     np.testing.assert_allclose(run.attentions, want_attentions.numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(embeddings, want_embeddings.numpy(), rtol=0, atol=1e-4)
-    for got, name in zip((run.heads, run.mlps), PARTS_NAMES, strict=True):  # (B, L, T, .)
-        np.testing.assert_allclose(got, want[name], rtol=0, atol=1e-4)
+    assert set(sites) == {RESIDUAL_STREAM_NAME, *PARTS_NAMES, "attn_outputs", "resid_mid"}
+    for name in sites:  # (B, L, T, .): the parts, what attention writes, resid_mid
+        np.testing.assert_allclose(run.output(name), want[name], rtol=0, atol=1e-4)
     assert np.all(run.heads[1, 0, :, 2 * SMALL_CONFIG.head_dim : 3 * SMALL_CONFIG.head_dim] == 0)
     # each sequence got its own mask: the unmasked one is what the served graphs give
     served, _ = small_runtime.run(ids[:1])
@@ -100,7 +101,9 @@ def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monke
 
     monkeypatch.setattr(readouts, "attribution_chunk_rows", lambda config, ids: 3)
     ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(1, 10))
-    run = small_runtime.readout_graphs.stream(ids, masks(3)[:1], attentions=False, parts=True)
+    run = small_runtime.readout_graphs.stream(
+        ids, masks(3)[:1], attentions=False, sites=PARTS_NAMES
+    )
     assert run.attentions is None
     inputs = [np.ascontiguousarray(run.heads[0].swapaxes(0, 1))]
     inputs += [np.ascontiguousarray(run.mlps[0].swapaxes(0, 1))]
