@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
         "--ref", default="bba3bb5", help="the commit to compare a plain request with"
     )
     features.add_argument("--repeats", type=int, default=10, help="calls per block")
+    features.add_argument(
+        "--llama-8b",
+        action="store_true",
+        help="Llama-3.1-8B's shape in int8 with a 32k Llama Scope-shaped SAE instead",
+    )
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -140,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         run_readouts(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "features":
-        from perf.features import run_features
+        from perf.features import run_features, run_llama_scope
 
-        run_features(args.out, args.ref, args.repeats, progress)
+        if args.llama_8b:
+            run_llama_scope(args.out, 1, progress)
+        else:
+            run_features(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "containers":
         from perf.containers import run_containers
