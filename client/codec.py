@@ -100,7 +100,7 @@ class SAEFeatures:
     top_ids: np.ndarray  # int32 (.., k), strongest first; -1 past the active ones
     top_activations: np.ndarray  # float32 (.., k)
     l0: np.ndarray  # int32 (..): how many features are active
-    error_norm: np.ndarray  # float32 (..): |x - the SAE's reconstruction|
+    error_norm: np.ndarray | None  # float32 (..): |x - the reconstruction|; unset if skipped
     feature_ids: list[int]
     feature_activations: np.ndarray | None  # float32 (.., len(feature_ids))
     activations: np.ndarray | None  # float32 (.., d_sae), when asked for (dense)
@@ -430,7 +430,7 @@ def _features(result: _Tensors) -> SAEFeatures | None:
         top_ids=f.array("top_ids"),
         top_activations=f.array("top_activations"),
         l0=f.array("l0"),
-        error_norm=f.array("error_norm"),
+        error_norm=f.optional("error_norm"),
         feature_ids=list(f.message.feature_ids),
         feature_activations=f.optional("feature_activations"),
         activations=f.optional("activations"),

@@ -86,10 +86,8 @@ def _print_features(f: SAEFeatures, tokens: list[str]) -> None:
                 for i, a in zip(f.top_ids[s, p], f.top_activations[s, p], strict=True)
                 if i >= 0
             )
-            print(
-                f"      {position:>4}{token}: L0 {f.l0[s, p]}, error {f.error_norm[s, p]:.3f}"
-                f"{': ' + top if top else ''}"
-            )
+            error = f", error {f.error_norm[s, p]:.3f}" if f.error_norm is not None else ""
+            print(f"      {position:>4}{token}: L0 {f.l0[s, p]}{error}{': ' + top if top else ''}")
 
 
 def _features_json(f: SAEFeatures | None) -> dict | None:
@@ -101,7 +99,7 @@ def _features_json(f: SAEFeatures | None) -> dict | None:
         "top_ids": f.top_ids.tolist(),
         "top_activations": f.top_activations.tolist(),
         "l0": f.l0.tolist(),
-        "error_norm": f.error_norm.tolist(),
+        "error_norm": _list(f.error_norm),
         "feature_ids": f.feature_ids,
         "feature_activations": _list(f.feature_activations),
         "activations": _list(f.activations),

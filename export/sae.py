@@ -3,9 +3,11 @@ checked against a model directory and written beside it as an ONNX graph (model/
 traced) in `MODEL_DIR/saes/NAME/`: sae.onnx, sae.data (its weights) and sae.json (its config and
 what the parity check measured).
 
-The graph: `x` (B, T, d_in) the hook site's values, `top_k` int64 [1] in; `top_ids`
-int64 and `top_activations` (B, T, k) (descending; -1 and 0 where fewer are active),
-`l0` int64 and `error_norm` (B, T), and `activations` (B, T, d_sae) out.
+The graph: `x` (B, T, d_in) the hook site's values, `top_k` int64 [1] and
+`with_error_norm` bool [] (default true) in; `top_ids` int64 and `top_activations` (B, T,
+k) (descending; -1 and 0 where fewer are active), `l0` int64 and `error_norm` (B, T)
+(zeros, and the decoder unread, with with_error_norm false), and `activations` (B, T,
+d_sae) out.
 
 The formats an SAE is read from: export/sae_sources.py.
 """
@@ -147,6 +149,7 @@ def add_sae(
                 convert_to_int8(graph, eight_bits, packed)
             (scratch / SAE_WEIGHTS).unlink()
             eight_bits.replace(graph)
+        decoder_on_demand(scratch / SAE_ONNX)
         log("checking: PyTorch vs ONNX Runtime CPU...")
         fidelity = check_sae(sae, scratch / SAE_ONNX, TOLERANCES[precision])
         info = {"config": config.to_dict(), "source": str(source), "precision": precision}
@@ -219,6 +222,51 @@ def _with_top_features(model: ir.Model) -> None:
     graph.outputs[:] = [top_ids.outputs[0], top_acts.outputs[0], *graph.outputs]
 
 
+def decoder_on_demand(path: Path) -> None:
+    """Rewrite the graph at `path` so that the nodes only `error_norm` needs (the decoder's:
+    the reconstruction and its difference from x) run inside an If on the bool input
+    `with_error_norm`: false leaves the decoder's weights unread and error_norm zeros."""
+    model = ir.from_proto(onnx.load(str(path), load_external_data=False))
+    graph = model.graph
+    error = next(v for v in graph.outputs if v.name == SAE_OUTPUTS[3])
+    others = [v for v in graph.outputs if v is not error]
+    decoder = _ancestors([error]) - _ancestors(others)
+    nodes = [node for node in graph if node in decoder]  # in the graph's order
+    flag = ir.Value(name=SAE_INPUTS[2], shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
+    flag.const_value = ir.tensor(np.array(True), name=flag.name)  # the default: read it
+    graph.inputs.append(flag)
+    graph.register_initializer(flag)
+    shape = ir.node("Shape", [graph.inputs[0]], attributes={"end": 2})  # (B, T)
+    fill = ir.tensor(np.zeros(1, np.float32))
+    zeros = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": fill})
+    shape.outputs[0].name, zeros.outputs[0].name = "batch_and_seq", "no_error_norm"
+    skip = ir.Graph([], [zeros.outputs[0]], nodes=[shape, zeros], name="skip_decoder")
+    index = graph.outputs.index(error)
+    graph.outputs.pop(index)  # to be the decoder's output
+    graph.remove(nodes)
+    decode = ir.Graph([], [error], nodes=nodes, name="decoder")
+    branch = ir.node("If", [flag], attributes={"then_branch": decode, "else_branch": skip})
+    graph.append(branch)
+    out = branch.outputs[0]
+    graph.outputs.insert(index, out)
+    out.type, out.shape = error.type, error.shape
+    error.name, out.name = "decoded_error_norm", SAE_OUTPUTS[3]
+    save_checked(ir.to_proto(model), path)
+
+
+def _ancestors(values: list[ir.Value]) -> set[ir.Node]:
+    """Every node that `values` are computed from."""
+    seen: set[ir.Node] = set()
+    stack = [v.producer() for v in values]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(value.producer() for value in node.inputs if value is not None)
+    return seen
+
+
 def check_sae(
     sae: SparseAutoencoder, path: Path, tolerance: float = SAE_TOLERANCE, seed: int = 0
 ) -> dict[str, float]:
@@ -232,8 +280,15 @@ def check_sae(
         l0, error_norm, acts = (t.numpy() for t in sae(x))
         distance = sae.distance_to_switch(x).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, dict(zip(SAE_INPUTS, (x.numpy(), np.array([k])), strict=True)))
-    got = dict(zip(SAE_OUTPUTS, outputs, strict=True))
+    feeds = dict(zip(SAE_INPUTS, (x.numpy(), np.array([k]), np.array(True)), strict=True))
+    got = dict(zip(SAE_OUTPUTS, session.run(None, feeds), strict=True))
+    # without the decoder: the same features, no error norm
+    without = session.run(None, feeds | {SAE_INPUTS[2]: np.array(False)})
+    encoded = dict(zip(SAE_OUTPUTS, without, strict=True))
+    if not (encoded["error_norm"] == 0).all() or any(
+        not np.array_equal(encoded[name], got[name]) for name in SAE_OUTPUTS[:3] + SAE_OUTPUTS[4:]
+    ):
+        raise SAEError("the graph's features differ without its decoder")
     scale = np.maximum(np.abs(acts).max(-1), 1.0)  # (B, T): each position's largest
     # Features a rounding away from switching may switch either way: left out, and the
     # positions holding one from the top k's comparison.

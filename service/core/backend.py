@@ -87,6 +87,7 @@ class FeaturesSelection:
     top_k: int
     feature_ids: tuple[int, ...] = ()
     dense: bool = False
+    error_norm: bool = True  # the reconstruction's error (the decoders read)
     # the readouts graph's outputs the SAEs read (model/artifacts.py readout_sites)
     sites: tuple[str, ...] = ()
 
@@ -136,7 +137,7 @@ class Features:
     top_ids: np.ndarray  # int64 (saes, positions, k), strongest first; -1 past the active
     top_activations: np.ndarray  # float32 (saes, positions, k); 0 past the active
     l0: np.ndarray  # int64 (saes, positions): how many features are active
-    error_norm: np.ndarray  # float32 (saes, positions): |x - the reconstruction|
+    error_norm: np.ndarray | None  # float32 (saes, positions): |x - the reconstruction|
     feature_activations: np.ndarray | None  # float32 (saes, positions, n) of feature_ids
     activations: np.ndarray | None  # float32 (saes, positions, d_sae) when dense
 

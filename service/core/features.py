@@ -78,6 +78,7 @@ def plan_features(
         top_k=top_k,
         feature_ids=tuple(request.feature_ids),
         dense=request.dense,
+        error_norm=not request.skip_error_norm,
         sites=tuple(dict.fromkeys(site_of(saes[name], config)[0] for name in request.saes)),
     )
 
@@ -94,7 +95,7 @@ def site_of(sae: SAEConfig, config: ModelConfig) -> tuple[str, int]:
 def features_response_bytes(selection: FeaturesSelection) -> int:
     """Bytes of what `selection` returns: per SAE and position, the top k (ids and
     activations), L0, the error's norm, the feature_ids' activations and the dense ones."""
-    per_row = selection.top_k * 12 + 12 + 4 * len(selection.feature_ids)
+    per_row = selection.top_k * 12 + 8 + 4 * selection.error_norm + 4 * len(selection.feature_ids)
     dense = 4 * sum(selection.widths) if selection.dense else 0
     return len(selection.positions) * (len(selection.saes) * per_row + dense)
 

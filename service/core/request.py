@@ -93,6 +93,7 @@ class FeaturesOptions:
     feature_ids: tuple[int, ...] = ()  # whose activations to return at every position
     dense: bool = False  # every feature's activation
     skip_first_token: bool = False  # leave position 0 out (its activations are outliers)
+    skip_error_norm: bool = False  # no reconstruction error: the decoders stay unread
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,9 @@ async def topk_by_token(
     prompt = prompt_of(plane, text)
     width = plane.backend.saes[source].d_sae
     k = max(1, min(DEFAULT_TOP_K if top_k is None else top_k, width, MAX_TOP_K))  # clamped
-    features = await features_of(plane, prompt, FeaturesOptions((source,), top_k=k), timeout)
+    features = await features_of(
+        plane, prompt, FeaturesOptions((source,), top_k=k, skip_error_norm=True), timeout
+    )
     first = 1 if ignore_bos else 0
     ids, activations = features.top_ids[0], features.top_activations[0]  # (T, k)
     results = [
@@ -114,7 +116,7 @@ async def single(
     if not index.isdigit() or int(index) >= width:
         raise InvalidInputError(f"index: {index!r} is not a feature of {source} (0 to {width - 1})")
     prompt = prompt_of(plane, text)
-    options = FeaturesOptions((source,), top_k=1, feature_ids=(int(index),))
+    options = FeaturesOptions((source,), top_k=1, feature_ids=(int(index),), skip_error_norm=True)
     features = await features_of(plane, prompt, options, timeout)
     assert features.feature_activations is not None  # asked for
     values = features.feature_activations[0, :, 0].copy()  # (T,)
@@ -165,7 +167,7 @@ async def all_features(
     keep = min(DEFAULT_NUM_RESULTS if num_results is None else num_results, MAX_NUM_RESULTS)
     rows: list[tuple[float, int, str, int, np.ndarray]] = []  # (key, order, source, index, values)
     for group in _groups(plane, sources, length):
-        options = FeaturesOptions(tuple(group), top_k=1, dense=True)
+        options = FeaturesOptions(tuple(group), top_k=1, dense=True, skip_error_norm=True)
         dense = (await features_of(plane, prompt, options, timeout)).activations
         assert dense is not None  # asked for
         for source, activations in zip(group, dense, strict=True):

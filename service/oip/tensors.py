@@ -279,6 +279,7 @@ def _options(
         if "saes" not in features:
             raise InvalidInputError("outputs: the sae outputs need the sae parameter")
         features |= {"saes": (features["saes"],), "dense": "sae_activations" in asked}
+        features["skip_error_norm"] = "sae_error_norm" not in asked  # its decoder unread
         if "sae_feature_activations" in asked and not features.get("feature_ids"):
             raise InvalidInputError(
                 "outputs: sae_feature_activations needs the sae_feature_ids parameter"

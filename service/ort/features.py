@@ -28,6 +28,7 @@ from attnserve.service.core.features import site_of
 from attnserve.service.ort.readouts import StreamRun
 
 _ACTIVATIONS = SAE_OUTPUTS[-1]  # every feature's activation, copied out only when asked
+_ERROR = SAE_OUTPUTS[3]  # the reconstruction error's norm: the decoder read only for it
 
 
 class SAEGraphs:
@@ -67,20 +68,29 @@ class SAEGraphs:
             if missing:
                 raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
             self._sessions[name] = session
+        # SAEs added before their decoder could be left unread (no with_error_norm input)
+        self._decoder_always = {
+            name
+            for name, session in self._sessions.items()
+            if SAE_INPUTS[2] not in {i.name for i in session.get_inputs()}
+        }
 
     def read(self, run: StreamRun, row: int, selection: FeaturesSelection) -> Features:
         """Row `row`'s features of a readouts run: each SAE of `selection` on its site at
         the selection's positions, stacked on a first axis over the SAEs."""
-        names = list(SAE_OUTPUTS[:-1])
+        names = [name for name in SAE_OUTPUTS[:-1] if selection.error_norm or name != _ERROR]
         if selection.dense or selection.feature_ids:
             names.append(_ACTIVATIONS)
         positions, ids = list(selection.positions), list(selection.feature_ids)
         k = np.array([selection.top_k], dtype=np.int64)
+        decode = np.array(selection.error_norm)
         per_sae = []
         for sae in selection.saes:
             output, index = self._sites[sae]
             x = run.output(output)[row, index, positions][None]  # (1, P, d_in)
-            feeds = dict(zip(SAE_INPUTS, (x, k), strict=True))
+            feeds = dict(zip(SAE_INPUTS, (x, k, decode), strict=True))
+            if sae in self._decoder_always:
+                del feeds[SAE_INPUTS[2]]
             try:
                 outputs = self._sessions[sae].run(names, feeds)
             except Exception as exc:  # ORT raises its own untyped errors
@@ -97,7 +107,7 @@ class SAEGraphs:
             top_ids=stacked("top_ids"),
             top_activations=stacked("top_activations"),
             l0=stacked("l0"),
-            error_norm=stacked("error_norm"),
+            error_norm=stacked(_ERROR) if selection.error_norm else None,
             feature_activations=stacked("chosen") if ids else None,
             activations=stacked(_ACTIVATIONS) if selection.dense else None,
         )

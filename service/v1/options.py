@@ -112,6 +112,7 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
             feature_ids=tuple(options.features.feature_ids),
             dense=options.features.dense,
             skip_first_token=options.features.skip_first_token,
+            skip_error_norm=options.features.skip_error_norm,
         )
         if options.HasField("features")
         else None,

@@ -173,7 +173,8 @@ def _fill_features(out: SplicedMessage, asked: FeaturesSelection, got: Features)
     out.put("features.top_ids", got.top_ids, pb.DTYPE_INT32)
     out.put("features.top_activations", got.top_activations)
     out.put("features.l0", got.l0, pb.DTYPE_INT32)
-    out.put("features.error_norm", got.error_norm)
+    if got.error_norm is not None:
+        out.put("features.error_norm", got.error_norm)
     if got.feature_activations is not None:
         out.put("features.feature_activations", got.feature_activations)
     if got.activations is not None:

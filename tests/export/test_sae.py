@@ -112,6 +112,17 @@ def test_the_graph_equals_saelens_encode(model_dir, tmp_path, architecture, norm
     assert (np.abs(got["top_activations"] - np.where(active, strongest, 0)) <= 1e-4 * largest).all()
     if architecture == "topk":  # fewer than k active: the rest say so
         assert (got["top_ids"][..., 12:] == -1).all() and (got["l0"] == 12).all()
+    # with_error_norm false: the same features and no error norm, the decoder unread
+    feeds = {"x": x.numpy(), "top_k": np.array([k]), "with_error_norm": np.array(False)}
+    encoded = dict(zip(SAE_OUTPUTS, session.run(None, feeds), strict=True))
+    assert (encoded.pop("error_norm") == 0).all()
+    for name, value in encoded.items():
+        np.testing.assert_array_equal(value, got[name])
+    graph = onnx.load(str(out / SAE_ONNX), load_external_data=False).graph
+    (branch,) = [node for node in graph.node if node.op_type == "If"]
+    then = next(a.g for a in branch.attribute if a.name == "then_branch")
+    assert "W_dec" in {name for node in then.node for name in node.input}
+    assert "W_dec" not in {name for node in graph.node for name in node.input}
 
 
 def test_an_sae_that_does_not_fit_the_model_is_refused_by_field(model_dir, tmp_path):

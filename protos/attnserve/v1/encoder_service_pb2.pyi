@@ -154,20 +154,22 @@ class LogitAttributionRequest(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[int]] = ..., target_ids: _Optional[_Iterable[int]] = ..., contrast_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FeaturesRequest(_message.Message):
-    __slots__ = ("saes", "positions", "top_k", "feature_ids", "dense", "skip_first_token")
+    __slots__ = ("saes", "positions", "top_k", "feature_ids", "dense", "skip_first_token", "skip_error_norm")
     SAES_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     FEATURE_IDS_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
     SKIP_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SKIP_ERROR_NORM_FIELD_NUMBER: _ClassVar[int]
     saes: _containers.RepeatedScalarFieldContainer[str]
     positions: _containers.RepeatedScalarFieldContainer[int]
     top_k: int
     feature_ids: _containers.RepeatedScalarFieldContainer[int]
     dense: bool
     skip_first_token: bool
-    def __init__(self, saes: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., feature_ids: _Optional[_Iterable[int]] = ..., dense: _Optional[bool] = ..., skip_first_token: _Optional[bool] = ...) -> None: ...
+    skip_error_norm: bool
+    def __init__(self, saes: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., feature_ids: _Optional[_Iterable[int]] = ..., dense: _Optional[bool] = ..., skip_first_token: _Optional[bool] = ..., skip_error_norm: _Optional[bool] = ...) -> None: ...
 
 class SAEFeatures(_message.Message):
     __slots__ = ("saes", "positions", "top_ids", "top_activations", "l0", "error_norm", "feature_ids", "feature_activations", "activations")

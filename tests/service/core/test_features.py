@@ -103,6 +103,17 @@ def test_positions_feature_ids_and_the_first_token_left_out(features_client):
     assert plain.top_ids.shape[-1] == 10 and plain.feature_activations is None
 
 
+def test_skip_error_norm_returns_the_same_features_without_it(features_client):
+    features = {"saes": list(SAES), "dense": True, "top_k": 5}
+    full = features_client.encode(TEXT, features=features)[0].features
+    skipped = features_client.encode(TEXT, features=features | {"skip_error_norm": True})
+    got = skipped[0].features
+    assert full.error_norm is not None and full.error_norm.shape == full.l0.shape
+    assert got.error_norm is None
+    for name in ("top_ids", "top_activations", "l0", "activations"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(full, name))
+
+
 def test_features_are_read_under_the_head_mask(sae_server, features_client, small_model):
     _, saes = sae_server
     mask = np.ones((L, SMALL_CONFIG.n_heads), dtype=np.float32)
