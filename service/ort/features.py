@@ -9,7 +9,7 @@ provider and with the readouts' prepacking policy, once: the model's instances s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -75,39 +75,68 @@ class SAEGraphs:
             if SAE_INPUTS[2] not in {i.name for i in session.get_inputs()}
         }
 
-    def read(self, run: StreamRun, row: int, selection: FeaturesSelection) -> Features:
-        """Row `row`'s features of a readouts run: each SAE of `selection` on its site at
-        the selection's positions, stacked on a first axis over the SAEs."""
-        names = [name for name in SAE_OUTPUTS[:-1] if selection.error_norm or name != _ERROR]
-        if selection.dense or selection.feature_ids:
-            names.append(_ACTIVATIONS)
-        positions, ids = list(selection.positions), list(selection.feature_ids)
-        k = np.array([selection.top_k], dtype=np.int64)
-        decode = np.array(selection.error_norm)
-        per_sae = []
-        for sae in selection.saes:
+    def read(
+        self, run: StreamRun, selections: Sequence[FeaturesSelection | None]
+    ) -> list[Features | None]:
+        """Each row's features of a readouts run (None where its selection is): each SAE on
+        its site at the selection's positions, stacked on a first axis over the SAEs. An
+        SAE runs once for the whole batch, on every asking row's positions side by side
+        (its graph reads each position alone)."""
+        asked = {row: s for row, s in enumerate(selections) if s is not None}
+        got: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+        for sae in dict.fromkeys(name for s in asked.values() for name in s.saes):
+            rows = [row for row, s in asked.items() if sae in s.saes]
             output, index = self._sites[sae]
-            x = run.output(output)[row, index, positions][None]  # (1, P, d_in)
-            feeds = dict(zip(SAE_INPUTS, (x, k, decode), strict=True))
-            if sae in self._decoder_always:
-                del feeds[SAE_INPUTS[2]]
-            try:
-                outputs = self._sessions[sae].run(names, feeds)
-            except Exception as exc:  # ORT raises its own untyped errors
-                raise InferenceError(f"ONNX Runtime failed on SAE {sae!r}: {exc}") from exc
-            got = {name: value[0] for name, value in zip(names, outputs, strict=True)}
-            if ids:  # of SAEs of any widths; dense ones are of one width (the plan's rule)
-                got["chosen"] = got[_ACTIVATIONS][:, ids]
-            per_sae.append(got)
+            site = run.output(output)  # (B, sites, T, d_in)
+            x = np.concatenate([site[row, index, list(asked[row].positions)] for row in rows])
+            values = self._run(
+                sae,
+                x[None],  # (1, positions of every row, d_in)
+                top_k=max(asked[row].top_k for row in rows),
+                error_norm=any(asked[row].error_norm for row in rows),
+                activations=any(asked[row].dense or asked[row].feature_ids for row in rows),
+            )
+            start = 0
+            for row in rows:
+                end = start + len(asked[row].positions)
+                got[row, sae] = {name: value[start:end] for name, value in values.items()}
+                start = end
+        return [
+            None if s is None else _features(s, [got[row, sae] for sae in s.saes])
+            for row, s in enumerate(selections)
+        ]
 
-        def stacked(name: str) -> np.ndarray:
-            return np.stack([got[name] for got in per_sae])
+    def _run(
+        self, sae: str, x: np.ndarray, top_k: int, error_norm: bool, activations: bool
+    ) -> dict[str, np.ndarray]:
+        """SAE `sae`'s graph on x (1, P, d_in): its outputs by name, (P, ...) each."""
+        names = [name for name in SAE_OUTPUTS[:-1] if error_norm or name != _ERROR]
+        names += [_ACTIVATIONS] if activations else []
+        k = np.array([top_k], dtype=np.int64)
+        feeds = dict(zip(SAE_INPUTS, (x, k, np.array(error_norm)), strict=True))
+        if sae in self._decoder_always:
+            del feeds[SAE_INPUTS[2]]
+        try:
+            outputs = self._sessions[sae].run(names, feeds)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on SAE {sae!r}: {exc}") from exc
+        return {name: value[0] for name, value in zip(names, outputs, strict=True)}
 
-        return Features(
-            top_ids=stacked("top_ids"),
-            top_activations=stacked("top_activations"),
-            l0=stacked("l0"),
-            error_norm=stacked(_ERROR) if selection.error_norm else None,
-            feature_activations=stacked("chosen") if ids else None,
-            activations=stacked(_ACTIVATIONS) if selection.dense else None,
-        )
+
+def _features(selection: FeaturesSelection, per_sae: list[dict[str, np.ndarray]]) -> Features:
+    """One row's Features from each of its SAEs' outputs at its positions (their top k of
+    the batch's largest k, cut to its own)."""
+
+    def stacked(name: str, cut: slice | list[int] = slice(None)) -> np.ndarray:
+        return np.stack([got[name][:, cut] if name != _ERROR else got[name] for got in per_sae])
+
+    k, ids = slice(selection.top_k), list(selection.feature_ids)
+    return Features(
+        top_ids=stacked("top_ids", k),
+        top_activations=stacked("top_activations", k),
+        l0=np.stack([got["l0"] for got in per_sae]),
+        error_norm=stacked(_ERROR) if selection.error_norm else None,
+        # of SAEs of any widths; dense ones are of one width (the plan's rule)
+        feature_activations=stacked(_ACTIVATIONS, ids) if ids else None,
+        activations=stacked(_ACTIVATIONS) if selection.dense else None,
+    )

@@ -33,6 +33,7 @@ from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionOutput,
     AttentionSelection,
+    Features,
     ReadoutOutput,
     ReadoutSelection,
     WeightsInfo,
@@ -256,11 +257,13 @@ class OrtRuntime:
         )
         outputs = []
         try:
+            features: list[Features | None] = [None] * len(selections)
+            if self.sae_graphs is not None:  # each SAE once for the whole batch
+                features = self.sae_graphs.read(run, [s.features for s in selections])
             for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
                 out = self.readout_graphs.read_row(run, row, selection)
-                if selection.features is not None and self.sae_graphs is not None:
-                    features = self.sae_graphs.read(run, row, selection.features)
-                    out = replace(out, features=features)
+                if features[row] is not None:
+                    out = replace(out, features=features[row])
                 if selection.attention is not None and run.attentions is not None:
                     attention = self.reducer(run.attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)

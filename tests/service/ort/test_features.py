@@ -142,3 +142,52 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
                 got.feature_activations[i], got.activations[i][:, [5, 0, 7]]
             )
     assert switched_off > 0  # the thresholds turned features off that a ReLU keeps
+
+
+def test_a_batch_of_different_selections_reads_as_each_row_alone(small_model_dir, tmp_path):
+    """Rows asking different SAEs, positions, k and outputs (as the batcher joins requests)
+    get what each asks, as when read alone: each SAE runs once on every asking row."""
+    model_dir = linked_copy(small_model_dir, tmp_path / "model")
+    for name, (architecture, hook) in {
+        "resid": ("jumprelu", "blocks.1.hook_resid_post"),
+        "attn": ("standard", "blocks.0.hook_attn_out"),
+    }.items():
+        (tmp_path / name).mkdir()
+        _, source = saelens_sae(tmp_path / name, architecture, hook=hook, threshold=2.0)
+        add_sae(model_dir, source, name=name, log=lambda _: None)
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    options = [
+        FeaturesOptions(saes=("resid", "attn"), top_k=3, feature_ids=(1, 4)),
+        None,
+        FeaturesOptions(saes=("attn",), positions=(0, -1), top_k=7, skip_error_norm=True),
+        FeaturesOptions(saes=("resid",), dense=True),
+    ]
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, runtime.config.vocab_size, size=(4, 9))
+    lengths = [9, 9, 6, 9]
+
+    def selection(row: int) -> ReadoutSelection:
+        o = options[row]
+        if o is None:
+            return ReadoutSelection()
+        return ReadoutSelection(
+            features=plan_features(o, runtime.saes, runtime.config, lengths[row], row)
+        )
+
+    _, together = runtime.read(ids, lengths, [selection(row) for row in range(4)])
+    for row in range(4):
+        _, (alone,) = runtime.read(ids[row : row + 1], [lengths[row]], [selection(row)])
+        got, want = together[row].features, alone.features
+        if options[row] is None:
+            assert got is None
+            continue
+        assert got is not None and want is not None
+        for name in ("top_ids", "l0"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+        for name in ("top_activations", "error_norm", "feature_activations", "activations"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert together[2].features.top_ids.shape == (1, 2, 7)
+    assert together[2].features.error_norm is None
