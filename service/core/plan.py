@@ -208,6 +208,11 @@ def check_response_size(
                 "; fewer layers or positions of options.hidden_states, options.predictions "
                 "and options.logit_lens, a smaller top_k, or no logits"
             )
+            if any(s.features is not None for s in plan.readouts):
+                advice += (
+                    "; fewer options.features.saes, positions or feature_ids, a smaller "
+                    "top_k, or no dense activations"
+                )
         subject = "the largest message of the response" if by_layer else "the response"
         raise ResponseTooLargeError(
             f"{subject} would be about {total:,} bytes, more than the "

@@ -114,6 +114,23 @@ def test_skip_error_norm_returns_the_same_features_without_it(features_client):
         np.testing.assert_array_equal(getattr(got, name), getattr(full, name))
 
 
+def test_dense_features_too_large_for_a_message_name_the_features_options(sae_server):
+    # every feature of two SAEs at 120 positions: 2 x 120 x 96 x 4 B = 92 kB
+    small = ServerThread(sae_server[0].settings.model, max_message_bytes=50_000)
+    try:
+        with EncoderClient(small.address, ClientOptions(max_message_bytes=50_000)) as c:
+            features = {"saes": ["resid", "mlp"], "dense": True}
+            with pytest.raises(grpc.RpcError) as excinfo:
+                c.encode([[1] * 120], features=features, token_embeddings=False)
+            assert excinfo.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "more than the 50,000-byte message limit" in excinfo.value.details()
+            assert "fewer options.features.saes" in excinfo.value.details()
+            out = c.encode([[1] * 120], features={"saes": ["resid"]}, token_embeddings=False)
+            assert out[0].features.top_ids.shape == (1, 120, 10)
+    finally:
+        small.stop()
+
+
 def test_features_are_read_under_the_head_mask(sae_server, features_client, small_model):
     _, saes = sae_server
     mask = np.ones((L, SMALL_CONFIG.n_heads), dtype=np.float32)
