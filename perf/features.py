@@ -39,9 +39,8 @@ from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.studied import STUDIED
 from attnserve.service.process import spawn_server
 from perf.hf_checkpoints import GEMMA2_2B, SMOLLM2_135M, build_checkpoint, build_streamed_checkpoint
-from perf.readouts import plain_rows
+from perf.readouts import plain_against, plain_rows
 from perf.sizes import tree_rss
-from perf.sources import environment, sources_of
 
 BEFORE_FEATURES = "bba3bb5"  # the last commit before features were served
 WIDTHS = (4096, 16384, 32768)
@@ -49,6 +48,7 @@ LAYER_WIDTH = 16384  # one per layer, as Gemma Scope's canonical residual SAEs
 T = 128
 FEATURE_TARGET = 1.15
 TOP_K = 10
+PLAIN_RUNS = 3
 GiB = 2**30
 
 
@@ -146,9 +146,13 @@ def run_features(out: Path, ref: str = BEFORE_FEATURES, repeats: int = 10, log=p
         for width in WIDTHS:
             features = {"saes": [f"12-width-{width}"], "top_k": TOP_K}
             requests[f"{width // 1024}k SAE, top {TOP_K}"] = {"features": features}
-        requests[f"{layers} layers' 16k SAEs, top {TOP_K}"] = {
-            "features": {"saes": every_layer, "top_k": TOP_K}
-        }
+        every = {"saes": every_layer, "top_k": TOP_K}
+        requests[f"{layers} layers' 16k SAEs, top {TOP_K}"] = {"features": every}
+        # without the error norm: the decoders unread
+        skip = {"skip_error_norm": True}
+        one = {"saes": [f"12-width-{LAYER_WIDTH}"], "top_k": TOP_K}
+        requests[f"16k SAE, top {TOP_K}, no error norm"] = {"features": one | skip}
+        requests[f"{layers} layers', no error norm"] = {"features": every | skip}
         calls: dict[str, Callable[[], object]] = {
             name: functools.partial(client.encode, [ids], **options)
             for name, options in requests.items()
@@ -230,25 +234,12 @@ def plain_before_after(work: Path, ref: str, repeats: int, stack, log) -> list[d
     hook = f"blocks.{SMOLLM2_135M['num_hidden_layers'] - 1}.hook_resid_post"
     add(model_dir, write_sae(work / "small", SMOLLM2_135M["hidden_size"], 4096, hook, 0), "sae")
     log(f"  a plain request: {ref}'s server beside this checkout's, on one model directory")
-    src = stack.enter_context(sources_of(ref))
-    servers = {
-        "before": spawn_server(model_dir, "--provider", "cpu", cwd=src, env=environment(src)),
-        "after": spawn_server(model_dir, "--provider", "cpu"),
-    }
-    clients = {}
-    for name, server in servers.items():
-        stack.callback(server.process.wait, 60)
-        stack.callback(server.process.terminate)
-        options = ClientOptions(timeout_s=300)
-        clients[name] = stack.enter_context(EncoderClient(server.address, options))
-    rng = np.random.default_rng(1)
-    rows = []
-    for t in (8, 128):
-        ids = rng.integers(0, SMOLLM2_135M["vocab_size"], size=t).tolist()
-        calls = {name: functools.partial(c.encode, [ids]) for name, c in clients.items()}
-        times = repeated(calls, repeats * 3)
-        rows.append({"seq_len": t} | {n: round(p50_ms(s), 3) for n, s in times.items()})
-    return rows
+    after = spawn_server(model_dir, "--provider", "cpu")
+    stack.callback(after.process.wait, 60)
+    stack.callback(after.process.terminate)
+    client = stack.enter_context(EncoderClient(after.address, ClientOptions(timeout_s=300)))
+    vocab = SMOLLM2_135M["vocab_size"]
+    return plain_against(stack, model_dir, ref, client, vocab, repeats * 3, PLAIN_RUNS)
 
 
 def table(result: dict) -> str:

@@ -88,25 +88,40 @@ def run_readouts(out: Path, ref: str = BEFORE_READOUTS, repeats: int = 20, log=p
         result["rss_after_readouts_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
 
         log(f"  a plain request: {ref}'s server beside this checkout's, on one model directory")
-        src = stack.enter_context(sources_of(ref))
-        before = spawn_server(model_dir, "--provider", "cpu", cwd=src, env=environment(src))
-        stack.callback(before.process.wait, 60)
-        stack.callback(before.process.terminate)
-        old = stack.enter_context(EncoderClient(before.address, ClientOptions(timeout_s=300)))
-        for t in LENGTHS:
-            ids = rng.integers(0, info["vocab_size"], size=t).tolist()
-            times = repeated(
-                {
-                    "before": functools.partial(old.encode, [ids]),
-                    "after": functools.partial(client.encode, [ids]),
-                },
-                repeats * 3,
-            )
-            result["plain"].append(
-                {"seq_len": t} | {n: round(p50_ms(s), 3) for n, s in times.items()}
-            )
+        result["plain"] = plain_against(
+            stack, model_dir, ref, client, info["vocab_size"], repeats * 3, runs=1
+        )
     save(out, "readouts", result, table(result))
     return result
+
+
+def plain_against(
+    stack: contextlib.ExitStack,
+    model_dir: Path,
+    ref: str,
+    client: EncoderClient,
+    vocab_size: int,
+    repeats: int,
+    runs: int,
+) -> list[dict]:
+    """A plain request's p50 (ms) at each of LENGTHS on `ref`'s server of `model_dir` and on
+    this checkout's (`client`), alternating in blocks, `runs` separate times per length."""
+    src = stack.enter_context(sources_of(ref))
+    before = spawn_server(model_dir, "--provider", "cpu", cwd=src, env=environment(src))
+    stack.callback(before.process.wait, 60)
+    stack.callback(before.process.terminate)
+    old = stack.enter_context(EncoderClient(before.address, ClientOptions(timeout_s=300)))
+    rng = np.random.default_rng(1)
+    rows = []
+    for t in LENGTHS:
+        ids = rng.integers(0, vocab_size, size=t).tolist()
+        calls = {"before": functools.partial(old.encode, [ids])}
+        calls["after"] = functools.partial(client.encode, [ids])
+        for run in range(runs):  # separate runs: their spread is the machine's noise
+            times = repeated(calls, repeats)
+            row = {"seq_len": t} | ({"run": run} if runs > 1 else {})
+            rows.append(row | {n: round(p50_ms(s), 3) for n, s in times.items()})
+    return rows
 
 
 def table(result: dict) -> str:
@@ -140,12 +155,13 @@ def table(result: dict) -> str:
 
 
 def plain_rows(plain: list[dict]) -> list[str]:
-    """A plain request's p50 before and after, a table row per length."""
+    """A plain request's p50 before and after, a table row per length (and run)."""
     rows = []
     for row in plain:
         ratio = row["after"] / row["before"]
+        run = f", run {row['run']}" if "run" in row else ""
         rows.append(
-            f"| T = {row['seq_len']} | {row['before']:.2f} ms | {row['after']:.2f} ms | "
+            f"| T = {row['seq_len']}{run} | {row['before']:.2f} ms | {row['after']:.2f} ms | "
             f"{ratio:.3f}x ({'within' if ratio <= PLAIN_TARGET else 'outside'} 2%) |"
         )
     return rows
