@@ -4,7 +4,7 @@ traced) in `MODEL_DIR/saes/NAME/`: sae.onnx, sae.data (its weights) and sae.json
 what the parity check measured).
 
 The graph: `x` (B, T, d_in) the hook site's values, `top_k` int64 [1] and
-`with_error_norm` bool [] (default true) in; `top_ids` int64 and `top_activations` (B, T,
+`with_error_norm` bool [] in; `top_ids` int64 and `top_activations` (B, T,
 k) (descending; -1 and 0 where fewer are active), `l0` int64 and `error_norm` (B, T)
 (zeros, and the decoder unread, with with_error_norm false), and `activations` (B, T,
 d_sae) out.
@@ -233,9 +233,7 @@ def decoder_on_demand(path: Path) -> None:
     decoder = _ancestors([error]) - _ancestors(others)
     nodes = [node for node in graph if node in decoder]  # in the graph's order
     flag = ir.Value(name=SAE_INPUTS[2], shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
-    flag.const_value = ir.tensor(np.array(True), name=flag.name)  # the default: read it
     graph.inputs.append(flag)
-    graph.register_initializer(flag)
     shape = ir.node("Shape", [graph.inputs[0]], attributes={"end": 2})  # (B, T)
     fill = ir.tensor(np.zeros(1, np.float32))
     zeros = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": fill})

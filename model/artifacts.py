@@ -110,7 +110,7 @@ FUSED_ONNX_FILENAME = "model_fused.onnx"
 # the reconstruction error's norm [batch, seq], and every activation [batch, seq, d_sae] out.
 SAES_DIRNAME = "saes"
 SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
-# x float32 (B, T, d_in), top_k int64 [1], with_error_norm bool [] (default true): false leaves the
+# x float32 (B, T, d_in), top_k int64 [1], with_error_norm bool []: false leaves the
 # decoder unread (error_norm zeros); SAEs added before 2026-11-28 lack it (always read)
 SAE_INPUTS = ("x", "top_k", "with_error_norm")
 SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")

@@ -121,6 +121,31 @@ SECTIONS = [
         "python -m perf sizes",
     ),
     (
+        "readouts",
+        "Beyond attention: what the readouts cost",
+        "Random weights in SmolLM2-135M's shape (30 layers, d 576, a 49,152-token vocabulary) "
+        "imported and served; one Encode at a time, the kinds of request in alternating "
+        "blocks, then a plain request against the server before the readouts reached the "
+        "transports on the same model directory.",
+        "python -m perf readouts",
+    ),
+    (
+        "features",
+        "Features: what sparse autoencoders cost",
+        "gemma-2-2b's shape (random, float32) with JumpReLU SAEs of 4k-32k features on layer "
+        "12 and a 16k SAE on every layer; Encode at T = 128 in alternating blocks; then a "
+        "plain request against the server before features, SmolLM2-135M's shape with an SAE "
+        "beside it, three runs.",
+        "python -m perf features",
+    ),
+    (
+        "features-llama-8b",
+        "Features beside an 8B model in int8",
+        "Llama-3.1-8B's shape (random bfloat16) imported in int8 (float32 arithmetic) with a "
+        "32k Llama Scope-shaped SAE in int8 on layer 15's residual stream, served together.",
+        "python -m perf features --llama-8b",
+    ),
+    (
         "repository",
         "Several models, and reloads",
         "A server of a repository (`--model-repository`) with the default model alone, and one "

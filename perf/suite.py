@@ -14,11 +14,13 @@ from attnserve.model.config import ModelConfig
 from perf.batching import run_batching
 from perf.containers import run_containers
 from perf.families import run_families, run_second_round
+from perf.features import run_features, run_llama_scope
 from perf.oip import run_oip
 from perf.peer_env import PEERS_VENV
 from perf.peers import run_peers
 from perf.perf_analyzer import TOOLS, run_perf_analyzer
 from perf.ray_serve import run_ray
+from perf.readouts import run_readouts
 from perf.repository import run_repository
 from perf.sizes import run_sizes
 
@@ -40,5 +42,9 @@ def run_suite(out: Path, quick: bool = False) -> None:
     if not quick:  # four 0.6-2.6B models imported and run at 1024 tokens: an hour here
         run_second_round(out, log=progress)
     run_sizes(out, progress, quick=quick)
+    if not quick:  # 0.1-8B models imported with SAEs beside them: an hour and more
+        run_readouts(out, log=progress)
+        run_features(out, log=progress)
+        run_llama_scope(out, log=progress)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

@@ -68,12 +68,13 @@ class SAEGraphs:
             if missing:
                 raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
             self._sessions[name] = session
-        # SAEs added before their decoder could be left unread (no with_error_norm input)
-        self._decoder_always = {
+        # the SAEs whose decoder a request can leave unread (added since 2026-11-28: the
+        # with_error_norm input); the others' always runs
+        self.decoder_on_demand = frozenset(
             name
             for name, session in self._sessions.items()
-            if SAE_INPUTS[2] not in {i.name for i in session.get_inputs()}
-        }
+            if SAE_INPUTS[2] in {i.name for i in session.get_inputs()}
+        )
 
     def read(
         self, run: StreamRun, selections: Sequence[FeaturesSelection | None]
@@ -114,7 +115,7 @@ class SAEGraphs:
         names += [_ACTIVATIONS] if activations else []
         k = np.array([top_k], dtype=np.int64)
         feeds = dict(zip(SAE_INPUTS, (x, k, np.array(error_norm)), strict=True))
-        if sae in self._decoder_always:
+        if sae not in self.decoder_on_demand:
             del feeds[SAE_INPUTS[2]]
         try:
             outputs = self._sessions[sae].run(names, feeds)

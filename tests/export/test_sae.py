@@ -95,7 +95,9 @@ def test_the_graph_equals_saelens_encode(model_dir, tmp_path, architecture, norm
         error = (x - sae.decode(want)).norm(dim=-1)
     k = 20
     session = ort.InferenceSession(str(out / SAE_ONNX), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, {"x": x.numpy(), "top_k": np.array([k])})
+    outputs = session.run(
+        None, {"x": x.numpy(), "top_k": np.array([k]), "with_error_norm": np.array(True)}
+    )
     got = dict(zip(SAE_OUTPUTS, outputs, strict=True))
     want, error = want.numpy(), error.numpy()
     largest = np.abs(want).max(-1, keepdims=True)  # each position's largest activation
@@ -182,7 +184,13 @@ def test_an_sae_in_eight_bits_states_its_fidelity(model_dir, tmp_path, architect
     assert "MatMulNBits" in ops
     x = residual_rows(4)
     got = dict(
-        zip(SAE_OUTPUTS, session.run(None, {"x": x.numpy(), "top_k": np.array([5])}), strict=True)
+        zip(
+            SAE_OUTPUTS,
+            session.run(
+                None, {"x": x.numpy(), "top_k": np.array([5]), "with_error_norm": np.array(True)}
+            ),
+            strict=True,
+        )
     )
     with torch.no_grad():
         want = sae.encode(x).numpy()

@@ -23,7 +23,9 @@ from tests.export.test_sae import D_SAE, LAST, D, residual_rows, saelens_sae
 def served(out: Path, x: torch.Tensor) -> dict[str, np.ndarray]:
     """The SAE graph written at `out`, run by ONNX Runtime on x."""
     session = ort.InferenceSession(str(out / SAE_ONNX), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, {"x": x.numpy(), "top_k": np.array([8])})
+    outputs = session.run(
+        None, {"x": x.numpy(), "top_k": np.array([8]), "with_error_norm": np.array(True)}
+    )
     return dict(zip(SAE_OUTPUTS, outputs, strict=True))
 
 

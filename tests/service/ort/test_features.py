@@ -156,6 +156,8 @@ def test_a_batch_of_different_selections_reads_as_each_row_alone(small_model_dir
         _, source = saelens_sae(tmp_path / name, architecture, hook=hook, threshold=2.0)
         add_sae(model_dir, source, name=name, log=lambda _: None)
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert runtime.sae_graphs is not None  # each SAE's decoder left unread when not asked
+    assert runtime.sae_graphs.decoder_on_demand == {"resid", "attn"}
     options = [
         FeaturesOptions(saes=("resid", "attn"), top_k=3, feature_ids=(1, 4)),
         None,
