@@ -55,6 +55,8 @@ def test_default_export_writes_a_checked_model_directory(default_export):
                 "residual_stream",
                 "head_outputs",
                 "mlp_outputs",
+                "attn_outputs",
+                "resid_mid",
             ]
         else:  # the served graphs: nothing computed that a plain request does not read
             assert head_mask == [] and outputs[0] == "embeddings"
