@@ -67,7 +67,17 @@ def actor_options(num_cpus: float = 1) -> dict[str, Any]:
     return {"num_cpus": num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}}
 
 
-@serve.deployment(name="Encoder", ray_actor_options=actor_options())
+# Deleting the application lets a replica finish what it admitted for this long before Ray
+# kills it; Ray's default, 20 s, is shorter than a long request on a busy CPU: a call's
+# default deadline (Settings.http_timeout_s) instead.
+GRACEFUL_SHUTDOWN_S = 60.0
+
+
+@serve.deployment(
+    name="Encoder",
+    ray_actor_options=actor_options(),
+    graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+)
 @serve.ingress()
 class Encoder:
     """One replica: the models of `settings` (Settings' fields, as `attnserve serve` takes
