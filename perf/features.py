@@ -37,7 +37,7 @@ from attnserve.bench.results import save
 from attnserve.bench.timing import p50_ms, repeated
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.studied import STUDIED
-from attnserve.service.process import spawn_server
+from attnserve.service.process import ServerProcess, spawn_server
 from perf.hf_checkpoints import GEMMA2_2B, SMOLLM2_135M, build_checkpoint, build_streamed_checkpoint
 from perf.readouts import plain_against, plain_rows
 from perf.sizes import tree_rss
@@ -104,6 +104,23 @@ def add(model_dir: Path, source: Path, name: str, *extra: str) -> None:
     subprocess.run([*command, "--name", name, *extra], check=True, capture_output=True)
 
 
+def served(
+    model_dir: Path, stack: contextlib.ExitStack, result: dict, *extra: str
+) -> tuple[ServerProcess, EncoderClient, list[int]]:
+    """`attnserve serve` of `model_dir` (`extra` its options) and a client of it, what model
+    info and the server's RSS say of its weights written into `result`, and T random ids."""
+    server = spawn_server(model_dir, "--provider", "cpu", *extra, timeout=900)
+    stack.callback(server.process.wait, 120)
+    stack.callback(server.process.terminate)
+    client = stack.enter_context(EncoderClient(server.address, ClientOptions(timeout_s=900)))
+    info = client.model_info()
+    result["weight_gib"] = round(info["weight_bytes"] / GiB, 2)
+    result["resident_weight_gib"] = round(info["resident_weight_bytes"] / GiB, 2)
+    result["rss_loaded_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
+    ids = np.random.default_rng(0).integers(0, info["vocab_size"], size=T).tolist()
+    return server, client, ids
+
+
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory (VmHWM)."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -132,15 +149,7 @@ def run_features(out: Path, ref: str = BEFORE_FEATURES, repeats: int = 10, log=p
         )
 
         log("  serving it...")
-        server = spawn_server(model_dir, "--provider", "cpu")
-        stack.callback(server.process.wait, 120)
-        stack.callback(server.process.terminate)
-        client = stack.enter_context(EncoderClient(server.address, ClientOptions(timeout_s=600)))
-        info = client.model_info()
-        result["weight_gib"] = round(info["weight_bytes"] / GiB, 2)
-        result["resident_weight_gib"] = round(info["resident_weight_bytes"] / GiB, 2)
-        result["rss_loaded_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
-        ids = np.random.default_rng(0).integers(0, info["vocab_size"], size=T).tolist()
+        server, client, ids = served(model_dir, stack, result)
         every_layer = [f"{layer}-res-16k" for layer in range(layers)]
         requests: dict[str, dict] = {"embeddings": {}}
         for width in WIDTHS:
@@ -195,15 +204,7 @@ def run_llama_scope(out: Path, repeats: int = 1, log=print) -> dict:
         sizes = {p.name: p.stat().st_size for p in (model_dir / "saes" / "L15R").iterdir()}
         result["sae_disk_gib"] = round(sum(sizes.values()) / GiB, 3)
         log("  serving it...")
-        server = spawn_server(model_dir, "--provider", "cpu", "--precision", "int8", timeout=900)
-        stack.callback(server.process.wait, 120)
-        stack.callback(server.process.terminate)
-        client = stack.enter_context(EncoderClient(server.address, ClientOptions(timeout_s=900)))
-        info = client.model_info()
-        result["weight_gib"] = round(info["weight_bytes"] / GiB, 2)
-        result["resident_weight_gib"] = round(info["resident_weight_bytes"] / GiB, 2)
-        result["rss_loaded_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
-        ids = np.random.default_rng(0).integers(0, info["vocab_size"], size=T).tolist()
+        server, client, ids = served(model_dir, stack, result, "--precision", "int8")
         features = {"saes": ["L15R"], "top_k": TOP_K}
         calls: dict[str, Callable[[], object]] = {
             "embeddings": functools.partial(client.encode, [ids]),
