@@ -40,11 +40,13 @@ class SAEGraphs:
         config: ModelConfig,
         open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
         options: Callable[[], ort.SessionOptions],
-        returned: Collection[str],
+        returned: Callable[[], Collection[str]],
         prepack: bool = False,
     ) -> None:
-        """`returned`: the readouts graph's outputs (an SAE on a site it lacks is refused)."""
+        """`returned()`: the readouts graph's outputs (an SAE on a site it lacks is refused),
+        asked only of a directory that holds SAEs."""
         self.configs = model_dir.saes()
+        outputs = returned() if self.configs else frozenset()
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
         self.weight_bytes = model_dir.sae_bytes()  # what their sessions hold
@@ -54,7 +56,7 @@ class SAEGraphs:
                 self._sites[name] = site_of(sae, config)
             except UnsupportedError as exc:
                 raise ModelLoadError(f"{folder}: {exc}") from None
-            if self._sites[name][0] not in returned:
+            if self._sites[name][0] not in outputs:
                 raise ModelLoadError(
                     f"{folder}: the SAE reads {sae.hook_name}, which this directory's "
                     f"readouts graph does not return (written before attnserve returned "

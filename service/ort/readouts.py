@@ -148,7 +148,10 @@ class ReadoutGraphs:
         )
 
     def stream_outputs(self) -> frozenset[str]:
-        """The readouts graph's outputs (read from its file; its weights stay on disk)."""
+        """The readouts graph's outputs: its open session's, or read from its file (its
+        weights stay on disk)."""
+        if STREAM in self._sessions:
+            return frozenset(output.name for output in self._sessions[STREAM].get_outputs())
         path = self.model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
         graph = onnx.load(str(path), load_external_data=False).graph
         return frozenset(output.name for output in graph.output)

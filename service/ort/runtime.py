@@ -162,7 +162,7 @@ class OrtRuntime:
                 self.config,
                 lambda path, so: _open(Path(path), so, _providers(self.provider)),
                 lambda: session_options(options),
-                self.readout_graphs.stream_outputs(),
+                self.readout_graphs.stream_outputs,
                 prepack=self.readout_graphs.prepack,
             )
 
