@@ -13,10 +13,12 @@ from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import (
     ATTRIBUTION_PARTS,
     HEAD_REDUCTIONS,
+    INTERVENTION_OPS,
     LAYOUTS,
     LENS_NORMS,
     POOLINGS,
     RESULTS_FIELD,
+    fill_tensor,
     from_tensor,
     split_tensor_data,
 )
@@ -25,6 +27,22 @@ Input = str | Sequence[int] | np.ndarray  # text, or token ids
 Choice = TypeVar("Choice")  # an enum value of the .proto
 
 DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16}
+
+
+@dataclass
+class ActivationPatching:
+    """An activation patching grid: logit(target) - logit(contrast) at the last position of
+    the input's run with each place taken from the source's."""
+
+    hook: str  # the kind of site patched
+    values: np.ndarray  # float32 (layers, positions), hook z: (layers, heads)
+    clean: float  # the difference in the source's own run
+    corrupted: float  # ... and in the input's
+
+    def recovered(self) -> np.ndarray:
+        """How much of the clean difference each place brings back: 0 as corrupted, 1 as
+        clean (the explorer's colour)."""
+        return (self.values - self.corrupted) / (self.clean - self.corrupted)
 
 
 @dataclass
@@ -59,6 +77,11 @@ class Encoding:
     logit_lens: TokenPredictions | None = None
     attribution: LogitAttribution | None = None
     features: SAEFeatures | None = None
+    # captured sites' values by hook name, float32 (positions, width) (hook_z: (positions,
+    # n_heads, head_dim)), at activation_positions
+    activations: dict[str, np.ndarray] = field(default_factory=dict)
+    activation_positions: list[int] = field(default_factory=list)
+    patching: ActivationPatching | None = None
     # EncodeLayers' answer (encode_layers): attention one array per selected layer, as
     # received (causal-packed stays packed), and `attention` is None.
     attention_by_layer: list[np.ndarray] = field(default_factory=list)
@@ -175,6 +198,9 @@ def build_request(
     features: Mapping | None = None,
     head_mask: np.ndarray | Mapping[tuple[int, int], float] | None = None,
     head_means: Mapping[tuple[int, int], Sequence[float] | np.ndarray] | None = None,
+    interventions: Sequence[Mapping] = (),
+    capture: Sequence[str] | Mapping | None = None,
+    patching: Mapping | None = None,
     request_id: str = "",
     model: str = "",
 ) -> pb.EncodeRequest:
@@ -192,6 +218,14 @@ def build_request(
     `head_mask`: (n_layers, n_heads) scales, or {(layer, head): scale}; 0 removes a head.
     `head_means`: {(layer, head): head_dim floats} added to those heads' outputs after their
     scale (with scale 0: mean-ablation).
+    `interventions`: changes of hook sites, each a dict of Intervention's fields with `op`
+    a word ("add", "set", "scale") and `values` an array (`{"hook": "blocks.3.hook_resid_pre",
+    "op": "add", "values": vector, "scale": 4.0, "positions": [-1]}`).
+    `capture`: hook names whose values to return (Encoding.activations), or the fields of
+    CaptureRequest as a dict (`{"hooks": [...], "positions": [-1]}`).
+    `patching`: activation patching (Encoding.patching): `{"source": clean text or ids,
+    "hook": "resid_pre", "target": " Mary", "contrast": " John"}` (target and contrast:
+    one token's text, or its id).
     `model` names a served model (empty: the server's default).
     """
     single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
@@ -242,7 +276,42 @@ def build_request(
         options.features.MergeFrom(pb.FeaturesRequest(**features))
     if head_mask is not None or head_means:
         options.head_mask.extend(_head_scales(head_mask, head_means or {}))
+    options.interventions.extend(_intervention(entry) for entry in interventions)
+    if capture is not None:
+        fields = dict(capture) if isinstance(capture, Mapping) else {"hooks": list(capture)}
+        options.capture.MergeFrom(pb.CaptureRequest(**fields))
+    if patching is not None:
+        options.patching.MergeFrom(_patching(patching))
     return request
+
+
+def _patching(fields: Mapping) -> pb.PatchingRequest:
+    """build_request's patching as the message: the source an input, each token by its text
+    (a str) or its id."""
+    message = pb.PatchingRequest(hook=fields["hook"])
+    source = fields["source"]
+    if isinstance(source, str):
+        message.source.text = source
+    else:
+        message.source.token_ids.ids.extend(int(i) for i in source)
+    for name in ("target", "contrast"):
+        token = fields[name]
+        if isinstance(token, str):
+            setattr(message, name, token)
+        else:
+            setattr(message, f"{name}_id", int(token))
+    return message
+
+
+def _intervention(entry: Mapping) -> pb.Intervention:
+    """One of build_request's interventions as the message: its op a word, values an array."""
+    fields = dict(entry)
+    fields["op"] = _choice("op", fields["op"], INTERVENTION_OPS)
+    values = fields.pop("values", None)
+    message = pb.Intervention(**fields)
+    if values is not None:
+        fill_tensor(message.values, np.asarray(values, dtype=np.float32))
+    return message
 
 
 def array_head_mask(options: Mapping[str, object]) -> np.ndarray | None:
@@ -391,6 +460,18 @@ def decode_response(
                 logit_lens=_predictions(tensors, "logit_lens"),
                 attribution=_attribution(tensors),
                 features=_features(tensors),
+                activations={
+                    hook: from_tensor(tensor) for hook, tensor in result.activations.items()
+                },
+                activation_positions=list(result.activation_positions),
+                patching=ActivationPatching(
+                    result.patching.hook,
+                    tensors.child("patching").array("values"),
+                    result.patching.clean,
+                    result.patching.corrupted,
+                )
+                if result.HasField("patching")
+                else None,
             )
         )
         if unpack_attention:

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
-import numpy as np
 import onnx_ir as ir
 import onnxscript.optimizer
 import torch
@@ -27,19 +26,21 @@ from attnserve.export.weights import WeightsFile, externalize, store_linear_weig
 from attnserve.model.artifacts import (
     ATTRIBUTION_INPUTS,
     ATTRIBUTION_OUTPUTS,
+    CHANGE_PARTS,
     CONFIG_METADATA_KEY,
-    HEAD_MASK_NAME,
-    HEAD_MEANS_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     VERSIONS_METADATA_KEY,
+    change_inputs,
     readout_sites,
+    unchanged,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, rotary_modules
-from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
+from attnserve.model.hook_points import captured, hooked, site_changes, stacked
+from attnserve.model.hooks import changeable
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23
@@ -51,16 +52,21 @@ def exporter_versions() -> dict[str, str]:
 
 class _FullGraph(Encoder):
     """model_readouts.onnx: forward's outputs, the residual stream and the parts the blocks
-    added to it (read at their hook points), under a head mask and head means (a change on
-    every hook_z); model.onnx once they are taken out (_without_readouts)."""
+    added to it (read at their hook points), under the interventions' changes (the inputs
+    of artifacts.change_inputs, by name); model.onnx once they are taken out
+    (_without_readouts)."""
 
     def forward(  # type: ignore[override]
-        self, input_ids: torch.Tensor, head_mask: torch.Tensor, head_means: torch.Tensor
+        self, input_ids: torch.Tensor, changes: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, ...]:
         sites = readout_sites(self.config)
         reads = [site for names in sites.values() for site in names]
+        kinds = changeable(self.config)
+        tensors = {
+            kind: tuple(changes[f"{kind}_{part}"] for part in CHANGE_PARTS) for kind in kinds
+        }
         with (
-            hooked(self, head_ablation(head_mask, head_means)),
+            hooked(self, site_changes(kinds, tensors)),  # type: ignore[arg-type]
             captured(self, reads) as values,
         ):
             embeddings, attentions = Encoder.forward(self, input_ids)
@@ -111,7 +117,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     device)."""
     names: dict[str, tuple[list[str], list[str]]] = {
         "full": (
-            [config.input_name, HEAD_MASK_NAME, HEAD_MEANS_NAME],
+            [config.input_name, *change_inputs(config)],
             [config.embeddings_name, config.attentions_name, *readout_sites(config)],
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
@@ -122,6 +128,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     with torch.device("meta"):
         model = module(config)
     # The traced examples only have to be valid; the axes named here are symbolic.
+    keywords: dict = {}
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=config.max_seq_len)
     t = min(8, config.max_seq_len)
@@ -146,11 +153,12 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     else:
         example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
         dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
-        if kind == "full":
-            heads = (config.n_layers, config.n_heads)
-            example += (torch.ones(2, *heads, device="meta"),)
-            example += (torch.zeros(2, *heads, config.head_dim, device="meta"),)
-            dynamic_shapes |= {HEAD_MASK_NAME: {0: batch}, HEAD_MEANS_NAME: {0: batch}}
+        if kind == "full":  # traced at the smallest shapes: their axes are freed after
+            changes = {
+                name: torch.zeros(x.shape, device="meta") for name, x in unchanged(config).items()
+            }
+            keywords = {"changes": changes}
+            dynamic_shapes["changes"] = dict.fromkeys(changes)  # static: freed after the trace
     inputs, outputs = names[kind]
     # The dynamo exporter logs missing optional torchvision ops at WARNING, and the graph
     # passes each rewrite at INFO (hundreds of lines for a 1B model): irrelevant here.
@@ -164,6 +172,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
         program = torch.onnx.export(
             model.eval(),
             example,
+            kwargs=keywords,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
             input_names=inputs,
@@ -175,7 +184,35 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             verbose=False,
         )
     assert program is not None  # torch returns None only for the legacy exporter
+    if kind == "full":
+        _free_change_axes(program.model, config)
     return program.model
+
+
+def _free_change_axes(model: ir.Model, config: ModelConfig) -> None:
+    """The intervention inputs, traced at (1, L, 1, 1), declared for any broadcastable
+    shape: every axis but the layers' named (dims of 1 broadcast in ONNX as in numpy), and
+    the shapes the trace recorded of what is made of them alone forgotten (the Gathers of
+    one layer's slice; ONNX Runtime infers them again)."""
+    inputs = change_inputs(config)
+    derived: set[ir.Value] = set()
+    for value in model.graph.inputs:
+        if value.name in inputs:
+            rank = len(value.shape) if value.shape is not None else 4
+            value.shape = ir.Shape(
+                [config.n_layers if axis == 1 else f"{value.name}_{axis}" for axis in range(rank)]
+            )
+            derived.add(value)
+    constant: set[ir.Value] = set()
+    for node in model.graph:  # in order: a node's inputs come before it
+        given = [v for v in node.inputs if v is not None and v.const_value is None]
+        given = [v for v in given if v not in constant]
+        if not given:  # Constant nodes, and what is computed of them alone
+            constant.update(node.outputs)
+        elif all(v in derived for v in given):
+            for output in node.outputs:
+                output.shape = None
+                derived.add(output)
 
 
 def _with_predictions(model: ir.Model) -> None:
@@ -271,29 +308,36 @@ def _save(graph: ir.Model, config: ModelConfig, path: str | Path) -> Path:
 
 
 def _without_readouts(model: ir.Model, config: ModelConfig) -> None:
-    """The readouts graph made model.onnx: every head kept (the mask made of ones inside,
-    the means of zeros, in the batch's shape, which the traced graph reads its batch size
-    from too) and no residual stream or parts (what only fed them goes with them)."""
+    """The readouts graph made model.onnx: no interventions (their inputs made constants
+    that change nothing, and the products and sums with them dropped) and no residual stream
+    or parts (what only fed them goes with them)."""
     graph = model.graph
     for output in [v for v in graph.outputs if v.name in readout_sites(config)]:
         graph.outputs.remove(output)
-    input_ids = next(v for v in graph.inputs if v.name == config.input_name)
-    batch = ir.node("Shape", [input_ids], attributes={"end": 1})
-    graph.insert_before(graph.node(0), [batch])
-    heads = [config.n_layers, config.n_heads]
-    for name, dims, value in (
-        (HEAD_MASK_NAME, heads, 1.0),
-        (HEAD_MEANS_NAME, [*heads, config.head_dim], 0.0),
-    ):
+    for name, value in unchanged(config).items():
         given = next(v for v in graph.inputs if v.name == name)
-        constant = ir.node(
-            "Constant", [], attributes={"value": ir.tensor(np.array(dims, dtype=np.int64))}
-        )
-        shape = ir.node("Concat", [batch.outputs[0], constant.outputs[0]], attributes={"axis": 0})
-        fill = ir.tensor(np.full(1, value, dtype=np.float32))
-        filled = ir.node("ConstantOfShape", [shape.outputs[0]], attributes={"value": fill})
-        filled.outputs[0].name = f"{name}_constant"
-        graph.insert_after(batch, [constant, shape, filled])
-        given.replace_all_uses_with(filled.outputs[0])
         graph.inputs.remove(given)
-    ir.passes.common.RemoveUnusedNodesPass()(model)  # optimised already: only drop the stream
+        given.const_value = ir.tensor(value, name=name)
+        graph.register_initializer(given)
+    onnxscript.optimizer.fold_constants(model)  # each layer's slice: a constant too
+    for node in list(graph):
+        kept = _identity_input(node)
+        if kept is not None:
+            node.outputs[0].replace_all_uses_with(kept)
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+
+
+def _identity_input(node: ir.Node) -> ir.Value | None:
+    """The input a Mul by ones or an Add of zeros passes through unchanged (a constant of
+    dims 1, of no higher rank: broadcasting it changes no shape), or None."""
+    neutral = {"Mul": 1.0, "Add": 0.0}.get(node.op_type)
+    if neutral is None or len(node.inputs) != 2:
+        return None
+    for constant, other in (node.inputs, node.inputs[::-1]):
+        tensor = ir.convenience.get_const_tensor(constant) if constant is not None else None
+        if tensor is None or other is None or other.shape is None:
+            continue
+        values = tensor.numpy()
+        if values.size == 1 and values.ndim <= len(other.shape) and values.item() == neutral:
+            return other
+    return None

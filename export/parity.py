@@ -19,8 +19,6 @@ from attnserve.export import DEFAULT_TOLERANCE
 from attnserve.model.artifacts import (
     ATTRIBUTION_INPUTS,
     ATTRIBUTION_OUTPUTS,
-    HEAD_MASK_NAME,
-    HEAD_MEANS_NAME,
     LENS_INPUTS,
     LOGITS_NAME,
     PARTS_NAMES,
@@ -28,6 +26,7 @@ from attnserve.model.artifacts import (
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
     readout_sites,
+    unchanged,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
@@ -118,19 +117,13 @@ def reference_outputs(
     references = []
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
-        mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
         sites = readout_sites(config)
         reads = [site for names in sites.values() for site in names]
         with torch.inference_mode(), captured(model, reads) as values:
             embeddings, attentions = model(torch.from_numpy(ids))
         assert attentions is not None
         readouts = {name: value.numpy() for name, value in stacked(values, sites).items()}
-        means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
-        inputs: dict[str, np.ndarray] = {
-            config.input_name: ids,
-            HEAD_MASK_NAME: mask,
-            HEAD_MEANS_NAME: means,
-        }
+        inputs = {config.input_name: ids} | unchanged(config)
         outputs = {
             config.embeddings_name: embeddings.numpy(),
             config.attentions_name: attentions.numpy(),

@@ -7,6 +7,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from attnserve.model import hooks
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
@@ -15,10 +17,15 @@ ONNX_FILENAME = "model.onnx"  # embeddings and attention weights of every layer 
 # The same graph with the readouts: a head mask in, the residual stream out beside them
 # (a graph of its own: ONNX Runtime computes every output, asked for or not).
 READOUTS_ONNX_FILENAME = "model_readouts.onnx"
-HEAD_MASK_NAME = "head_mask"  # input, float32 [batch, layers, heads]: 1 keeps a head
-# input, float32 [batch, layers, heads, head_dim]: added to each head's output after its
-# scale (0 keeps it; mean-ablation: scale 0 and the head's mean output)
-HEAD_MEANS_NAME = "head_means"
+# Interventions: the readouts graph changes every layer's site of each kind hooks.changeable
+# names, x -> x * scale + add * gate, by three float32 inputs per kind, `{kind}_scale`,
+# `{kind}_add` and `{kind}_gate`, each [batch or 1, layers, positions or 1, width or 1]
+# (hook_z's: [batch or 1, layers, positions or 1, heads or 1, head_dim or 1]) broadcast
+# against the site's value; ones, zeros and zeros leave it as it is.
+CHANGE_PARTS = ("scale", "add", "gate")
+# Directories written before 2026-11-28 have two inputs instead, hook_z's scale and add:
+HEAD_MASK_NAME = "head_mask"  # float32 [batch, layers, heads]: 1 keeps a head
+HEAD_MEANS_NAME = "head_means"  # float32 [batch, layers, heads, head_dim]: added after
 RESIDUAL_STREAM_NAME = "residual_stream"  # output, float32 [batch, layers + 1, seq, d_model]
 # The logit lens: any layer's residual rows through the final norm (with the last layer's
 # scale frozen) and the unembedding; written where the model has an unembedding.
@@ -37,6 +44,23 @@ PARTS_NAMES = ("head_outputs", "mlp_outputs")
 # output norm, before Granite's scale), [batch, layers, seq, d_model], and in sequential
 # blocks the stream between attention and MLP (hook_resid_mid), likewise.
 ATTN_OUTPUTS_NAME, RESID_MID_NAME = "attn_outputs", "resid_mid"
+
+
+def change_inputs(config: ModelConfig) -> dict[str, tuple[str, str]]:
+    """The readouts graph's intervention inputs: each name -> (the kind of site, its part)."""
+    return {
+        f"{kind}_{part}": (kind, part) for kind in hooks.changeable(config) for part in CHANGE_PARTS
+    }
+
+
+def unchanged(config: ModelConfig) -> dict[str, np.ndarray]:
+    """Intervention inputs that change nothing: ones to scale by, zeros to add, of the
+    smallest shape each (1, L, 1, 1) (hook_z: (1, L, 1, 1, 1))."""
+    feeds = {}
+    for name, (kind, part) in change_inputs(config).items():
+        shape = (1, config.n_layers, 1, 1, 1) if kind == "z" else (1, config.n_layers, 1, 1)
+        feeds[name] = np.full(shape, 1.0 if part == "scale" else 0.0, dtype=np.float32)
+    return feeds
 
 
 def readout_sites(config: ModelConfig) -> dict[str, list[str]]:

@@ -80,6 +80,30 @@ def captured(model: nn.Module, names: list[str]) -> Iterator[dict[str, torch.Ten
         yield values
 
 
+def site_changes(
+    sites: Mapping[str, str],
+    changes: Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> dict[str, Hook]:
+    """Changes at every layer of each kind of site: x -> x * scale + add * gate, where
+    `changes[kind]` is (scale, add, gate), each (B or 1, L, T or 1, ...) broadcast against
+    the site's value at its layer, (B, T, D) or hook_z's (B, T, H, d_k); `sites[kind]` is
+    its hook name template (model/hooks.py CHANGEABLE). Steering adds a vector (scale 1,
+    gate 1), setting replaces the value (scale 0), patching takes some positions from another
+    run (add: its values, shared by every row; gate: 1 where a row takes them, scale 1 - gate)."""
+
+    def change(scale: torch.Tensor, add: torch.Tensor, gate: torch.Tensor, layer: int) -> Hook:
+        def hook(x: torch.Tensor) -> torch.Tensor:
+            return x * scale[:, layer] + add[:, layer] * gate[:, layer]
+
+        return hook
+
+    hooks = {}
+    for kind, (scale, add, gate) in changes.items():
+        for layer in range(scale.shape[1]):
+            hooks[sites[kind].format(layer=layer)] = change(scale, add, gate, layer)
+    return hooks
+
+
 def head_ablation(mask: torch.Tensor, means: torch.Tensor | None = None) -> dict[str, Hook]:
     """Changes on each layer's hook_z that scale each head's output and then add a vector of
     its own: mask (L, H) or (B, L, H), 0 removes a head and 1 keeps it; means (L, H, d_k) or

@@ -25,6 +25,17 @@ Z = "blocks.{layer}.attn.hook_z"  # (B, T, H, d_k) each head's output, before W_
 FINAL_NORMALIZED = "ln_final.hook_normalized"  # (B, T, D) the final norm's output
 
 LAYER_SITES = (RESID_PRE, Q, K, V, PATTERN, Z, ATTN_OUT, RESID_MID, MLP_OUT, RESID_POST)
+# The sites a request may change (interventions), by the short name the readouts graph's
+# inputs for them carry: the stream and what each sublayer writes, each (B, T, D), and
+# each head's output, hook_z.
+CHANGEABLE = {
+    "resid_pre": RESID_PRE,
+    "attn_out": ATTN_OUT,
+    "resid_mid": RESID_MID,
+    "mlp_out": MLP_OUT,
+    "resid_post": RESID_POST,
+    "z": Z,
+}
 
 
 def hook_names(config: ModelConfig) -> list[str]:
@@ -43,6 +54,22 @@ def hook_names(config: ModelConfig) -> list[str]:
     if config.norm_placement != "post":  # post-norm blocks end normed already
         names.append(FINAL_NORMALIZED)
     return names
+
+
+def changeable(config: ModelConfig) -> dict[str, str]:
+    """CHANGEABLE for a model of `config`: hook_resid_mid only in sequential blocks."""
+    sequential = config.residual == "sequential"
+    return {kind: site for kind, site in CHANGEABLE.items() if sequential or site != RESID_MID}
+
+
+def parse_site(name: str, config: ModelConfig) -> tuple[str, int] | None:
+    """(kind, layer) of a changeable site's hook name (blocks.3.hook_resid_pre ->
+    ("resid_pre", 3)); None for any other name."""
+    for kind, site in changeable(config).items():
+        for layer in range(config.n_layers):
+            if name == site.format(layer=layer):
+                return kind, layer
+    return None
 
 
 def site_width(config: ModelConfig, name: str) -> int | None:

@@ -58,6 +58,10 @@ class ByteTokenizer:
             "utf-8", errors="replace"
         )
 
+    def token_ids(self, text: str) -> list[int]:
+        """The ids of `text` alone, no special token added (a target token's text)."""
+        return self.encode(text, add_bos=False)
+
     def token_strings(self, ids: list[int]) -> list[str]:
         """One printable label per id (for heatmap axes): specials by name, bytes as text."""
         labels = []
@@ -89,6 +93,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         # As GPT2TokenizerFast: the file's own post-processor decides on special tokens.
         return self._tokenizer.encode(text).ids
+
+    def token_ids(self, text: str) -> list[int]:
+        """The ids of `text` alone, no special token added (a target token's text)."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)

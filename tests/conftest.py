@@ -286,3 +286,13 @@ def families(tmp_path_factory):
     from tests.export.families import FamilyCheckpoints
 
     return FamilyCheckpoints(tmp_path_factory.mktemp("families"))
+
+
+def head_changes(mask) -> list[dict]:
+    """A head mask (B, L, H) as each row's change of every hook_z (the plan's SiteChange)."""
+    import numpy as np
+
+    from attnserve.service.core.backend import SiteChange
+
+    scales = [np.asarray(row, np.float32)[:, None, :, None] for row in mask]
+    return [{"z": SiteChange(scale, np.zeros_like(scale))} for scale in scales]

@@ -93,12 +93,53 @@ class FeaturesSelection:
 
 
 @dataclass(frozen=True, eq=False)
-class ReadoutSelection:
-    """One input's request of what only the readouts graph has: a head mask, the residual
-    stream, predictions. Everything it asks is computed under the head mask."""
+class SiteChange:
+    """One input's change of every layer's site of one kind (model/hooks.py CHANGEABLE):
+    x -> x * scale + add, at every position (axis 1 of size 1) or at each of the input's."""
 
-    head_mask: np.ndarray | None = None  # float32 (L, H); None: every head kept
-    head_means: np.ndarray | None = None  # float32 (L, H, d_k) added after; None: zeros
+    scale: np.ndarray  # float32 (L, 1 or T, 1); hook_z: (L, 1 or T, H, 1)
+    add: np.ndarray  # float32 (L, 1 or T, D); hook_z: (L, 1 or T, H, d_k)
+
+
+@dataclass(frozen=True)
+class CaptureSelection:
+    """Hook sites' values of one input, after its changes: each site's place among the
+    readouts graph's outputs (artifacts.stream_site) and the shape of one position's value."""
+
+    sites: dict[str, tuple[str, int, tuple[int, ...]]]  # hook -> (output, index, shape)
+    positions: tuple[int, ...]  # absolute
+
+
+@dataclass(frozen=True, eq=False)
+class PatchingSelection:
+    """Activation patching of one input: for each layer and position (each layer and head
+    for hook_z, at every position), its run with that place's value of `kind` taken from
+    the source's run, read as logit(target) - logit(contrast) at the last position."""
+
+    kind: str  # of model/hooks.py CHANGEABLE
+    source: np.ndarray  # int64 (T,): the clean input
+    target: int
+    contrast: int
+
+
+@dataclass(frozen=True)
+class Patching:
+    """What a PatchingSelection makes."""
+
+    values: np.ndarray  # float32 (L, T), hook_z: (L, H)
+    clean: float  # the difference in the source's own run
+    corrupted: float  # ... and in the input's
+
+
+@dataclass(frozen=True, eq=False)
+class ReadoutSelection:
+    """One input's request of what only the readouts graph has: changes to its sites, the
+    residual stream, predictions. Everything it asks is computed under the changes."""
+
+    # by kind of site (model/hooks.py CHANGEABLE); the head mask is a change of hook_z
+    changes: Mapping[str, SiteChange] = field(default_factory=dict)
+    capture: CaptureSelection | None = None
+    patching: PatchingSelection | None = None
     attention: AttentionSelection | None = None
     hidden_states: HiddenStatesSelection | None = None
     predictions: PredictionsSelection | None = None
@@ -153,6 +194,8 @@ class ReadoutOutput:
     lens: Predictions | None = None
     attribution: Attribution | None = None
     features: Features | None = None
+    activations: dict[str, np.ndarray] | None = None  # hook -> float32 (positions, ...)
+    patching: Patching | None = None
 
 
 @dataclass(frozen=True)
@@ -193,9 +236,9 @@ class Backend(Protocol):
 
     @property
     def readouts(self) -> frozenset[str]:
-        """What `read` can compute: "stream" (hidden states, head masks), "lens"
-        (predictions, the logit lens) and "attribution"; empty where the model has no
-        readouts graphs."""
+        """What `read` can compute: "stream" (hidden states, head masks), "changes" (any
+        site changed: interventions), "lens" (predictions, the logit lens) and
+        "attribution"; empty where the model has no readouts graphs."""
 
     @property
     def saes(self) -> Mapping[str, SAEConfig]:

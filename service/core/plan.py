@@ -9,7 +9,7 @@ the backend may trust.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -68,29 +68,19 @@ def plan_request(
         raise InvalidInputError("inputs: at least one input is required")
     sequences, truncated = [], []
     for index, item in enumerate(inputs):
-        field = f"inputs[{index}]"
-        if isinstance(item, str):
-            ids: list[int] | np.ndarray = tokenizer.encode(item)
-        else:
-            ids = item
-            field += ".token_ids"
-        if not len(ids):
-            raise InvalidInputError(f"{field}: the sequence is empty")
-        cut = len(ids) > config.max_seq_len
-        if cut and not options.truncate:
-            raise InvalidInputError(
-                f"{field} has {len(ids)} tokens, more than max_seq_len={config.max_seq_len}; "
-                "send fewer or set options.truncation=TRUNCATION_RIGHT"
-            )
-        array = np.asarray(ids[: config.max_seq_len], dtype=np.int64)
-        bad = array[(array < 0) | (array >= config.vocab_size)]
-        if bad.size:
-            raise InvalidInputError(
-                f"{field}: token id {int(bad[0])} is outside the vocabulary "
-                f"[0, {config.vocab_size})"
-            )
+        array, cut = _tokenized(f"inputs[{index}]", item, options, config, tokenizer)
         sequences.append(array)
         truncated.append(cut)
+    source = None
+    if options.patching is not None:
+        patching = options.patching
+        field = "options.patching.source"
+        source = _tokenized(field, patching.source, options, config, tokenizer)[0]
+        target, contrast = (
+            _token_id(f"options.patching.{name}", token, tokenizer)
+            for name, token in (("target", patching.target), ("contrast", patching.contrast))
+        )
+        options = replace(options, patching=replace(patching, target=target, contrast=contrast))
     attention = (
         None if options.attention is None else _plan_attention(options.attention, config, sequences)
     )
@@ -101,8 +91,47 @@ def plan_request(
         options.token_embeddings,
         attention,
         options.return_tokens,
-        plan_readouts(options, config, sequences, attention, readable, saes or {}),
+        plan_readouts(options, config, sequences, attention, readable, saes or {}, source),
     )
+
+
+def _token_id(field: str, token: int | str, tokenizer: Tokenizer) -> int:
+    """A token given by its id, or by its text: which must be one token."""
+    if not isinstance(token, str):
+        return token
+    ids = tokenizer.token_ids(token)
+    if len(ids) != 1:
+        raise InvalidInputError(
+            f"{field}: {token!r} is {len(ids)} tokens of the model's vocabulary ({ids}), "
+            "not one; give one token's text or its id"
+        )
+    return ids[0]
+
+
+def _tokenized(
+    field: str, item: Input, options: EncodeOptions, config: ModelConfig, tokenizer: Tokenizer
+) -> tuple[np.ndarray, bool]:
+    """One input's ids, checked, and whether they were cut to max_seq_len."""
+    if isinstance(item, str):
+        ids: list[int] | np.ndarray = tokenizer.encode(item)
+    else:
+        ids = item
+        field += ".token_ids"
+    if not len(ids):
+        raise InvalidInputError(f"{field}: the sequence is empty")
+    cut = len(ids) > config.max_seq_len
+    if cut and not options.truncate:
+        raise InvalidInputError(
+            f"{field} has {len(ids)} tokens, more than max_seq_len={config.max_seq_len}; "
+            "send fewer or set options.truncation=TRUNCATION_RIGHT"
+        )
+    array = np.asarray(ids[: config.max_seq_len], dtype=np.int64)
+    bad = array[(array < 0) | (array >= config.vocab_size)]
+    if bad.size:
+        raise InvalidInputError(
+            f"{field}: token id {int(bad[0])} is outside the vocabulary [0, {config.vocab_size})"
+        )
+    return array, cut
 
 
 def _plan_attention(

@@ -1,6 +1,6 @@
-"""A request's readouts, planned: the head mask, hidden states, predictions, logit lens,
-direct logit attribution and sparse-autoencoder features of each input, validated against
-the model and what its directory can compute.
+"""A request's readouts, planned: its changes and captures (core/interventions.py), hidden
+states, predictions, logit lens, direct logit attribution and sparse-autoencoder features of
+each input, validated against the model and what its directory can compute.
 
 Readouts come from the readouts graph (the residual stream and its parts, a head-mask
 input; SAE features of them, core/features.py), the lens graph (the final norm and
@@ -10,12 +10,12 @@ logit); `Backend.readouts` says which of them a served model has.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from attnserve.model.config import ModelConfig
+from attnserve.model.hooks import parse_site
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionSelection,
@@ -31,16 +31,23 @@ from attnserve.service.core.features import (
     plan_features,
 )
 from attnserve.service.core.fields import indices, positions
+from attnserve.service.core.interventions import (
+    capture_bytes,
+    changes_bytes,
+    plan_capture,
+    plan_changes,
+    plan_patching,
+)
 from attnserve.service.core.request import (
     AttributionOptions,
     EncodeOptions,
-    HeadScale,
     HiddenStatesOptions,
     LensNorm,
     PredictionsOptions,
 )
 
 STREAM = "stream"  # the readouts graph: hidden states and head masks
+CHANGES = "changes"  # ... taking changes of every site (exported with interventions)
 LENS = "lens"  # the lens graph: predictions and the logit lens
 ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
 # the graph each option is read from
@@ -51,7 +58,11 @@ _GRAPH_OF = {
     "logit_lens": LENS,
     "attribution": ATTRIBUTION,
     "features": STREAM,
+    "interventions": STREAM,
+    "capture": STREAM,
+    "patching": LENS,
 }
+_STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post")  # changes to the stream itself
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 1000
 MAX_TARGETS = 1000
@@ -59,6 +70,8 @@ MAX_ATTRIBUTION_TARGETS = 64
 # The lens runs over this many bytes of float32 logits at a time (the rows of a large grid
 # go through in chunks), so that its memory is bounded whatever the grid.
 LENS_CHUNK_BYTES = 64 * 1024 * 1024
+# Activation patching's runs go through the readouts graph this many bytes of work at a time.
+PATCHING_CHUNK_BYTES = 256 * 1024 * 1024
 _TOKEN_STRING_BYTES = 16  # about what a top token's display string weighs on the wire
 
 
@@ -69,9 +82,11 @@ def plan_readouts(
     attention: list[AttentionSelection] | None,
     readable: frozenset[str],
     saes: Mapping[str, SAEConfig],
+    source: np.ndarray | None = None,
 ) -> list[ReadoutSelection] | None:
     """One ReadoutSelection per sequence, or None when the request asks for no readout.
-    `readable`: the graphs the backend has (Backend.readouts); `saes`: the SAEs it serves."""
+    `readable`: the graphs the backend has (Backend.readouts); `saes`: the SAEs it serves;
+    `source`: options.patching's source, tokenized and checked."""
     asked = [
         f
         for f in ("hidden_states", "predictions", "logit_lens", "attribution", "features")
@@ -79,6 +94,12 @@ def plan_readouts(
     ]
     if options.head_mask:
         asked.append("head_mask")
+    if options.interventions:
+        asked.append("interventions")
+    if options.capture is not None:
+        asked.append("capture")
+    if options.patching is not None:
+        asked.append("patching")
     if not asked:
         return None
     for field in asked:
@@ -95,18 +116,39 @@ def plan_readouts(
                 + (", of a model with an unembedding" if graph != STREAM else "")
                 + " (re-export it with `attnserve export`)"
             )
-    head_mask, head_means = (
-        _head_mask(options.head_mask, config) if options.head_mask else (None, None)
-    )
+    for field in ("interventions", "patching"):
+        if getattr(options, field) and CHANGES not in readable:
+            raise UnsupportedError(
+                f"options.{field}: {config.name} was exported before interventions: its "
+                "readouts graph changes heads only (re-export it with `attnserve export`)"
+            )
+    if options.patching is not None and (options.interventions or options.head_mask):
+        raise InvalidInputError(
+            "options.patching: patches the inputs as they are; leave options.interventions "
+            "and options.head_mask empty (or patch with captures and interventions yourself)"
+        )
+    changed = {site[0] for i in options.interventions if (site := parse_site(i.hook, config))}
+    if options.attribution is not None and changed & set(_STREAM_KINDS):
+        raise InvalidInputError(
+            "options.attribution: the residual stream is changed by options.interventions, "
+            "so its parts no longer add up to the logits; change what a sublayer writes "
+            "(hook_attn_out, hook_mlp_out, hook_z) instead"
+        )
     hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
     attribution, features = options.attribution, options.features
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
+        changes = plan_changes(options.interventions, options.head_mask, config, length, index)
         selections.append(
             ReadoutSelection(
-                head_mask=head_mask,
-                head_means=head_means,
+                changes=changes,
+                capture=None
+                if options.capture is None
+                else plan_capture(options.capture, config, length, index, changes),
+                patching=None
+                if options.patching is None or source is None
+                else plan_patching(options.patching, config, source, length, index),
                 attention=attention[index] if attention else None,
                 hidden_states=None
                 if hidden is None
@@ -126,45 +168,6 @@ def plan_readouts(
             )
         )
     return selections
-
-
-def _head_mask(
-    entries: tuple[HeadScale, ...], config: ModelConfig
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The scales (L, H), 1 but for the heads listed, and the means (L, H, d_k) if any
-    entry has one (zeros elsewhere), float32."""
-    mask = np.ones((config.n_layers, config.n_heads), dtype=np.float32)
-    means = None
-    seen = set()
-    for i, entry in enumerate(entries):
-        field = f"options.head_mask[{i}]"
-        if not 0 <= entry.layer < config.n_layers:
-            raise InvalidInputError(
-                f"{field}.layer: {entry.layer} is outside [0, {config.n_layers})"
-            )
-        if not 0 <= entry.head < config.n_heads:
-            raise InvalidInputError(f"{field}.head: {entry.head} is outside [0, {config.n_heads})")
-        if not math.isfinite(entry.scale):
-            raise InvalidInputError(f"{field}.scale: {entry.scale} is not a finite number")
-        if (entry.layer, entry.head) in seen:
-            raise InvalidInputError(
-                f"{field}: layer {entry.layer} head {entry.head} is listed twice"
-            )
-        seen.add((entry.layer, entry.head))
-        mask[entry.layer, entry.head] = entry.scale
-        if entry.mean:
-            if len(entry.mean) != config.head_dim:
-                raise InvalidInputError(
-                    f"{field}.mean: {len(entry.mean)} floats; a head's output has "
-                    f"head_dim={config.head_dim}"
-                )
-            mean = np.asarray(entry.mean, dtype=np.float32)
-            if not np.isfinite(mean).all():
-                raise InvalidInputError(f"{field}.mean: not every value is a finite number")
-            if means is None:
-                means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
-            means[entry.layer, entry.head] = mean
-    return mask, means
 
 
 def _hidden_states(
@@ -278,6 +281,10 @@ def readout_response_bytes(selection: ReadoutSelection, config: ModelConfig) -> 
         total += len(a.positions) * len(a.targets) * parts * 4
     if selection.features is not None:
         total += features_response_bytes(selection.features)
+    if selection.capture is not None:
+        total += capture_bytes(selection.capture, config)
+    if selection.patching is not None:
+        total += config.n_layers * max(len(selection.patching.source), config.n_heads) * 4
     return total
 
 
@@ -293,7 +300,20 @@ def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length:
         total += 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
     if selection.features is not None:
         total += features_work_bytes(selection.features, config, length)
-    return total
+    if selection.patching is not None:  # its runs' chunk, and the lens' of their rows
+        total += (
+            PATCHING_CHUNK_BYTES + 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
+        )
+    return total + changes_bytes(selection.changes)
+
+
+def patching_chunk_rows(config: ModelConfig, length: int) -> int:
+    """How many patched runs of `length` tokens go through the readouts graph at a time:
+    each computes its attention weights (L, H, T, T) and holds its residual stream and a few
+    more of its width (L + 1, T, D)."""
+    L, H, D = config.n_layers, config.n_heads, max(config.d_model, config.n_heads * config.head_dim)
+    per_row = 4 * (L * H * length * length + 6 * (L + 1) * length * D)
+    return max(1, PATCHING_CHUNK_BYTES // per_row)
 
 
 def lens_chunk_rows(vocab_size: int) -> int:

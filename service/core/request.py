@@ -107,6 +107,37 @@ class HeadScale:
 
 
 @dataclass(frozen=True)
+class Intervention:
+    """A change of one hook site's value for one request (core/interventions.py)."""
+
+    hook: str  # as TransformerLens names it: blocks.3.hook_resid_pre
+    op: str  # "add" (x + scale * values), "set" (scale * values), "scale" (x * scale)
+    values: np.ndarray | None = None  # float32 (width,) or one row per position
+    scale: float | None = None  # add and set: times the values (None: 1); scale: the factor
+    positions: tuple[int, ...] = ()  # none: every position
+    heads: tuple[int, ...] = ()  # hook_z only: the heads changed (none: every head)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Hook sites' values to return, after the request's own changes."""
+
+    hooks: tuple[str, ...] = ()
+    positions: tuple[int, ...] = ()  # none: every position
+
+
+@dataclass(frozen=True)
+class PatchingOptions:
+    """Activation patching: the input run once per layer and position (or head) with the
+    source's value of one kind of site there (core/interventions.py)."""
+
+    source: Input  # the clean input, as long as each input
+    hook: str  # the kind of site: resid_pre, attn_out, mlp_out, ... or z
+    target: int | str  # a token's id, or its text (one token)
+    contrast: int | str
+
+
+@dataclass(frozen=True)
 class EncodeOptions:
     truncate: bool = False  # cut inputs past max_seq_len instead of refusing them
     pooling: Pooling = Pooling.NONE
@@ -119,3 +150,6 @@ class EncodeOptions:
     attribution: AttributionOptions | None = None
     head_mask: tuple[HeadScale, ...] = ()
     features: FeaturesOptions | None = None
+    interventions: tuple[Intervention, ...] = ()
+    capture: CaptureOptions | None = None
+    patching: PatchingOptions | None = None

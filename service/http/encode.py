@@ -77,8 +77,13 @@ def _encode_response(response: pb.EncodeResponse, as_lists: bool) -> dict:
 
 
 def _tensors_as_lists(body: dict, message: Message) -> None:
-    """Replace, in `body` (the JSON mapping of `message`), every Tensor by nested lists."""
+    """Replace, in `body` (the JSON mapping of `message`), every Tensor by nested lists (a
+    map's Tensors too: EncodeResult.activations)."""
     for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is pb.Tensor.DESCRIPTOR:
+                body[field.json_name] = {k: _tensor_as_list(t) for k, t in value.items()}
+            continue
         if field.message_type is None or field.is_repeated:
             continue
         if field.message_type is pb.Tensor.DESCRIPTOR:

@@ -18,7 +18,7 @@ to float32 whole at every run.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +41,10 @@ from attnserve.model.artifacts import (
     RESIDUAL_STREAM_NAME,
     ModelDirectory,
     readout_filename,
+    unchanged,
 )
 from attnserve.model.config import ModelConfig
+from attnserve.model.hooks import changeable
 from attnserve.service.core.backend import (
     Attribution,
     AttributionSelection,
@@ -50,10 +52,12 @@ from attnserve.service.core.backend import (
     PredictionsSelection,
     ReadoutOutput,
     ReadoutSelection,
+    SiteChange,
 )
 from attnserve.service.core.errors import InferenceError, UnsupportedError
 from attnserve.service.core.readouts import (
     ATTRIBUTION,
+    CHANGES,
     LENS,
     STREAM,
     attribution_chunk_rows,
@@ -108,12 +112,40 @@ _GRAPHS = {
 }
 
 
-def every_head(config: ModelConfig, batch: int) -> dict[str, np.ndarray]:
-    """The readouts graph's head inputs that leave every head as it is: a mask of ones (B, L,
-    H) and means of zeros (B, L, H, d_k)."""
-    mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
-    means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
-    return {HEAD_MASK_NAME: mask, HEAD_MEANS_NAME: means}
+def change_feeds(
+    config: ModelConfig,
+    inputs: Collection[str],
+    changes: Sequence[Mapping[str, SiteChange]],
+    length: int,
+) -> dict[str, np.ndarray]:
+    """The readouts graph's change inputs (`inputs`: its input names) for a batch of
+    len(changes) rows padded to `length`: each row's changes, nothing changed elsewhere (a
+    kind no row changes costs its smallest shape). A graph written before interventions
+    takes hook_z's as a head mask and means (the plan refuses other changes there)."""
+    batch = len(changes)
+    if HEAD_MASK_NAME in inputs:
+        mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
+        means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
+        for row, change in enumerate(changes):
+            if "z" in change:
+                mask[row] = change["z"].scale[:, 0, :, 0]
+                means[row] = change["z"].add[:, 0]
+        return {HEAD_MASK_NAME: mask, HEAD_MEANS_NAME: means}
+    feeds = unchanged(config)
+    for kind in changeable(config):
+        rows = [(row, change[kind]) for row, change in enumerate(changes) if kind in change]
+        if not rows:
+            continue
+        positions = length if any(c.scale.shape[1] > 1 for _, c in rows) else 1
+        scale = np.ones((batch, config.n_layers, positions, *rows[0][1].scale.shape[2:]), "f4")
+        add = np.zeros((batch, config.n_layers, positions, *rows[0][1].add.shape[2:]), "f4")
+        for row, site in rows:
+            n = site.scale.shape[1]  # 1: every position; else the row's own (padded after)
+            scale[row, :, : n if n > 1 else None] = site.scale
+            add[row, :, : n if n > 1 else None] = site.add
+        feeds[f"{kind}_scale"], feeds[f"{kind}_add"] = scale, add
+        feeds[f"{kind}_gate"] = np.ones_like(feeds[f"{kind}_gate"])
+    return feeds
 
 
 class ReadoutGraphs:
@@ -141,44 +173,54 @@ class ReadoutGraphs:
         self._kept = {STREAM: stream} if stream is not None else {}
         self._sessions: dict[str, ort.InferenceSession] = dict(self._kept)
         self._lock = threading.Lock()
-        self.available = frozenset(
+        available = {
             kind
             for kind, (filename, _) in _GRAPHS.items()
             if (model_dir.path / readout_filename(filename, precision)).is_file()
-        )
+        }
+        if STREAM in available and HEAD_MASK_NAME not in self._stream_graph("inputs"):
+            available.add(CHANGES)  # exported with interventions, not a head mask alone
+        self.available = frozenset(available)
 
     def stream_outputs(self) -> frozenset[str]:
-        """The readouts graph's outputs: its open session's, or read from its file (its
-        weights stay on disk)."""
+        """The readouts graph's outputs."""
+        return self._stream_graph("outputs")
+
+    def _stream_graph(self, side: str) -> frozenset[str]:
+        """The readouts graph's input or output names: its open session's, or read from its
+        file (its weights stay on disk)."""
         if STREAM in self._sessions:
-            return frozenset(output.name for output in self._sessions[STREAM].get_outputs())
+            session = self._sessions[STREAM]
+            args = session.get_inputs() if side == "inputs" else session.get_outputs()
+            return frozenset(arg.name for arg in args)
         path = self.model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
         graph = onnx.load(str(path), load_external_data=False).graph
-        return frozenset(output.name for output in graph.output)
+        return frozenset(value.name for value in getattr(graph, side.removesuffix("s")))
 
     def stream(
         self,
         input_ids: np.ndarray,
-        head_mask: np.ndarray,
+        changes: Sequence[Mapping[str, SiteChange]] | Mapping[str, np.ndarray],
         attentions: bool = True,
         sites: Collection[str] = (),
-        head_means: np.ndarray | None = None,
     ) -> StreamRun:
-        """input_ids int64 (B, T), right-padded, and head_mask float32 (B, L, H) -> the
-        readouts graph's run, every head's output times its entry in the mask, plus its
-        entry of head_means (B, L, H, d_k; None: zeros): the attentions only with
-        `attentions`, of its other outputs (readout_sites) the `sites` named (what is not
-        asked for is not copied out of ONNX Runtime)."""
+        """input_ids int64 (B, T), right-padded, and each row's changes (or the graph's
+        change inputs themselves, artifacts.change_inputs: patching's) -> the readouts
+        graph's run: the attentions only with `attentions`, of its other outputs
+        (readout_sites) the `sites` named (what is not asked for is not copied out of ONNX
+        Runtime)."""
         c = self.config
         session = self._session(STREAM)
         sites = [name for name in sites if name != RESIDUAL_STREAM_NAME]
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
         names += sites
-        feeds = {c.input_name: input_ids} | every_head(c, len(input_ids))
-        feeds[HEAD_MASK_NAME] = head_mask
-        if head_means is not None:
-            feeds[HEAD_MEANS_NAME] = head_means
+        feeds = {c.input_name: input_ids}
+        if isinstance(changes, Mapping):
+            feeds |= unchanged(c) | dict(changes)
+        else:
+            inputs = [arg.name for arg in session.get_inputs()]
+            feeds |= change_feeds(c, inputs, changes, input_ids.shape[1])
         try:
             values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors
@@ -274,7 +316,16 @@ class ReadoutGraphs:
             )  # (layers, positions, D)
             norms = np.linalg.norm(vectors, axis=-1) if hidden.norms else None
             states = vectors if hidden.states else None
+        capture = selection.capture
+        activations = None
+        if capture is not None:
+            positions = list(capture.positions)
+            activations = {
+                hook: run.output(output)[row, index, positions].reshape(len(positions), *shape)
+                for hook, (output, index, shape) in capture.sites.items()
+            }
         return ReadoutOutput(
+            activations=activations,
             hidden_states=states,
             hidden_state_norms=norms,
             predictions=self._predictions(stream, selection.predictions),

@@ -26,6 +26,7 @@ from attnserve.model.artifacts import (
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     ModelDirectory,
+    change_inputs,
     readout_filename,
 )
 from attnserve.model.config import ConfigError, ModelConfig
@@ -47,7 +48,8 @@ from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.readouts import STREAM
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
-from attnserve.service.ort.readouts import ReadoutGraphs, every_head
+from attnserve.service.ort.patching import patch
+from attnserve.service.ort.readouts import ReadoutGraphs, change_feeds
 from attnserve.service.ort.reducer import AttentionReducer
 
 log = logging.getLogger(__name__)
@@ -241,19 +243,11 @@ class OrtRuntime:
         """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) under each row's
         head mask and, per row, what its selection asks of its first `lengths[row]`
         positions (attention through the same reducer as `attend`)."""
-        heads = every_head(self.config, len(lengths))
-        mask, means = heads[HEAD_MASK_NAME], heads[HEAD_MEANS_NAME]
-        for row, selection in enumerate(selections):
-            if selection.head_mask is not None:
-                mask[row] = selection.head_mask
-            if selection.head_means is not None:
-                means[row] = selection.head_means
         run = self.readout_graphs.stream(
             input_ids,
-            mask,
+            [selection.changes for selection in selections],
             attentions=any(selection.attention is not None for selection in selections),
             sites=sorted({site for selection in selections for site in _sites(selection)}),
-            head_means=means,
         )
         outputs = []
         try:
@@ -267,6 +261,9 @@ class OrtRuntime:
                 if selection.attention is not None and run.attentions is not None:
                     attention = self.reducer(run.attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)
+                if selection.patching is not None:  # its own runs, after the batch's
+                    ids = input_ids[row, :n]
+                    out = replace(out, patching=patch(self.readout_graphs, ids, selection.patching))
                 outputs.append(out)
         except InferenceError:
             raise
@@ -288,7 +285,8 @@ class OrtRuntime:
         """What `session` is fed for `input_ids`: the readouts graph, every head kept too."""
         feeds = {self.config.input_name: input_ids}
         if self._one_graph and session is self.session:
-            feeds |= every_head(self.config, len(input_ids))
+            inputs = [arg.name for arg in session.get_inputs()]
+            feeds |= change_feeds(self.config, inputs, [{}] * len(input_ids), 1)
         return feeds
 
     def release_memory(self) -> None:
@@ -316,7 +314,10 @@ class OrtRuntime:
 def _sites(selection: ReadoutSelection) -> tuple[str, ...]:
     """The readouts graph's outputs `selection` needs besides the residual stream."""
     features = selection.features.sites if selection.features is not None else ()
-    return (*(PARTS_NAMES if selection.attribution is not None else ()), *features)
+    captured = (
+        [output for output, _, _ in selection.capture.sites.values()] if selection.capture else []
+    )
+    return (*(PARTS_NAMES if selection.attribution is not None else ()), *features, *captured)
 
 
 def session_settings(options: RuntimeOptions) -> dict:
@@ -444,7 +445,7 @@ def _check_io(
     head_inputs: bool = False,
 ) -> None:
     """The graph's inputs and outputs must be the ones its config promises (`head_inputs`:
-    the readouts graph's head mask and means too)."""
+    the readouts graph's changes too)."""
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = {o.name: o for o in session.get_outputs()}
     expected = {
@@ -475,6 +476,9 @@ def _check_io(
                     f"{path}: output {name!r} has shape {shape}, its config needs "
                     f"{size} on axis {axis}"
                 )
-    wanted = {config.input_name} | ({HEAD_MASK_NAME, HEAD_MEANS_NAME} if head_inputs else set())
+    wanted = {config.input_name}
+    if head_inputs:  # the readouts graph's changes, or (exported before them) its head mask
+        legacy = {HEAD_MASK_NAME, HEAD_MEANS_NAME}
+        wanted |= legacy if legacy <= set(inputs) else set(change_inputs(config))
     if set(inputs) != wanted:
         raise ModelLoadError(f"{path} must have the inputs {sorted(wanted)}, has {sorted(inputs)}")

@@ -16,18 +16,22 @@ from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.request import (
     AttentionOptions,
     AttributionOptions,
+    CaptureOptions,
     EncodeOptions,
     FeaturesOptions,
     HeadReduction,
     HeadScale,
     HiddenStatesOptions,
     Input,
+    Intervention,
     Layout,
     LensNorm,
+    PatchingOptions,
     Pooling,
     PredictionsOptions,
 )
 from attnserve.v1 import encoder_service_pb2 as pb
+from attnserve.v1.wire import from_tensor
 
 
 class _Words:
@@ -54,20 +58,21 @@ _LAYOUT = _Words(pb.AttentionLayout, Layout)
 _HEAD_REDUCTION = _Words(pb.HeadReduction, HeadReduction)
 _LENS_NORM = _Words(pb.LensNorm, LensNorm)
 _TRUNCATE = _Words(pb.Truncation, lambda word: word == "right")  # none, right
+_OP = _Words(pb.InterventionOp, str)  # add, set, scale
 
 
 def inputs_of(request: pb.EncodeRequest) -> list[Input]:
     """attnserve.v1's inputs as the plan takes them: each text, or its ids as int64."""
-    inputs: list[Input] = []
-    for index, item in enumerate(request.inputs):
-        kind = item.WhichOneof("content")
-        if kind == "text":
-            inputs.append(item.text)
-        elif kind == "token_ids":
-            inputs.append(np.array(list(item.token_ids.ids), dtype=np.int64))
-        else:
-            raise InvalidInputError(f"inputs[{index}]: set either text or token_ids")
-    return inputs
+    return [_input(f"inputs[{index}]", item) for index, item in enumerate(request.inputs)]
+
+
+def _input(field: str, item: pb.Input) -> Input:
+    kind = item.WhichOneof("content")
+    if kind == "text":
+        return item.text
+    if kind == "token_ids":
+        return np.array(list(item.token_ids.ids), dtype=np.int64)
+    raise InvalidInputError(f"{field}: set either text or token_ids")
 
 
 def options_of(options: pb.EncodeOptions) -> EncodeOptions:
@@ -116,6 +121,61 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
         )
         if options.HasField("features")
         else None,
+        interventions=tuple(
+            _intervention(f"options.interventions[{i}]", entry)
+            for i, entry in enumerate(options.interventions)
+        ),
+        capture=CaptureOptions(
+            hooks=tuple(options.capture.hooks), positions=tuple(options.capture.positions)
+        )
+        if options.HasField("capture")
+        else None,
+        patching=PatchingOptions(
+            source=_input("options.patching.source", options.patching.source),
+            hook=options.patching.hook,
+            target=_token(options.patching, "target"),
+            contrast=_token(options.patching, "contrast"),
+        )
+        if options.HasField("patching")
+        else None,
+    )
+
+
+def _token(patching: pb.PatchingRequest, name: str) -> int | str:
+    """PatchingRequest's target or contrast: its id, or its text."""
+    kind = patching.WhichOneof(f"{name}_token")
+    if kind is None:
+        raise InvalidInputError(f"options.patching: set {name}_id or {name}")
+    return getattr(patching, kind)
+
+
+def _intervention(field: str, entry: pb.Intervention) -> Intervention:
+    op = _OP(f"{field}.op", entry.op)
+    if op is None:
+        raise InvalidInputError(f"{field}.op: name one of {_OP.names[1:]}")
+    values = None
+    if entry.HasField("values"):
+        if entry.values.dtype not in (pb.DTYPE_UNSPECIFIED, pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16):
+            raise InvalidInputError(
+                f"{field}.values.dtype: {entry.values.dtype} is not DTYPE_FLOAT32 or DTYPE_FLOAT16"
+            )
+        tensor = pb.Tensor(shape=entry.values.shape, data=entry.values.data)
+        tensor.dtype = entry.values.dtype or pb.DTYPE_FLOAT32
+        if any(size < 0 for size in tensor.shape):
+            raise InvalidInputError(
+                f"{field}.values.shape: {list(tensor.shape)} has a negative size"
+            )
+        try:
+            values = from_tensor(tensor).astype(np.float32)
+        except ValueError as exc:
+            raise InvalidInputError(f"{field}.values: {exc}") from None
+    return Intervention(
+        hook=entry.hook,
+        op=op,
+        values=values,
+        scale=entry.scale if entry.HasField("scale") else None,
+        positions=tuple(entry.positions),
+        heads=tuple(entry.heads),
     )
 
 

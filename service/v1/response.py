@@ -22,7 +22,13 @@ from attnserve.service.core.batcher import SequenceResult
 from attnserve.service.core.plan import EncodePlan, pooled
 from attnserve.service.core.request import Pooling
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import ATTRIBUTION_PARTS, RESULTS_FIELD, SplicedMessage, nested
+from attnserve.v1.wire import (
+    ATTRIBUTION_PARTS,
+    RESULTS_FIELD,
+    SplicedMessage,
+    fill_tensor,
+    nested,
+)
 
 
 class EncodeAnswer:
@@ -162,6 +168,15 @@ def _fill_readouts(
             out.put(f"attribution.{name}", getattr(attribution, name))
     if selection.features is not None and readouts.features is not None:
         _fill_features(out, selection.features, readouts.features)
+    if selection.capture is not None and readouts.activations is not None:
+        for hook, values in readouts.activations.items():
+            fill_tensor(message.activations[hook], values)  # a map entry: not spliced
+        message.activation_positions[:] = selection.capture.positions
+    if selection.patching is not None and readouts.patching is not None:
+        grid = message.patching
+        grid.hook = selection.patching.kind
+        grid.clean, grid.corrupted = readouts.patching.clean, readouts.patching.corrupted
+        out.put("patching.values", readouts.patching.values)
 
 
 def _fill_features(out: SplicedMessage, asked: FeaturesSelection, got: Features) -> None:

@@ -244,8 +244,7 @@ def test_exported_readouts_match_transformers(families, family):
     config = runtime.config
     ids, lengths = padded_batch(config.vocab_size, seed=6)
     want_logits, want_hidden = transformers_readouts(reference, ids)
-    ones = np.ones((len(ids), config.n_layers, config.n_heads), dtype=np.float32)
-    run = runtime.readout_graphs.stream(ids, ones)
+    run = runtime.readout_graphs.stream(ids, [{}] * len(ids))
     stream = run.residual
     hidden = np.concatenate([stream[:, :-1], run.embeddings[:, None]], axis=1)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
@@ -352,8 +351,7 @@ def test_exported_attribution_equals_transformers_decomposed(families, family):
     targets = [3, config.vocab_size - 1, 11]
     want, logits = transformers_attribution(reference, family, ids, targets)
     graphs = runtime.readout_graphs
-    ones = np.ones((1, config.n_layers, config.n_heads), dtype=np.float32)
-    run = graphs.stream(ids, ones, attentions=False, sites=PARTS_NAMES)
+    run = graphs.stream(ids, [{}], attentions=False, sites=PARTS_NAMES)
     inputs = [run.heads[0].swapaxes(0, 1), run.mlps[0].swapaxes(0, 1)]
     inputs += [run.residual[0, 0], run.residual[0, -1]]
     got = list(

@@ -31,6 +31,7 @@ from attnserve.model.encoder import build_encoder
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from tests.conftest import head_changes
 
 # Wide enough that each matrix is several quantization blocks along its input.
 CONFIG = ModelConfig(
@@ -127,7 +128,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
 
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
-    assert runtime.readouts == {"stream", "lens", "attribution"}
+    assert runtime.readouts == {"stream", "changes", "lens", "attribution"}
     for name in READOUT_GRAPHS:  # the lens too: it unembeds with the 8-bit token table
         proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
         assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), name
@@ -135,7 +136,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
     mask[1, 0, 1] = 0.0
     sites = readout_sites(CONFIG)
-    run = runtime.readout_graphs.stream(ids, mask, sites=sites)
+    run = runtime.readout_graphs.stream(ids, head_changes(mask), sites=sites)
     reads = [site for names in sites.values() for site in names]
     changes = head_ablation(torch.from_numpy(mask))
     with torch.inference_mode(), hooked(model, changes), captured(model, reads) as values:
@@ -181,8 +182,7 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     assert runtime.weights_info.resident_bytes == runtime.weights_info.disk_bytes
     ids = np.random.default_rng(9).integers(0, CONFIG.vocab_size, size=(2, 20))
     embeddings, attentions = runtime.run(ids)
-    mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
-    run = runtime.readout_graphs.stream(ids, mask)
+    run = runtime.readout_graphs.stream(ids, [{}, {}])
     runtime.release_memory()
     np.testing.assert_array_equal(runtime.embed(ids), embeddings)
     assert opened == [readout_filename(READOUTS_ONNX_FILENAME, "int8")]

@@ -5,60 +5,14 @@ the served logit lens is TransformerLens' in both of its conventions."""
 
 import pytest
 import torch
-import transformer_lens
-from transformer_lens.pretrained import weight_conversions
+from transformer_lens import patching
 
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.hf_import import load_hf
 from attnserve.model.hook_points import captured
 from attnserve.model.hooks import hook_names
+from perf.transformer_lens_peer import hooked_transformer
 from tests.conftest import ServerThread
-
-
-def hooked_transformer(family: str, reference) -> transformer_lens.HookedTransformer:
-    """`reference` (transformers) as TransformerLens' HookedTransformer, unprocessed."""
-    hf = reference.config
-    common = dict(
-        n_layers=hf.num_hidden_layers,
-        d_model=hf.hidden_size,
-        n_heads=hf.num_attention_heads,
-        d_vocab=hf.vocab_size,
-        n_ctx=hf.max_position_embeddings,
-        default_prepend_bos=False,
-        device="cpu",
-    )
-    if family == "gpt2":
-        config = transformer_lens.HookedTransformerConfig(
-            **common,
-            d_head=hf.hidden_size // hf.num_attention_heads,
-            d_mlp=4 * hf.hidden_size,
-            act_fn="gelu_new",
-            normalization_type="LN",
-            eps=hf.layer_norm_epsilon,
-            original_architecture="GPT2LMHeadModel",
-        )
-        state = weight_conversions.convert_gpt2_weights(reference, config)
-    else:
-        config = transformer_lens.HookedTransformerConfig(
-            **common,
-            d_head=hf.head_dim,
-            n_key_value_heads=hf.num_key_value_heads,
-            d_mlp=hf.intermediate_size,
-            act_fn="silu",
-            normalization_type="RMS",
-            eps=hf.rms_norm_eps,
-            positional_embedding_type="rotary",
-            rotary_dim=hf.head_dim,
-            rotary_base=hf.rope_parameters["rope_theta"],
-            rotary_adjacent_pairs=False,
-            final_rms=True,
-            gated_mlp=True,
-            original_architecture="LlamaForCausalLM",
-        )
-        state = weight_conversions.convert_llama_weights(reference, config)
-    model = transformer_lens.HookedTransformer(config)
-    model.load_state_dict(state, strict=False)
-    return model.eval()
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -110,3 +64,103 @@ def test_the_served_lens_is_transformer_lens_in_either_convention(families):
         server.stop()
     assert not torch.allclose(want["frozen"][:-1], want["own"][:-1], atol=1e-2)
     torch.testing.assert_close(want["frozen"][-1], want["own"][-1])  # the last reads alike
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_interventions_equal_transformer_lens_run_with_hooks(families, family):
+    """Steering, setting a head's output and scaling an MLP's, as TransformerLens' forward
+    hooks make them: the served logits within 1e-3 and the captured sites within 1e-4."""
+    _, reference = families.checkpoint(family)
+    lens = hooked_transformer(family, reference)
+    cfg = lens.cfg
+    ids = torch.randint(0, cfg.d_vocab, (1, 9), generator=torch.Generator().manual_seed(8))
+    generator = torch.Generator().manual_seed(9)
+    steer = torch.randn(cfg.d_model, generator=generator) * 4
+    head = torch.randn(cfg.d_head, generator=generator)
+
+    def add(x, hook):
+        return x + 2.0 * steer
+
+    def set_head(x, hook):  # (B, T, H, d_head)
+        x = x.clone()
+        x[:, [0, -1], 1] = head
+        return x
+
+    def scale(x, hook):
+        return x * 0.25
+
+    hooks = [
+        ("blocks.1.hook_resid_pre", add),
+        ("blocks.0.attn.hook_z", set_head),
+        ("blocks.0.hook_mlp_out", scale),
+    ]
+    captures = ["blocks.1.hook_resid_mid", "blocks.1.attn.hook_z", "blocks.1.hook_resid_post"]
+    with torch.no_grad():
+        logits = lens.run_with_hooks(ids, fwd_hooks=hooks)
+        with lens.hooks(fwd_hooks=hooks):
+            _, cache = lens.run_with_cache(ids, names_filter=captures)
+    interventions = [
+        {"hook": "blocks.1.hook_resid_pre", "op": "add", "values": steer.numpy(), "scale": 2.0},
+        {"hook": "blocks.0.attn.hook_z", "op": "set", "values": head.numpy(), "heads": [1],
+         "positions": [0, -1]},
+        {"hook": "blocks.0.hook_mlp_out", "op": "scale", "scale": 0.25},
+    ]  # fmt: skip
+    server = ServerThread(families.exported(family))
+    try:
+        with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
+            got = client.encode(
+                ids[0].tolist(),
+                interventions=interventions,
+                capture=captures,
+                predictions={"logits": True},
+            )[0]
+    finally:
+        server.stop()
+    torch.testing.assert_close(
+        torch.from_numpy(got.predictions.logits[0]), logits[0], atol=1e-3, rtol=0
+    )
+    for name in captures:
+        torch.testing.assert_close(
+            torch.from_numpy(got.activations[name]), cache[name][0], atol=1e-4, rtol=0, msg=name
+        )
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
+def test_patching_grids_equal_transformer_lens_patching(families, family):
+    """The served patching grids of resid_pre ([layers, positions]) and z ([layers,
+    heads]) are TransformerLens' get_act_patch_resid_pre and
+    get_act_patch_attn_head_out_all_pos on the same pair of inputs."""
+    _, reference = families.checkpoint(family)
+    lens = hooked_transformer(family, reference)
+    generator = torch.Generator().manual_seed(11)
+    clean = torch.randint(0, lens.cfg.d_vocab, (1, 8), generator=generator)
+    corrupted = clean.clone()
+    corrupted[0, 2] = (clean[0, 2] + 1) % lens.cfg.d_vocab
+    target, contrast = 3, 5
+
+    def metric(logits):
+        return logits[0, -1, target] - logits[0, -1, contrast]
+
+    with torch.no_grad():
+        _, cache = lens.run_with_cache(clean)
+        want = {
+            "resid_pre": patching.get_act_patch_resid_pre(lens, corrupted, cache, metric),
+            "z": patching.get_act_patch_attn_head_out_all_pos(lens, corrupted, cache, metric),
+        }
+        ends = [metric(lens(tokens)) for tokens in (clean, corrupted)]
+    server = ServerThread(families.exported(family))
+    try:
+        with EncoderClient(server.address, ClientOptions(timeout_s=120)) as client:
+            for hook, grid in want.items():
+                asked = {"source": clean[0].tolist(), "hook": hook, "target": target}
+                got = client.encode(corrupted[0].tolist(), patching=asked | {"contrast": contrast})[
+                    0
+                ].patching
+                assert got.hook == hook
+                torch.testing.assert_close(
+                    torch.from_numpy(got.values), grid, atol=1e-4, rtol=0, msg=hook
+                )
+                assert got.clean == pytest.approx(float(ends[0]), abs=1e-4)
+                assert got.corrupted == pytest.approx(float(ends[1]), abs=1e-4)
+    finally:
+        server.stop()

@@ -64,9 +64,10 @@ class FakeBackend:
     def read(
         self, input_ids: np.ndarray, lengths: list[int], selections: list[ReadoutSelection]
     ) -> tuple[np.ndarray, list[ReadoutOutput]]:
-        """The embeddings, each row scaled by its head mask's mean (a mask changes them)."""
+        """The embeddings, each row scaled by the mean of its hook_z scale (a head mask
+        changes them)."""
         self._enter("read", input_ids)
-        scale = [1.0 if s.head_mask is None else float(s.head_mask.mean()) for s in selections]
+        scale = [float(s.changes["z"].scale.mean()) if s.changes else 1.0 for s in selections]
         embeddings = self._embeddings(input_ids) * np.array(scale, np.float32)[:, None, None]
         return embeddings, [ReadoutOutput() for _ in lengths]
 

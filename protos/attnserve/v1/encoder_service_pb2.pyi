@@ -40,6 +40,13 @@ class LensNorm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LENS_NORM_FROZEN: _ClassVar[LensNorm]
     LENS_NORM_OWN: _ClassVar[LensNorm]
 
+class InterventionOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERVENTION_OP_UNSPECIFIED: _ClassVar[InterventionOp]
+    INTERVENTION_OP_ADD: _ClassVar[InterventionOp]
+    INTERVENTION_OP_SET: _ClassVar[InterventionOp]
+    INTERVENTION_OP_SCALE: _ClassVar[InterventionOp]
+
 class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
@@ -63,6 +70,10 @@ HEAD_REDUCTION_MAX: HeadReduction
 LENS_NORM_UNSPECIFIED: LensNorm
 LENS_NORM_FROZEN: LensNorm
 LENS_NORM_OWN: LensNorm
+INTERVENTION_OP_UNSPECIFIED: InterventionOp
+INTERVENTION_OP_ADD: InterventionOp
+INTERVENTION_OP_SET: InterventionOp
+INTERVENTION_OP_SCALE: InterventionOp
 TRUNCATION_UNSPECIFIED: Truncation
 TRUNCATION_NONE: Truncation
 TRUNCATION_RIGHT: Truncation
@@ -219,8 +230,60 @@ class HeadScale(_message.Message):
     mean: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class Intervention(_message.Message):
+    __slots__ = ("hook", "op", "values", "scale", "positions", "heads")
+    HOOK_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
+    hook: str
+    op: InterventionOp
+    values: Tensor
+    scale: float
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    heads: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hook: _Optional[str] = ..., op: _Optional[_Union[InterventionOp, str]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., scale: _Optional[float] = ..., positions: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CaptureRequest(_message.Message):
+    __slots__ = ("hooks", "positions")
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    hooks: _containers.RepeatedScalarFieldContainer[str]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hooks: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PatchingRequest(_message.Message):
+    __slots__ = ("source", "hook", "target_id", "target", "contrast_id", "contrast")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOOK_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_FIELD_NUMBER: _ClassVar[int]
+    source: Input
+    hook: str
+    target_id: int
+    target: str
+    contrast_id: int
+    contrast: str
+    def __init__(self, source: _Optional[_Union[Input, _Mapping]] = ..., hook: _Optional[str] = ..., target_id: _Optional[int] = ..., target: _Optional[str] = ..., contrast_id: _Optional[int] = ..., contrast: _Optional[str] = ...) -> None: ...
+
+class ActivationPatching(_message.Message):
+    __slots__ = ("hook", "values", "clean", "corrupted")
+    HOOK_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_FIELD_NUMBER: _ClassVar[int]
+    CORRUPTED_FIELD_NUMBER: _ClassVar[int]
+    hook: str
+    values: Tensor
+    clean: float
+    corrupted: float
+    def __init__(self, hook: _Optional[str] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., clean: _Optional[float] = ..., corrupted: _Optional[float] = ...) -> None: ...
+
 class EncodeOptions(_message.Message):
-    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution", "features")
+    __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution", "features", "interventions", "capture", "patching")
     POOLING_FIELD_NUMBER: _ClassVar[int]
     SKIP_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +295,9 @@ class EncodeOptions(_message.Message):
     HEAD_MASK_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    INTERVENTIONS_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    PATCHING_FIELD_NUMBER: _ClassVar[int]
     pooling: Pooling
     skip_token_embeddings: bool
     attention: AttentionRequest
@@ -243,7 +309,10 @@ class EncodeOptions(_message.Message):
     head_mask: _containers.RepeatedCompositeFieldContainer[HeadScale]
     attribution: LogitAttributionRequest
     features: FeaturesRequest
-    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ..., attribution: _Optional[_Union[LogitAttributionRequest, _Mapping]] = ..., features: _Optional[_Union[FeaturesRequest, _Mapping]] = ...) -> None: ...
+    interventions: _containers.RepeatedCompositeFieldContainer[Intervention]
+    capture: CaptureRequest
+    patching: PatchingRequest
+    def __init__(self, pooling: _Optional[_Union[Pooling, str]] = ..., skip_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionRequest, _Mapping]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., return_tokens: _Optional[bool] = ..., hidden_states: _Optional[_Union[HiddenStatesRequest, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictionsRequest, _Mapping]] = ..., head_mask: _Optional[_Iterable[_Union[HeadScale, _Mapping]]] = ..., attribution: _Optional[_Union[LogitAttributionRequest, _Mapping]] = ..., features: _Optional[_Union[FeaturesRequest, _Mapping]] = ..., interventions: _Optional[_Iterable[_Union[Intervention, _Mapping]]] = ..., capture: _Optional[_Union[CaptureRequest, _Mapping]] = ..., patching: _Optional[_Union[PatchingRequest, _Mapping]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("inputs", "options", "request_id", "model")
@@ -258,7 +327,14 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution", "features")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution", "features", "activations", "activation_positions", "patching")
+    class ActivationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +354,9 @@ class EncodeResult(_message.Message):
     LOGIT_LENS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    PATCHING_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -297,7 +376,10 @@ class EncodeResult(_message.Message):
     logit_lens: TokenPredictions
     attribution: LogitAttribution
     features: SAEFeatures
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ..., features: _Optional[_Union[SAEFeatures, _Mapping]] = ...) -> None: ...
+    activations: _containers.MessageMap[str, Tensor]
+    activation_positions: _containers.RepeatedScalarFieldContainer[int]
+    patching: ActivationPatching
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ..., features: _Optional[_Union[SAEFeatures, _Mapping]] = ..., activations: _Optional[_Mapping[str, Tensor]] = ..., activation_positions: _Optional[_Iterable[int]] = ..., patching: _Optional[_Union[ActivationPatching, _Mapping]] = ...) -> None: ...
 
 class LogitAttribution(_message.Message):
     __slots__ = ("positions", "target_ids", "contrast_ids", "heads", "attention_biases", "mlps", "embeddings", "constants")

@@ -33,6 +33,9 @@ LAYOUTS = cast(  # full, causal_packed
     dict[str, pb.AttentionLayout], choices(pb.AttentionLayout, "ATTENTION_LAYOUT_")
 )
 LENS_NORMS = cast(dict[str, pb.LensNorm], choices(pb.LensNorm, "LENS_NORM_"))  # frozen, own
+INTERVENTION_OPS = cast(  # add, set, scale
+    dict[str, pb.InterventionOp], choices(pb.InterventionOp, "INTERVENTION_OP_")
+)
 # LogitAttribution's tensors in the .proto's order: the parts that add up to a logit, named
 # as model/artifacts.py's ATTRIBUTION_PARTS names them (tests/service/test_names.py)
 ATTRIBUTION_PARTS = tuple(
@@ -213,6 +216,8 @@ def _split(
             if field is None or length < min_bytes:
                 continue
             if field.message_type is not None:
+                if field.message_type.GetOptions().map_entry:  # parsed whole: a map's order
+                    continue  # in the bytes is not its keys' order in the parsed message
                 inner = _split(buffer, body, pos, field.message_type, here, min_bytes, found)
                 if inner is None:
                     continue

@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
+from attnserve.service.core.backend import AttentionSelection, ReadoutSelection, SiteChange
 from attnserve.service.core.batcher import Batcher, BatcherOptions
 from attnserve.service.core.errors import (
     DeadlineExceededError,
@@ -209,12 +209,13 @@ def test_the_main_backend_never_runs_beside_an_instance():
 
 def test_embeddings_attention_and_readouts_each_batch_apart():
     """Three backend calls; readouts with different head masks still share theirs."""
-    halved = np.full((FAKE_CONFIG.n_layers, FAKE_CONFIG.n_heads), 0.5, np.float32)
+    L, H = FAKE_CONFIG.n_layers, FAKE_CONFIG.n_heads
+    halved = {"z": SiteChange(np.full((L, 1, H, 1), 0.5, np.float32), np.zeros((L, 1, H, 1)))}
 
     async def scenario():
         s = Scenario()
         blocker = await s.hold()
-        readouts = [[ReadoutSelection()], [ReadoutSelection(head_mask=halved)]]
+        readouts = [[ReadoutSelection()], [ReadoutSelection(changes=halved)]]
         work = [
             s.queue(ids(4)),
             s.queue(ids(4), attention=True),

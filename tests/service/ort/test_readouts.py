@@ -22,7 +22,7 @@ from attnserve.model.artifacts import (
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from tests.conftest import SMALL_CONFIG
+from tests.conftest import SMALL_CONFIG, head_changes
 
 
 def masks(batch: int) -> np.ndarray:
@@ -37,7 +37,7 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
     ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
     mask = masks(3)
     sites = readout_sites(SMALL_CONFIG)
-    run = small_runtime.readout_graphs.stream(ids, mask, sites=sites)
+    run = small_runtime.readout_graphs.stream(ids, head_changes(mask), sites=sites)
     embeddings, stream = run.embeddings, run.residual
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
     reads = [site for names in sites.values() for site in names]
@@ -60,7 +60,7 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
 
 def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runtime, small_model):
     ids = np.random.default_rng(1).integers(0, SMALL_CONFIG.vocab_size, size=(1, 12))
-    stream = small_runtime.readout_graphs.stream(ids, masks(3)[:1]).residual
+    stream = small_runtime.readout_graphs.stream(ids, [{}]).residual
     rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
     last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
     logits = small_runtime.readout_graphs.lens(rows, last, logits=True).logits.reshape(
@@ -101,9 +101,7 @@ def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monke
 
     monkeypatch.setattr(readouts, "attribution_chunk_rows", lambda config, ids: 3)
     ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(1, 10))
-    run = small_runtime.readout_graphs.stream(
-        ids, masks(3)[:1], attentions=False, sites=PARTS_NAMES
-    )
+    run = small_runtime.readout_graphs.stream(ids, [{}], attentions=False, sites=PARTS_NAMES)
     assert run.attentions is None
     inputs = [np.ascontiguousarray(run.heads[0].swapaxes(0, 1))]
     inputs += [np.ascontiguousarray(run.mlps[0].swapaxes(0, 1))]
@@ -140,14 +138,14 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
     for single_session in (False, True):
         runtime = OrtRuntime(small_model_dir, RuntimeOptions(single_session=single_session))
         runtime.readout_graphs.lens(row, row)
-        runtime.readout_graphs.stream(ids, masks(3)[:1], attentions=False)
+        runtime.readout_graphs.stream(ids, [{}], attentions=False)
         sessions = runtime.readout_graphs._sessions
         assert (sessions["stream"] is runtime.session) == single_session
         assert prepacking(runtime) == ([True, False] if single_session else [True, True])
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
-    readable = {"stream", "lens", "attribution"}  # each precision has its readouts graphs
+    readable = {"stream", "changes", "lens", "attribution"}  # each precision's readouts graphs
     assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).readouts == readable
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
@@ -158,10 +156,10 @@ def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_pat
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
         runtime.readout_graphs.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
     with pytest.raises(UnsupportedError, match=r"no residual_stream .*re-export"):
-        runtime.readout_graphs.stream(np.zeros((1, 3), np.int64), masks(3)[:1])
+        runtime.readout_graphs.stream(np.zeros((1, 3), np.int64), [{}])
     fp16 = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
     assert runtime.readouts == fp16.readouts == frozenset()  # what the planner refuses
     with pytest.raises(UnsupportedError, match="no residual_stream to read in fp16"):
-        fp16.readout_graphs.stream(np.zeros((1, 3), np.int64), masks(3)[:1])
+        fp16.readout_graphs.stream(np.zeros((1, 3), np.int64), [{}])
     assert (model_dir / ONNX_FILENAME).is_file()  # what it has still serves
     assert runtime.run(np.zeros((1, 3), np.int64))[0].shape == (1, 3, 64)

@@ -1,0 +1,327 @@
+"""A request's changes to the model's run and the values it captures, planned: interventions
+(add, set or scale a hook site's value) and the head mask, as one SiteChange per kind of site
+(x -> x * scale + add at every layer, the readouts graph's inputs), the sites a capture
+returns and activation patching (service/ort/patching.py), each validated against the model.
+
+Changes compose in the order given, the head mask first: at a position an `add` adds to
+whatever came before, a `set` replaces it, a `scale` scales both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from attnserve.model.artifacts import stream_site
+from attnserve.model.config import ModelConfig
+from attnserve.model.hooks import RESID_POST, RESID_PRE, Z, changeable, hook_names, parse_site
+from attnserve.service.core.backend import CaptureSelection, PatchingSelection, SiteChange
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.fields import positions as checked_positions
+from attnserve.service.core.request import (
+    CaptureOptions,
+    HeadScale,
+    Intervention,
+    PatchingOptions,
+)
+
+OPS = ("add", "set", "scale")
+
+
+def plan_changes(
+    interventions: tuple[Intervention, ...],
+    head_mask: tuple[HeadScale, ...],
+    config: ModelConfig,
+    length: int,
+    index: int,
+) -> dict[str, SiteChange]:
+    """The changes of inputs[index] (`length` tokens) by kind of site: its head mask (on
+    every hook_z) and then its interventions, in order."""
+    changes: dict[str, _Change] = {}
+    if head_mask:
+        mask, means = head_mask_arrays(head_mask, config)
+        z = changes.setdefault("z", _Change(config, "z", 1))
+        z.scale[:] = mask[:, None, :, None]
+        if means is not None:
+            z.add[:] = means[:, None]
+    planned = [_plan(i, entry, config, length, index) for i, entry in enumerate(interventions)]
+    for kind, layer, rows, heads, op, values, scale in planned:
+        change = changes.get(kind)
+        per_position = rows is not None or (values is not None and values.ndim == 2)
+        if change is None:
+            change = changes[kind] = _Change(config, kind, length if per_position else 1)
+        elif per_position and change.positions == 1:
+            change.spread(length)
+        change.apply(layer, rows, heads, op, values, scale)
+    return {kind: SiteChange(change.scale, change.add) for kind, change in changes.items()}
+
+
+def plan_capture(
+    capture: CaptureOptions,
+    config: ModelConfig,
+    length: int,
+    index: int,
+    changes: Mapping[str, SiteChange],
+) -> CaptureSelection:
+    """Where each hook site `capture` names is among the readouts graph's outputs, and the
+    positions of inputs[index] it returns."""
+    if not capture.hooks:
+        raise InvalidInputError("options.capture.hooks: name at least one hook site")
+    sites: dict[str, tuple[str, int, tuple[int, ...]]] = {}
+    for i, hook in enumerate(capture.hooks):
+        field = f"options.capture.hooks[{i}]"
+        if hook in sites:
+            raise InvalidInputError(f"{field}: {hook} is named twice")
+        place = stream_site(config, hook) if hook in hook_names(config) else None
+        if place is None:
+            raise InvalidInputError(f"{field}: {_unknown(hook, config)}")
+        parsed = parse_site(hook, config)
+        if parsed is not None and parsed[0] == "resid_post" and parsed[1] + 1 < config.n_layers:
+            after = RESID_PRE.format(layer=parsed[1] + 1)
+            if "resid_pre" in changes:  # the stream holds the next block's input: changed
+                raise InvalidInputError(
+                    f"{field}: {hook} is read where {after} begins, which this request "
+                    f"changes; capture {after} (after its change) or change "
+                    f"{RESID_POST.format(layer=parsed[1])} instead"
+                )
+        shape = (config.n_heads, config.head_dim) if parsed and parsed[0] == "z" else (-1,)
+        sites[hook] = (*place, shape)
+    positions = capture.positions
+    field = "options.capture.positions"
+    chosen = checked_positions(field, positions, length, index) if positions else range(length)
+    return CaptureSelection(sites=sites, positions=tuple(chosen))
+
+
+def plan_patching(
+    patching: PatchingOptions,
+    config: ModelConfig,
+    source: np.ndarray,
+    length: int,
+    index: int,
+) -> PatchingSelection:
+    """Activation patching of inputs[index] (`length` tokens) against `source` (its ids)."""
+    field = "options.patching"
+    kinds = changeable(config)
+    if patching.hook not in kinds:
+        raise InvalidInputError(
+            f"{field}.hook: {patching.hook!r} is not one of {list(kinds)} (the sites' kinds: "
+            "each layer and position is patched, or with z each layer and head)"
+        )
+    if len(source) != length:
+        raise InvalidInputError(
+            f"{field}.source: {len(source)} tokens, inputs[{index}] has {length}: a patched "
+            "run takes a place of the source's run, so they must be as long"
+        )
+    tokens = []
+    for name in ("target", "contrast"):
+        token = getattr(patching, name)
+        if isinstance(token, str):  # resolved by the plan, which has the tokenizer
+            raise InvalidInputError(f"{field}.{name}: {token!r} is not a token id")
+        if not 0 <= token < config.vocab_size:
+            raise InvalidInputError(
+                f"{field}.{name}_id: {token} is outside the vocabulary [0, {config.vocab_size})"
+            )
+        tokens.append(token)
+    return PatchingSelection(patching.hook, source, *tokens)
+
+
+def head_mask_arrays(
+    entries: tuple[HeadScale, ...], config: ModelConfig
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The head mask's scales (L, H), 1 but for the heads listed, and the means (L, H, d_k)
+    if any entry has one (zeros elsewhere), float32."""
+    mask = np.ones((config.n_layers, config.n_heads), dtype=np.float32)
+    means = None
+    seen = set()
+    for i, entry in enumerate(entries):
+        field = f"options.head_mask[{i}]"
+        if not 0 <= entry.layer < config.n_layers:
+            raise InvalidInputError(
+                f"{field}.layer: {entry.layer} is outside [0, {config.n_layers})"
+            )
+        if not 0 <= entry.head < config.n_heads:
+            raise InvalidInputError(f"{field}.head: {entry.head} is outside [0, {config.n_heads})")
+        if not math.isfinite(entry.scale):
+            raise InvalidInputError(f"{field}.scale: {entry.scale} is not a finite number")
+        if (entry.layer, entry.head) in seen:
+            raise InvalidInputError(
+                f"{field}: layer {entry.layer} head {entry.head} is listed twice"
+            )
+        seen.add((entry.layer, entry.head))
+        mask[entry.layer, entry.head] = entry.scale
+        if entry.mean:
+            if len(entry.mean) != config.head_dim:
+                raise InvalidInputError(
+                    f"{field}.mean: {len(entry.mean)} floats; a head's output has "
+                    f"head_dim={config.head_dim}"
+                )
+            mean = np.asarray(entry.mean, dtype=np.float32)
+            if not np.isfinite(mean).all():
+                raise InvalidInputError(f"{field}.mean: not every value is a finite number")
+            if means is None:
+                means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
+            means[entry.layer, entry.head] = mean
+    return mask, means
+
+
+def changes_bytes(changes: Mapping[str, SiteChange]) -> int:
+    """What a row's changes hold, and its rows of the batch's inputs made of them."""
+    return 2 * sum(change.scale.nbytes + change.add.nbytes for change in changes.values())
+
+
+def capture_bytes(selection: CaptureSelection, config: ModelConfig) -> int:
+    """Bytes of the values a capture returns."""
+    return len(selection.sites) * len(selection.positions) * _width(config) * 4
+
+
+def _width(config: ModelConfig) -> int:
+    return max(config.d_model, config.n_heads * config.head_dim)
+
+
+class _Change:
+    """One kind of site's change being composed: scale (L, P, 1) and add (L, P, D), or
+    hook_z's (L, P, H, 1) and (L, P, H, d_k), P 1 (every position) or the input's length."""
+
+    def __init__(self, config: ModelConfig, kind: str, positions: int) -> None:
+        L = config.n_layers
+        self.z = kind == "z"
+        if self.z:
+            H, d_k = config.n_heads, config.head_dim
+            self.scale = np.ones((L, positions, H, 1), dtype=np.float32)
+            self.add = np.zeros((L, positions, H, d_k), dtype=np.float32)
+        else:
+            self.scale = np.ones((L, positions, 1), dtype=np.float32)
+            self.add = np.zeros((L, positions, config.d_model), dtype=np.float32)
+
+    @property
+    def positions(self) -> int:
+        return self.scale.shape[1]
+
+    def spread(self, length: int) -> None:
+        """From one change for every position to one per position (a later intervention
+        names positions)."""
+        self.scale = np.repeat(self.scale, length, axis=1)
+        self.add = np.repeat(self.add, length, axis=1)
+
+    def apply(
+        self,
+        layer: int,
+        rows: np.ndarray | None,
+        heads: np.ndarray | None,
+        op: str,
+        values: np.ndarray | None,
+        scale: float,
+    ) -> None:
+        """One intervention at `layer`, `rows` (None: every position) and `heads` (hook_z;
+        None: every head); values (width,) or (rows, width), hook_z's width each head's."""
+        where = np.arange(self.positions) if rows is None else rows
+        index: tuple = (layer, where)  # (P, 1) of scale, (P, D) of add
+        if self.z:  # (P, heads, 1) and (P, heads, d_k)
+            chosen = np.arange(self.scale.shape[2]) if heads is None else heads
+            index = (layer, where[:, None], chosen[None, :])
+            if values is not None:
+                d_k = self.add.shape[-1]
+                if heads is None:  # the heads side by side, as hook_z's width is flattened
+                    values = values.reshape(*values.shape[:-1], -1, d_k)
+                elif values.ndim == 2:  # one row per position, the same for each head
+                    values = values[:, None, :]
+        if op == "scale":
+            self.scale[index] *= scale
+            self.add[index] *= scale
+        elif op == "set":
+            assert values is not None
+            self.scale[index] = 0.0
+            self.add[index] = scale * values
+        else:
+            assert values is not None
+            self.add[index] += scale * values
+
+
+def _plan(
+    i: int, entry: Intervention, config: ModelConfig, length: int, index: int
+) -> tuple[str, int, np.ndarray | None, np.ndarray | None, str, np.ndarray | None, float]:
+    """One intervention checked: (kind, layer, positions or None, heads or None, op, values
+    (width,) or (positions, width) or None, scale)."""
+    field = f"options.interventions[{i}]"
+    parsed = parse_site(entry.hook, config)
+    if parsed is None:
+        raise InvalidInputError(f"{field}.hook: {_unknown(entry.hook, config)}")
+    kind, layer = parsed
+    if entry.op not in OPS:
+        raise InvalidInputError(f"{field}.op: {entry.op!r} is not one of {list(OPS)}")
+    scale = 1.0 if entry.scale is None else float(entry.scale)
+    if entry.op == "scale" and entry.scale is None:
+        raise InvalidInputError(f"{field}.scale: op scale multiplies by it; set it")
+    if not math.isfinite(scale):
+        raise InvalidInputError(f"{field}.scale: {scale} is not a finite number")
+    heads = None
+    if entry.heads:
+        if kind != "z":
+            raise InvalidInputError(
+                f"{field}.heads: only {Z.format(layer=layer)} has heads; {entry.hook} has none"
+            )
+        for head in entry.heads:
+            if not 0 <= head < config.n_heads:
+                raise InvalidInputError(f"{field}.heads: {head} is outside [0, {config.n_heads})")
+        if len(set(entry.heads)) != len(entry.heads):
+            raise InvalidInputError(f"{field}.heads: {list(entry.heads)} repeats a head")
+        heads = np.asarray(entry.heads)
+    rows = None
+    if entry.positions:
+        rows = np.asarray(checked_positions(f"{field}.positions", entry.positions, length, index))
+    values = _values(field, entry, kind, config, heads is not None, rows, length)
+    return kind, layer, rows, heads, entry.op, values, scale
+
+
+def _values(
+    field: str,
+    entry: Intervention,
+    kind: str,
+    config: ModelConfig,
+    by_head: bool,
+    rows: np.ndarray | None,
+    length: int,
+) -> np.ndarray | None:
+    """The intervention's values checked: none for scale; else (width,) or one row per
+    position, float32 and finite."""
+    values = entry.values
+    if entry.op == "scale":
+        if values is not None and values.size:
+            raise InvalidInputError(
+                f"{field}.values: op scale multiplies by scale alone; leave values empty"
+            )
+        return None
+    if values is None or not values.size:
+        raise InvalidInputError(f"{field}.values: op {entry.op} needs values")
+    if kind != "z":
+        width, what = config.d_model, "d_model"
+    elif by_head:
+        width, what = config.head_dim, "head_dim (one head's output)"
+    else:
+        width, what = config.n_heads * config.head_dim, "n_heads x head_dim (every head's)"
+    count = length if rows is None else len(rows)
+    allowed = f"[{width}] or [{count}, {width}] (one row per position)"
+    if values.ndim not in (1, 2) or values.shape[-1] != width:
+        raise InvalidInputError(
+            f"{field}.values: shape {list(values.shape)}; {entry.hook} takes {allowed}: "
+            f"its width is {what} = {width}"
+        )
+    if values.ndim == 2 and len(values) != count:
+        raise InvalidInputError(
+            f"{field}.values: {len(values)} rows for {count} positions; give {allowed}"
+        )
+    values = values.astype(np.float32, copy=False)
+    if not np.isfinite(values).all():
+        raise InvalidInputError(f"{field}.values: not every value is a finite number")
+    return values
+
+
+def _unknown(hook: str, config: ModelConfig) -> str:
+    """Why `hook` is not a site to change or capture, and which are."""
+    kinds = ", ".join(site.format(layer="{layer}") for site in changeable(config).values())
+    where = f"blocks.{{layer}} for 0 <= layer < {config.n_layers}"
+    if hook in hook_names(config):
+        return f"{hook} is not one of the sites this server changes or returns: {kinds} ({where})"
+    return f"{hook!r} is not a hook site of {config.name}; these are: {kinds} ({where})"
