@@ -99,6 +99,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "embedding's part; each an id or a token's text, e.g. ' Mary: John' (repeatable: "
         "all with contrasts or none)",
     )
+    changes = encode.add_argument_group("activation patching")
+    changes.add_argument(
+        "--patch",
+        metavar="CLEAN_TEXT",
+        help="run the input (the corrupted one) once per layer and token with that place "
+        "taken from this text's run, and print how much of its answer each brings back",
+    )
+    changes.add_argument("--answer", metavar="TOKEN", help="the clean answer: an id or its text")
+    changes.add_argument("--contrast", metavar="TOKEN", help="the corrupted answer, likewise")
+    changes.add_argument(
+        "--patch-hook",
+        choices=["resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post", "z"],
+        default="resid_pre",
+        help="the kind of site patched (z: each head's output at every position)",
+    )
     features = encode.add_argument_group("sparse-autoencoder features")
     features.add_argument(
         "--sae",
@@ -227,6 +242,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
             (vocabulary.id_of(t), None if c is None else vocabulary.id_of(c))
             for t, c in args.attribute
         ]
+        patching = _patching_request(args, vocabulary)
     except ValueError as exc:
         print(f"attnserve encode: error: {exc}", file=sys.stderr)
         return 2
@@ -244,7 +260,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         top_k=args.top_k,
         head_entropy=args.entropy,
         truncate=args.truncate,
-        return_tokens=args.tokens or bool(args.sae),
+        return_tokens=args.tokens or bool(args.sae) or bool(args.patch),
         features={
             "saes": args.sae,
             "top_k": args.top_features,
@@ -257,6 +273,7 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         hidden_states=args.hidden_norms
         and {"positions": args.positions, "norms": True, "omit_states": True},
         attribution=_attribution_request(attribute, args.positions),
+        patching=patching,
         model=args.model,
     )
     out = client.encode(inputs, head_mask={head: 0.0 for head in args.ablate} or None, **options)
@@ -282,6 +299,18 @@ def _encode(client: EncoderClient, args: argparse.Namespace) -> int:
         print(f"  with {removed} removed:")
         print_encoding(e, target_ids, texts)
     return 0
+
+
+def _patching_request(args: argparse.Namespace, vocabulary: _Vocabulary) -> dict | None:
+    """--patch's request; ValueError where an answer is missing or not one token."""
+    if args.patch is None:
+        return None
+    if args.answer is None or args.contrast is None:
+        raise ValueError("--patch needs --answer and --contrast (the clean and corrupted answers)")
+    answer, contrast = (
+        vocabulary.id_of(int(t) if t.isdigit() else t) for t in (args.answer, args.contrast)
+    )
+    return {"source": args.patch, "hook": args.patch_hook, "target": answer, "contrast": contrast}
 
 
 def _attribution_request(

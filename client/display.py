@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnserve.client.codec import (
+    ActivationPatching,
     EncodeOutput,
     Encoding,
     LogitAttribution,
@@ -37,6 +38,7 @@ def output_json(out: EncodeOutput) -> dict:
                 "logit_lens": _predictions_json(e.logit_lens),
                 "attribution": _attribution_json(e.attribution),
                 "features": _features_json(e.features),
+                "patching": _patching_json(e.patching),
             }
             for e in out
         ],
@@ -73,6 +75,33 @@ def print_encoding(e: Encoding, target_ids: list[int], texts: dict[int, str]) ->
         _print_attribution(e.attribution, texts)
     if e.features is not None:
         _print_features(e.features, e.tokens)
+    if e.patching is not None:
+        _print_patching(e.patching, e.tokens)
+
+
+def _print_patching(p: ActivationPatching, tokens: list[str]) -> None:
+    """The grid, a row per layer and a column per token (z: per head), as the share of the
+    clean difference each patched place brings back (0: the corrupted run's, 1: the
+    clean run's)."""
+    print(
+        f"    patching {p.hook}: logit difference clean {p.clean:.4f}, corrupted "
+        f"{p.corrupted:.4f}; recovered by each patched place (0 corrupted .. 1 clean):"
+    )
+    recovered = p.recovered() if p.clean != p.corrupted else np.zeros_like(p.values)
+    if p.hook == "z":
+        columns = [f"H{head}" for head in range(p.values.shape[1])]
+    else:
+        columns = tokens or [str(position) for position in range(p.values.shape[1])]
+    width = max(6, *(len(c) for c in columns))
+    print("          " + " ".join(c[:width].rjust(width) for c in columns))
+    for layer, row in enumerate(recovered):
+        print(f"      L{layer:<3}" + " ".join(f"{v:{width}.2f}" for v in row))
+
+
+def _patching_json(p: ActivationPatching | None) -> dict | None:
+    if p is None:
+        return None
+    return {"hook": p.hook, "values": p.values.tolist(), "clean": p.clean, "corrupted": p.corrupted}
 
 
 def _print_features(f: SAEFeatures, tokens: list[str]) -> None:

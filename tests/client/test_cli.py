@@ -233,3 +233,34 @@ def test_ablate_prints_the_run_without_the_ablation_beside_it(cli_server):
     # the run without it is the plain run; the run with it differs
     assert lines[before + 1 : after] == plain.stdout.splitlines()[2:]
     assert lines[after + 1 :] != lines[before + 1 : after]
+
+
+def test_encode_patch_prints_the_grid_with_token_labels(cli_server):
+    """--patch CLEAN --answer --contrast: a row per layer, a column per token, each the
+    share of the clean difference the patched place brings back (the grid as JSON is the
+    client's)."""
+    args = ("encode", "--target", cli_server.address, "--text", "Mary gave it")
+    asked = ("--patch", "John gave it", "--answer", "M", "--contrast", "J")
+    shown = run_cli(*args, *asked)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if "patching resid_pre:" in line)
+    assert lines[head + 1].split() == ["<bos>", *"Mary\u2423gave\u2423it"]  # the tokens
+    rows = lines[head + 2 : head + 4]
+    assert [row.split()[0] for row in rows] == ["L0", "L1"]
+    result = json.loads(run_cli(*args, *asked, "--json").stdout)["results"][0]["patching"]
+    with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
+        want = c.encode(
+            "Mary gave it",
+            patching={
+                "source": "John gave it",
+                "hook": "resid_pre",
+                "target": "M",
+                "contrast": "J",
+            },
+        )[0].patching
+    np.testing.assert_allclose(result["values"], want.values, atol=1e-6)
+    shown_values = np.array([[float(v) for v in row.split()[1:]] for row in rows])
+    np.testing.assert_allclose(shown_values, want.recovered(), atol=0.006)
+    missing = run_cli(*args, "--patch", "John gave it", "--answer", "M")
+    assert missing.returncode == 2 and "--patch needs --answer and --contrast" in missing.stderr
