@@ -477,3 +477,63 @@ def test_each_tokens_features_and_one_feature_across_the_text(browser, small_mod
     finally:
         context.close()
         server.stop()
+
+
+def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, server, client):
+    """Patch: a cell per layer and token (per layer and head for z), each the API's logit
+    difference; steer: the next-token distribution before and after adding the difference
+    of two texts' residual streams, as the API gives it."""
+    clean = "The dog sat on the mat."
+    page.goto(f"{server.http_url}/?text={quote(TEXT)}")
+    page.locator('#ablation[data-ready="true"]').wait_for()
+    page.fill("#patch-clean", clean)
+    for hook, columns in (("resid_pre", len(TEXT) + 1), ("z", SMALL_CONFIG.n_heads)):
+        page.select_option("#patch-hook", hook)
+        page.click("#patch-form button")
+        page.locator(f'#patching[data-ready="true"][data-hook="{hook}"]').wait_for()
+        asked = {"source": clean, "hook": hook, "target": "d", "contrast": "c"}
+        want = client.encode(TEXT, patching=asked)[0].patching
+        cells = page.locator("#patching td[data-layer]")
+        assert cells.count() == SMALL_CONFIG.n_layers * columns == want.values.size
+        for i in range(cells.count()):
+            cell = cells.nth(i)
+            layer, column = (
+                int(cell.get_attribute("data-layer")),
+                int(cell.get_attribute("data-column")),
+            )
+            assert float(cell.get_attribute("data-value")) == pytest.approx(
+                want.values[layer, column], abs=1e-5
+            )
+            assert float(cell.get_attribute("data-recovered")) == pytest.approx(
+                want.recovered()[layer, column], abs=1e-4
+            )
+    page.select_option("#steer-layer", "1")
+    page.fill("#steer-strength", "3")
+    page.click("#steer-form button")
+    page.locator('#steering[data-ready="true"]').wait_for()
+    hook = "blocks.1.hook_resid_pre"
+    plus, minus = (
+        client.encode(t, capture={"hooks": [hook], "positions": [-1]})[0].activations[hook][0]
+        for t in ("Love", "Hate")
+    )
+    steer = [{"hook": hook, "op": "add", "values": plus - minus, "scale": 3.0}]
+    before, after = (
+        softmax(
+            client.encode(TEXT, interventions=i, predictions={"positions": [-1], "logits": True})[
+                0
+            ].predictions.logits[0, 0]
+        )
+        for i in ([], steer)
+    )
+    rows = page.locator("#steering tr[data-id]")
+    assert rows.count() >= 10
+    for i in range(rows.count()):
+        token = int(rows.nth(i).get_attribute("data-id"))
+        assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(
+            before[token], abs=1e-6
+        )
+        assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(
+            after[token], abs=1e-6
+        )
+    assert np.abs(after - before).max() > 1e-3  # the direction moved the distribution
+    assert page.elsewhere == []

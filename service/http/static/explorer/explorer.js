@@ -665,12 +665,15 @@ async function showLens(model, text) {
     shown = off.length ? await predict(model, text, off) : state.predictions;
   } catch (error) {  // e.g. a model exported before the readouts: said, attention still shown
     $("lens-section").hidden = true;
+    $("patching-section").hidden = true;
     $("lens-note").hidden = false;
     $("lens-note").textContent = `No logit lens for ${model}: ${error.message}`;
     return;
   }
   $("lens-note").hidden = true;
   $("lens-section").hidden = false;
+  $("patching-section").hidden = false;
+  fillSelect("steer-layer", state.predictions.result.logitLens.layers.length - 1, $("steer-layer").value);
   drawLens(shown.result);
   drawSwitches(state.predictions.result.logitLens.layers.length - 1, state.panes.a.packed.shape[1]);
   drawAblation(state.predictions, shown, off);
@@ -678,6 +681,131 @@ async function showLens(model, text) {
     await followTarget(model, text, off);
   } catch (error) {
     $("target-note").textContent = error.message;
+  }
+}
+
+// ---- interventions: activation patching, and steering ----
+
+// A token's id from its text (which the tokenizer must make one token): an Error if not.
+async function tokenId(model, text) {
+  const pieces = (await post("/v1/encode", {
+    model, inputs: [{ text }], options: { skipTokenEmbeddings: true, returnTokens: true },
+  })).results[0];
+  let ids = pieces.tokenIds.map(Number), tokens = pieces.tokens;
+  if (ids.length && ids[0] === state.bosId) { ids = ids.slice(1); tokens = tokens.slice(1); }
+  if (ids.length !== 1)
+    throw new Error(`${JSON.stringify(text)} is ${ids.length} tokens (${tokens.map((t) => JSON.stringify(t)).join(", ")}), not one`);
+  return ids[0];
+}
+
+// The patching grid of the text against the clean text: one request; each cell coloured by
+// the share of the clean difference it brings back, (value - corrupted) / (clean - corrupted).
+async function showPatching(event) {
+  if (event) event.preventDefault();
+  const table = $("patching");
+  table.dataset.ready = "false";
+  $("patch-note").textContent = "";
+  const model = $("model-a").value, text = $("text").value, hook = $("patch-hook").value;
+  try {
+    const options = {
+      skipTokenEmbeddings: true,
+      returnTokens: true,
+      patching: {
+        source: { text: $("patch-clean").value },
+        hook,
+        targetId: await tokenId(model, $("patch-answer").value),
+        contrastId: await tokenId(model, $("patch-contrast").value),
+      },
+    };
+    const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
+    const grid = result.patching, values = decodeNumbers(grid.values);
+    const [layers, columns] = grid.values.shape.map(Number);
+    const clean = grid.clean || 0, corrupted = grid.corrupted || 0;
+    const labels = hook === "z" ? Array.from({ length: columns }, (_, h) => `H${headLabel(h)}`) : result.tokens;
+    table.innerHTML = "";
+    const head = table.insertRow();
+    head.insertCell().textContent = "";
+    for (const label of labels) head.appendChild(document.createElement("th")).textContent = label;
+    for (let layer = 0; layer < layers; layer++) {
+      const tr = table.insertRow();
+      tr.appendChild(document.createElement("th")).textContent = `L${layer}`;
+      for (let c = 0; c < columns; c++) {
+        const value = values[layer * columns + c];
+        const recovered = clean === corrupted ? 0 : (value - corrupted) / (clean - corrupted);
+        const td = tr.insertCell();
+        td.textContent = recovered.toFixed(2);
+        td.style.background = colour(Math.max(0, Math.min(1, recovered)));
+        td.style.color = recovered > 0.6 ? "white" : "black";
+        td.title = `${labels[c]} at layer ${layer}: logit difference ${value.toFixed(4)} (clean ${clean.toFixed(4)}, corrupted ${corrupted.toFixed(4)})`;
+        Object.assign(td.dataset, { layer, column: c, value, recovered });
+      }
+    }
+    Object.assign(table.dataset, { hook, clean, corrupted, ready: "true" });
+    $("patch-note").textContent = `logit difference clean ${clean.toFixed(3)}, corrupted ${corrupted.toFixed(3)}`;
+  } catch (error) {
+    $("patch-note").textContent = error.message;
+  }
+}
+
+// The next-token distribution after the text's last token, with `interventions` applied.
+async function nextTokens(model, text, interventions) {
+  const options = {
+    skipTokenEmbeddings: true,
+    truncation: "TRUNCATION_RIGHT",
+    predictions: { positions: [-1], topK: 10, logits: true },
+    interventions,
+  };
+  const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
+  const logits = decodeNumbers(result.predictions.logits);
+  let peak = -Infinity;
+  for (const v of logits) peak = Math.max(peak, v);
+  const probabilities = Float64Array.from(logits, (v) => Math.exp(v - peak));
+  const total = probabilities.reduce((a, b) => a + b, 0);
+  for (let i = 0; i < probabilities.length; i++) probabilities[i] /= total;
+  const top = Array.from(decodeNumbers(result.predictions.topIds));
+  return { probabilities, top, names: new Map(top.map((id, k) => [id, result.predictions.topTokens[k]])) };
+}
+
+function base64Floats(values) {  // float32 little-endian, as a Tensor's data
+  const bytes = new Uint8Array(Float32Array.from(values).buffer);
+  let text = "";
+  for (const b of bytes) text += String.fromCharCode(b);
+  return btoa(text);
+}
+
+// Activation addition: the two texts' residual streams at the chosen layer, last token,
+// captured; their difference times the strength added at every token of the text.
+async function showSteering(event) {
+  if (event) event.preventDefault();
+  const table = $("steering");
+  table.dataset.ready = "false";
+  $("steer-note").textContent = "";
+  const model = $("model-a").value, text = $("text").value;
+  const layer = Number($("steer-layer").value), strength = Number($("steer-strength").value);
+  const hook = `blocks.${layer}.hook_resid_pre`;
+  try {
+    const captured = await Promise.all([$("steer-plus").value, $("steer-minus").value].map(async (t) => {
+      const options = { skipTokenEmbeddings: true, capture: { hooks: [hook], positions: [-1] } };
+      const result = (await post("/v1/encode", { model, inputs: [{ text: t }], options })).results[0];
+      return decodeNumbers(result.activations[hook]);
+    }));
+    const direction = captured[0].map((v, i) => v - captured[1][i]);
+    const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
+    const steer = [{ hook, op: "INTERVENTION_OP_ADD", values, scale: strength }];
+    const [before, after] = await Promise.all([nextTokens(model, text, []), nextTokens(model, text, steer)]);
+    const names = new Map([...before.names, ...after.names]);
+    const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => after.probabilities[j] - after.probabilities[i]);
+    table.innerHTML = "<tr><th>next token</th><th>before</th><th>steered</th><th>change</th></tr>";
+    for (const id of ids) {
+      const tr = table.insertRow();
+      const [b, a] = [before.probabilities[id], after.probabilities[id]];
+      for (const cell of [JSON.stringify(names.get(id)), b.toFixed(4), a.toFixed(4), (a - b >= 0 ? "+" : "") + (a - b).toFixed(4)])
+        tr.insertCell().textContent = cell;
+      Object.assign(tr.dataset, { id, before: b, after: a });
+    }
+    Object.assign(table.dataset, { layer, strength, ready: "true" });
+  } catch (error) {
+    $("steer-note").textContent = error.message;
   }
 }
 
@@ -843,6 +971,8 @@ async function init() {
     $(id).addEventListener("mouseleave", () => draw());
   }
   $("auth").addEventListener("submit", useToken);
+  $("patch-form").addEventListener("submit", showPatching);
+  $("steer-form").addEventListener("submit", showSteering);
   $("sae").addEventListener("change", () => {
     state.traced = null;  // another SAE's features
     saveUrl();
