@@ -1,6 +1,6 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-features, repository, ray, containers, report), from the repository's root with attnserve installed
-(`make install`): `make benchmarks` runs `report`."""
+features, interventions, repository, ray, containers, report), from the repository's root
+with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
 
@@ -83,6 +83,15 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Llama-3.1-8B's shape in int8 with a 32k Llama Scope-shaped SAE instead",
     )
+    interventions = commands.add_parser(
+        "interventions",
+        help="GPT-2 small's shape: activation patching grids in one call against "
+        "TransformerLens' patching functions; a plain request before and after",
+    )
+    interventions.add_argument(
+        "--ref", default="365f584", help="the commit to compare a plain request with"
+    )
+    interventions.add_argument("--repeats", type=int, default=1, help="calls per block")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -151,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             run_llama_scope(args.out, 1, progress)
         else:
             run_features(args.out, args.ref, args.repeats, progress)
+        return 0
+    if args.command == "interventions":
+        from perf.interventions import run_interventions
+
+        run_interventions(args.out, args.ref, args.repeats, progress)
         return 0
     if args.command == "containers":
         from perf.containers import run_containers

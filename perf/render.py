@@ -146,6 +146,16 @@ SECTIONS = [
         "python -m perf features --llama-8b",
     ),
     (
+        "interventions",
+        "Interventions: activation patching in one call",
+        "GPT-2 small's shape (random, float32) imported and served; TransformerLens 3.x's "
+        "HookedTransformer of the same weights in the benchmark's process on the same CPU. "
+        "An IOI-style 20-token pair: the resid_pre and per-head patching grids, attnserve's "
+        "one Encode against TransformerLens' patching functions in alternating blocks; then a "
+        "plain request against the server before interventions, three runs.",
+        "python -m perf interventions",
+    ),
+    (
         "repository",
         "Several models, and reloads",
         "A server of a repository (`--model-repository`) with the default model alone, and one "
