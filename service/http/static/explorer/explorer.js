@@ -525,15 +525,20 @@ async function predict(model, text, off = []) {
   options.logitLens = { topK: 5 };
   if (off.length) options.headMask = headMask(off);
   const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
-  const logits = decodeNumbers(result.predictions.logits);
+  return { result, ...distribution(result.predictions) };
+}
+
+// The next-token distribution of predictions with logits after one position: every
+// token's probability (the logits softmaxed here), the top ids and their texts.
+function distribution(predictions) {
+  const logits = decodeNumbers(predictions.logits);
   let peak = -Infinity;
   for (const v of logits) peak = Math.max(peak, v);
   const probabilities = Float64Array.from(logits, (v) => Math.exp(v - peak));
   const total = probabilities.reduce((a, b) => a + b, 0);
   for (let i = 0; i < probabilities.length; i++) probabilities[i] /= total;
-  const top = Array.from(decodeNumbers(result.predictions.topIds));
-  const names = new Map(top.map((id, k) => [id, result.predictions.topTokens[k]]));
-  return { result, probabilities, top, names };
+  const top = Array.from(decodeNumbers(predictions.topIds));
+  return { probabilities, top, names: new Map(top.map((id, k) => [id, predictions.topTokens[k]])) };
 }
 
 function drawLens(result) {
@@ -591,10 +596,18 @@ function drawSwitches(layers, heads) {
 
 // The next-token distribution with the switched-off heads removed, beside the model's own.
 function drawAblation(before, after, off) {
-  const names = new Map([...before.names, ...after.names]);
-  const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => before.probabilities[j] - before.probabilities[i]);
   const table = $("ablation");
-  table.innerHTML = "<tr><th>next token</th><th>before</th><th>after</th><th>change</th></tr>";
+  drawBeforeAfter(table, before, after, before, "after");
+  table.dataset.off = JSON.stringify(off);
+  table.dataset.ready = "true";
+}
+
+// Two next-token distributions side by side, the union of their top tokens sorted by
+// `order`'s probability: each row's token, both probabilities and the change.
+function drawBeforeAfter(table, before, after, order, afterName) {
+  const names = new Map([...before.names, ...after.names]);
+  const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => order.probabilities[j] - order.probabilities[i]);
+  table.innerHTML = `<tr><th>next token</th><th>before</th><th>${afterName}</th><th>change</th></tr>`;
   for (const id of ids) {
     const tr = table.insertRow();
     const [b, a] = [before.probabilities[id], after.probabilities[id]];
@@ -602,8 +615,19 @@ function drawAblation(before, after, off) {
       tr.insertCell().textContent = text;
     Object.assign(tr.dataset, { id, before: b, after: a });
   }
-  table.dataset.off = JSON.stringify(off);
-  table.dataset.ready = "true";
+}
+
+// A token by its text, which the model's tokenizer must make one token: its id and how the
+// tokenizer shows it; an Error naming the pieces if not one.
+async function oneToken(model, text) {
+  const pieces = (await post("/v1/encode", {
+    model, inputs: [{ text }], options: { skipTokenEmbeddings: true, returnTokens: true },
+  })).results[0];
+  let ids = pieces.tokenIds.map(Number), tokens = pieces.tokens;
+  if (ids.length && ids[0] === state.bosId) { ids = ids.slice(1); tokens = tokens.slice(1); }
+  if (ids.length !== 1)
+    throw new Error(`${JSON.stringify(text)} is ${ids.length} tokens (${tokens.map((t) => JSON.stringify(t)).join(", ")}), not one`);
+  return { id: ids[0], token: tokens[0] };
 }
 
 // The token to follow (its text, which the model's tokenizer must make one token): its
@@ -615,32 +639,30 @@ async function followTarget(model, text, off) {
   const wanted = $("target").value;
   $("target-note").textContent = "";
   if (!wanted) return;
-  const pieces = (await post("/v1/encode", {
-    model, inputs: [{ text: wanted }], options: { skipTokenEmbeddings: true, returnTokens: true },
-  })).results[0];
-  let ids = pieces.tokenIds.map(Number), tokens = pieces.tokens;
-  if (ids.length && ids[0] === state.bosId) { ids = ids.slice(1); tokens = tokens.slice(1); }
-  if (ids.length !== 1) {
-    $("target-note").textContent = `${JSON.stringify(wanted)} is ${ids.length} tokens (${tokens.map((t) => JSON.stringify(t)).join(", ")}), not one`;
+  let id, token;
+  try {
+    ({ id, token } = await oneToken(model, wanted));
+  } catch (error) {
+    $("target-note").textContent = error.message;
     return;
   }
   const options = {
     skipTokenEmbeddings: true,
     truncation: "TRUNCATION_RIGHT",
-    logitLens: { positions: [-1], topK: 1, logits: true, targetIds: [ids[0]] },
+    logitLens: { positions: [-1], topK: 1, logits: true, targetIds: [id] },
   };
   if (off.length) options.headMask = headMask(off);
   const lens = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0].logitLens;
   const logits = decodeNumbers(lens.logits);
   const v = logits.length / lens.layers.length;
-  table.innerHTML = `<tr><th>state</th><th>p(${JSON.stringify(tokens[0])})</th><th>rank</th></tr>`;
+  table.innerHTML = `<tr><th>state</th><th>p(${JSON.stringify(token)})</th><th>rank</th></tr>`;
   lens.layers.forEach((layer, s) => {
     const row = logits.subarray(s * v, (s + 1) * v);
     let peak = -Infinity;
     for (const x of row) peak = Math.max(peak, x);
     let total = 0;
     for (const x of row) total += Math.exp(x - peak);
-    const mine = row[ids[0]];
+    const mine = row[id];
     let rank = 1;
     for (const x of row) if (x > mine) rank += 1;
     const probability = Math.exp(mine - peak) / total;
@@ -648,7 +670,7 @@ async function followTarget(model, text, off) {
     for (const cell of [layer, probability.toFixed(4), rank]) tr.insertCell().textContent = cell;
     Object.assign(tr.dataset, { layer, probability, rank });
   });
-  table.dataset.id = String(ids[0]);
+  table.dataset.id = String(id);
   table.dataset.ready = "true";
 }
 
@@ -686,17 +708,6 @@ async function showLens(model, text) {
 
 // ---- interventions: activation patching, and steering ----
 
-// A token's id from its text (which the tokenizer must make one token): an Error if not.
-async function tokenId(model, text) {
-  const pieces = (await post("/v1/encode", {
-    model, inputs: [{ text }], options: { skipTokenEmbeddings: true, returnTokens: true },
-  })).results[0];
-  let ids = pieces.tokenIds.map(Number), tokens = pieces.tokens;
-  if (ids.length && ids[0] === state.bosId) { ids = ids.slice(1); tokens = tokens.slice(1); }
-  if (ids.length !== 1)
-    throw new Error(`${JSON.stringify(text)} is ${ids.length} tokens (${tokens.map((t) => JSON.stringify(t)).join(", ")}), not one`);
-  return ids[0];
-}
 
 // The patching grid of the text against the clean text: one request; each cell coloured by
 // the share of the clean difference it brings back, (value - corrupted) / (clean - corrupted).
@@ -713,8 +724,8 @@ async function showPatching(event) {
       patching: {
         source: { text: $("patch-clean").value },
         hook,
-        targetId: await tokenId(model, $("patch-answer").value),
-        contrastId: await tokenId(model, $("patch-contrast").value),
+        targetId: (await oneToken(model, $("patch-answer").value)).id,
+        contrastId: (await oneToken(model, $("patch-contrast").value)).id,
       },
     };
     const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
@@ -755,15 +766,7 @@ async function nextTokens(model, text, interventions) {
     predictions: { positions: [-1], topK: 10, logits: true },
     interventions,
   };
-  const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
-  const logits = decodeNumbers(result.predictions.logits);
-  let peak = -Infinity;
-  for (const v of logits) peak = Math.max(peak, v);
-  const probabilities = Float64Array.from(logits, (v) => Math.exp(v - peak));
-  const total = probabilities.reduce((a, b) => a + b, 0);
-  for (let i = 0; i < probabilities.length; i++) probabilities[i] /= total;
-  const top = Array.from(decodeNumbers(result.predictions.topIds));
-  return { probabilities, top, names: new Map(top.map((id, k) => [id, result.predictions.topTokens[k]])) };
+  return distribution((await post("/v1/encode", { model, inputs: [{ text }], options })).results[0].predictions);
 }
 
 function base64Floats(values) {  // float32 little-endian, as a Tensor's data
@@ -793,16 +796,7 @@ async function showSteering(event) {
     const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
     const steer = [{ hook, op: "INTERVENTION_OP_ADD", values, scale: strength }];
     const [before, after] = await Promise.all([nextTokens(model, text, []), nextTokens(model, text, steer)]);
-    const names = new Map([...before.names, ...after.names]);
-    const ids = [...new Set([...before.top, ...after.top])].sort((i, j) => after.probabilities[j] - after.probabilities[i]);
-    table.innerHTML = "<tr><th>next token</th><th>before</th><th>steered</th><th>change</th></tr>";
-    for (const id of ids) {
-      const tr = table.insertRow();
-      const [b, a] = [before.probabilities[id], after.probabilities[id]];
-      for (const cell of [JSON.stringify(names.get(id)), b.toFixed(4), a.toFixed(4), (a - b >= 0 ? "+" : "") + (a - b).toFixed(4)])
-        tr.insertCell().textContent = cell;
-      Object.assign(tr.dataset, { id, before: b, after: a });
-    }
+    drawBeforeAfter(table, before, after, after, "steered");
     Object.assign(table.dataset, { layer, strength, ready: "true" });
   } catch (error) {
     $("steer-note").textContent = error.message;
