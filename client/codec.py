@@ -220,7 +220,8 @@ def build_request(
     scale (with scale 0: mean-ablation).
     `interventions`: changes of hook sites, each a dict of Intervention's fields with `op`
     a word ("add", "set", "scale") and `values` an array (`{"hook": "blocks.3.hook_resid_pre",
-    "op": "add", "values": vector, "scale": 4.0, "positions": [-1]}`).
+    "op": "add", "values": vector, "scale": 4.0, "positions": [-1]}`; or instead of values
+    an SAE feature's direction, `"feature": {"sae": "res-16k", "feature_id": 1234}`).
     `capture`: hook names whose values to return (Encoding.activations), or the fields of
     CaptureRequest as a dict (`{"hooks": [...], "positions": [-1]}`).
     `patching`: activation patching (Encoding.patching): `{"source": clean text or ids,

@@ -244,6 +244,10 @@ class Backend(Protocol):
     def saes(self) -> Mapping[str, SAEConfig]:
         """The sparse autoencoders `read` serves features of, by name."""
 
+    def feature_direction(self, sae: str, feature_id: int) -> np.ndarray:
+        """The decoder row (d_in,) of feature `feature_id` of SAE `sae` (one of `saes`):
+        what steering by the feature adds per unit of strength."""
+
     def attend(
         self, input_ids: np.ndarray, lengths: list[int], selections: list[AttentionSelection]
     ) -> tuple[np.ndarray, list[AttentionOutput]]:

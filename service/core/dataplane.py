@@ -127,7 +127,13 @@ class DataPlane:
             config = self.backend.config
             backend = self.backend
             plan = plan_request(
-                inputs, options, config, self.tokenizer, backend.readouts, backend.saes
+                inputs,
+                options,
+                config,
+                self.tokenizer,
+                backend.readouts,
+                backend.saes,
+                lambda sae, feature: backend.feature_direction(sae, feature),
             )
             check_response_size(plan, config, self.max_message_bytes, by_layer)
             reserved = request_bytes(plan, config)

@@ -10,13 +10,15 @@ whatever came before, a `set` replaces it, a `scale` scales both.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, RESID_PRE, Z, changeable, hook_names, parse_site
+from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import CaptureSelection, PatchingSelection, SiteChange
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import positions as checked_positions
@@ -28,6 +30,10 @@ from attnserve.service.core.request import (
 )
 
 OPS = ("add", "set", "scale")
+# (SAE name, feature id) -> the feature's decoder row (d_in,) (Backend.feature_direction)
+Direction = Callable[[str, int], np.ndarray]
+# SAE normalisations under which the decoder's output is rescaled per position
+_PER_POSITION = ("constant_norm_rescale", "layer_norm")
 
 
 def plan_changes(
@@ -36,9 +42,12 @@ def plan_changes(
     config: ModelConfig,
     length: int,
     index: int,
+    saes: Mapping[str, SAEConfig] | None = None,
+    direction: Direction | None = None,
 ) -> dict[str, SiteChange]:
     """The changes of inputs[index] (`length` tokens) by kind of site: its head mask (on
-    every hook_z) and then its interventions, in order."""
+    every hook_z) and then its interventions, in order (a feature's through `direction`,
+    of one of `saes`)."""
     changes: dict[str, _Change] = {}
     if head_mask:
         mask, means = head_mask_arrays(head_mask, config)
@@ -46,7 +55,11 @@ def plan_changes(
         z.scale[:] = mask[:, None, :, None]
         if means is not None:
             z.add[:] = means[:, None]
-    planned = [_plan(i, entry, config, length, index) for i, entry in enumerate(interventions)]
+    planned = []
+    for i, entry in enumerate(interventions):
+        if entry.feature is not None:
+            entry = _feature(f"options.interventions[{i}]", entry, saes or {}, direction)
+        planned.append(_plan(i, entry, config, length, index))
     for kind, layer, rows, heads, op, values, scale in planned:
         change = changes.get(kind)
         per_position = rows is not None or (values is not None and values.ndim == 2)
@@ -237,6 +250,40 @@ class _Change:
         else:
             assert values is not None
             self.add[index] += scale * values
+
+
+def _feature(
+    field: str, entry: Intervention, saes: Mapping[str, SAEConfig], direction: Direction | None
+) -> Intervention:
+    """An intervention by an SAE feature as one by its values: the feature's decoder row,
+    at the SAE's site."""
+    name, feature_id = entry.feature or ("", 0)
+    sae = saes.get(name)
+    if sae is None or direction is None:
+        raise InvalidInputError(
+            f"{field}.feature.sae: {name!r} is not an SAE this model serves {sorted(saes)}"
+        )
+    if not 0 <= feature_id < sae.d_sae:
+        raise InvalidInputError(
+            f"{field}.feature.feature_id: {feature_id} is outside [0, {sae.d_sae}) ({name})"
+        )
+    if entry.values is not None and entry.values.size:
+        raise InvalidInputError(f"{field}: give values or feature, not both")
+    if entry.hook and entry.hook != sae.hook_name:
+        raise InvalidInputError(
+            f"{field}.hook: {entry.hook}, but SAE {name!r} reads {sae.hook_name}: name its "
+            "site or leave hook empty"
+        )
+    if entry.op == "scale" or entry.heads:
+        what = "op scale takes no values" if entry.op == "scale" else "its row spans every head"
+        raise InvalidInputError(f"{field}.feature: {what}")
+    if sae.normalize_activations in _PER_POSITION:
+        raise InvalidInputError(
+            f"{field}.feature: SAE {name!r} rescales its decoder's output per position "
+            f"({sae.normalize_activations}), so a feature has no one direction at its site; "
+            "send the direction as values"
+        )
+    return replace(entry, hook=sae.hook_name, values=direction(name, feature_id), feature=None)
 
 
 def _plan(

@@ -21,6 +21,7 @@ from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
 from attnserve.service.core.fields import indices, positions
+from attnserve.service.core.interventions import Direction
 from attnserve.service.core.readouts import plan_readouts, readout_response_bytes
 from attnserve.service.core.request import (
     AttentionOptions,
@@ -61,9 +62,11 @@ def plan_request(
     tokenizer: Tokenizer,
     readable: frozenset[str] = frozenset(),
     saes: Mapping[str, SAEConfig] | None = None,
+    direction: Direction | None = None,
 ) -> EncodePlan:
     """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
-    the readouts the backend computes (Backend.readouts); `saes`: the SAEs it serves."""
+    the readouts the backend computes (Backend.readouts); `saes`: the SAEs it serves;
+    `direction`: an SAE feature's decoder row (Backend.feature_direction)."""
     if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")
     sequences, truncated = [], []
@@ -91,7 +94,9 @@ def plan_request(
         options.token_embeddings,
         attention,
         options.return_tokens,
-        plan_readouts(options, config, sequences, attention, readable, saes or {}, source),
+        plan_readouts(
+            options, config, sequences, attention, readable, saes or {}, source, direction
+        ),
     )
 
 

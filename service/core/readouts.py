@@ -32,6 +32,7 @@ from attnserve.service.core.features import (
 )
 from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.interventions import (
+    Direction,
     capture_bytes,
     changes_bytes,
     plan_capture,
@@ -83,10 +84,12 @@ def plan_readouts(
     readable: frozenset[str],
     saes: Mapping[str, SAEConfig],
     source: np.ndarray | None = None,
+    direction: Direction | None = None,
 ) -> list[ReadoutSelection] | None:
     """One ReadoutSelection per sequence, or None when the request asks for no readout.
     `readable`: the graphs the backend has (Backend.readouts); `saes`: the SAEs it serves;
-    `source`: options.patching's source, tokenized and checked."""
+    `source`: options.patching's source, tokenized and checked; `direction`: an SAE
+    feature's decoder row."""
     asked = [
         f
         for f in ("hidden_states", "predictions", "logit_lens", "attribution", "features")
@@ -139,7 +142,9 @@ def plan_readouts(
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
-        changes = plan_changes(options.interventions, options.head_mask, config, length, index)
+        changes = plan_changes(
+            options.interventions, options.head_mask, config, length, index, saes, direction
+        )
         selections.append(
             ReadoutSelection(
                 changes=changes,

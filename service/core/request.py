@@ -116,6 +116,7 @@ class Intervention:
     scale: float | None = None  # add and set: times the values (None: 1); scale: the factor
     positions: tuple[int, ...] = ()  # none: every position
     heads: tuple[int, ...] = ()  # hook_z only: the heads changed (none: every head)
+    feature: tuple[str, int] | None = None  # (SAE, feature id): its decoder row as values
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
@@ -29,6 +31,7 @@ from attnserve.service.ort.readouts import StreamRun
 
 _ACTIVATIONS = SAE_OUTPUTS[-1]  # every feature's activation, copied out only when asked
 _ERROR = SAE_OUTPUTS[3]  # the reconstruction error's norm: the decoder read only for it
+_DECODER = "W_dec"  # the decoder's initializer (model/sae.py's parameter), (d_sae, d_in)
 
 
 class SAEGraphs:
@@ -46,6 +49,8 @@ class SAEGraphs:
         """`returned()`: the readouts graph's outputs (an SAE on a site it lacks is refused),
         asked only of a directory that holds SAEs."""
         self.configs = model_dir.saes()
+        self._folder = model_dir.path / SAES_DIRNAME
+        self._decoders: dict[str, np.ndarray] = {}  # W_dec (d_sae, d_in), mapped when asked
         outputs = returned() if self.configs else frozenset()
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
@@ -77,6 +82,33 @@ class SAEGraphs:
             for name, session in self._sessions.items()
             if SAE_INPUTS[2] in {i.name for i in session.get_inputs()}
         )
+
+    def direction(self, name: str, feature_id: int) -> np.ndarray:
+        """Feature `feature_id`'s decoder row (d_in,) of SAE `name`: what a unit of its
+        activation adds to the site. Read from the SAE's float32 weights where the file
+        maps them; UnsupportedError for an SAE added in 8 bits (its rows are packed)."""
+        if name not in self._decoders:
+            folder = self._folder / name
+            graph = onnx.load(str(folder / SAE_ONNX), load_external_data=False).graph
+            found = next((t for t in graph.initializer if t.name == _DECODER), None)
+            if found is None or found.data_type != onnx.TensorProto.FLOAT:
+                raise UnsupportedError(
+                    f"SAE {name!r} was added in 8 bits: its decoder rows are packed, so its "
+                    "features are not steered by name; add it in float32 or send the row "
+                    "as values"
+                )
+            if found.data_location == onnx.TensorProto.EXTERNAL:
+                info = {entry.key: entry.value for entry in found.external_data}
+                self._decoders[name] = np.memmap(
+                    folder / info["location"],
+                    dtype="<f4",
+                    mode="r",
+                    offset=int(info.get("offset", 0)),
+                    shape=tuple(found.dims),
+                )
+            else:
+                self._decoders[name] = onnx.numpy_helper.to_array(found)
+        return np.array(self._decoders[name][feature_id], dtype=np.float32)
 
     def read(
         self, run: StreamRun, selections: Sequence[FeaturesSelection | None]

@@ -234,6 +234,10 @@ class OrtRuntime:
     def saes(self) -> dict[str, SAEConfig]:
         return self.sae_graphs.configs if self.sae_graphs else {}
 
+    def feature_direction(self, sae: str, feature_id: int) -> np.ndarray:
+        assert self.sae_graphs is not None  # the plan names only SAEs in `saes`
+        return self.sae_graphs.direction(sae, feature_id)
+
     def read(
         self,
         input_ids: np.ndarray,

@@ -176,6 +176,9 @@ def _intervention(field: str, entry: pb.Intervention) -> Intervention:
         scale=entry.scale if entry.HasField("scale") else None,
         positions=tuple(entry.positions),
         heads=tuple(entry.heads),
+        feature=(entry.feature.sae, entry.feature.feature_id)
+        if entry.HasField("feature")
+        else None,
     )
 
 

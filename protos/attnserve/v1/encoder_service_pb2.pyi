@@ -231,20 +231,30 @@ class HeadScale(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., head: _Optional[int] = ..., scale: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Intervention(_message.Message):
-    __slots__ = ("hook", "op", "values", "scale", "positions", "heads")
+    __slots__ = ("hook", "op", "values", "scale", "positions", "heads", "feature")
     HOOK_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
     hook: str
     op: InterventionOp
     values: Tensor
     scale: float
     positions: _containers.RepeatedScalarFieldContainer[int]
     heads: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, hook: _Optional[str] = ..., op: _Optional[_Union[InterventionOp, str]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., scale: _Optional[float] = ..., positions: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ...) -> None: ...
+    feature: FeatureDirection
+    def __init__(self, hook: _Optional[str] = ..., op: _Optional[_Union[InterventionOp, str]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., scale: _Optional[float] = ..., positions: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., feature: _Optional[_Union[FeatureDirection, _Mapping]] = ...) -> None: ...
+
+class FeatureDirection(_message.Message):
+    __slots__ = ("sae", "feature_id")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_ID_FIELD_NUMBER: _ClassVar[int]
+    sae: str
+    feature_id: int
+    def __init__(self, sae: _Optional[str] = ..., feature_id: _Optional[int] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
     __slots__ = ("hooks", "positions")

@@ -290,3 +290,44 @@ def test_an_sae_added_to_a_served_model_is_served_after_its_reload(
             assert [s["name"] for s in client.model_info(model="a")["saes"]] == ["resid"]
     finally:
         server.stop()
+
+
+def test_steering_by_a_feature_adds_its_decoder_row(sae_server, features_client, small_model):
+    """A feature names its direction: SAELens' W_dec row times the strength, added at the
+    SAE's own site (hook_z's row spans every head), as PyTorch makes it by hand."""
+    _, saes = sae_server
+    ids = features_client.encode(TEXT)[0].token_ids.tolist()
+    for name in ("resid", "z"):
+        hook = SAES[name][1]
+        row = saes[name].W_dec[7].detach()
+        steer = [{"op": "add", "feature": {"sae": name, "feature_id": 7}, "scale": 3.0}]
+        got = features_client.encode(ids, interventions=steer)[0].embeddings
+        as_values = [{"hook": hook, "op": "add", "values": row.numpy(), "scale": 3.0}]
+        np.testing.assert_array_equal(
+            got, features_client.encode(ids, interventions=as_values)[0].embeddings
+        )
+        with (
+            torch.inference_mode(),
+            hooked(small_model, {hook: lambda x, r=row: x + 3.0 * r.view_as(x[0, 0])}),
+        ):
+            want = small_model(torch.tensor([ids]))[0][0].numpy()
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    bad = {
+        "unknown": ({"sae": "nope", "feature_id": 1}, r"feature.sae: 'nope' is not an SAE"),
+        "past": ({"sae": "resid", "feature_id": D_SAE}, rf"feature_id: {D_SAE} is outside"),
+    }
+    for feature, message in bad.values():
+        with pytest.raises(grpc.RpcError, match=message) as excinfo:
+            features_client.encode(ids, interventions=[{"op": "add", "feature": feature}])
+        assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError, match=r"hook: blocks.0.hook_resid_pre, but SAE 'resid'"):
+        features_client.encode(
+            ids,
+            interventions=[
+                {
+                    "hook": "blocks.0.hook_resid_pre",
+                    "op": "add",
+                    "feature": {"sae": "resid", "feature_id": 1},
+                }
+            ],
+        )

@@ -11,6 +11,7 @@ import torch
 
 from attnserve.export.sae import add_sae
 from attnserve.service.core.backend import ReadoutSelection
+from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.features import plan_features
 from attnserve.service.core.request import FeaturesOptions
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
@@ -193,3 +194,21 @@ def test_a_batch_of_different_selections_reads_as_each_row_alone(small_model_dir
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert together[2].features.top_ids.shape == (1, 2, 7)
     assert together[2].features.error_norm is None
+
+
+def test_a_features_direction_is_its_decoder_row_read_from_float32_weights(
+    small_model_dir, tmp_path
+):
+    """The row where the SAE's float32 weights lie on disk; an SAE added in 8 bits (its rows
+    packed by MatMulNBits) refuses, saying how to steer by it instead."""
+    model_dir = linked_copy(small_model_dir, tmp_path / "model")
+    sae, source = saelens_sae(tmp_path / "sae", "jumprelu")
+    add_sae(model_dir, source, name="float32", log=lambda _: None)
+    add_sae(model_dir, source, name="eight", precision="int8", log=lambda _: None)
+    runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    for feature in (0, 5, sae.cfg.d_sae - 1):
+        np.testing.assert_array_equal(
+            runtime.feature_direction("float32", feature), sae.W_dec[feature].detach().numpy()
+        )
+    with pytest.raises(UnsupportedError, match=r"'eight' was added in 8 bits: .*send the row"):
+        runtime.feature_direction("eight", 0)
