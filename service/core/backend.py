@@ -101,6 +101,20 @@ class SiteChange:
     add: np.ndarray  # float32 (L, 1 or T, D); hook_z: (L, 1 or T, H, d_k)
 
 
+@dataclass(frozen=True, eq=False)
+class Clamp:
+    """One input's SAE feature clamped at the SAE's site: x + (value - a(x)) * direction at
+    `positions`, a(x) the feature's activation of the site as the run made it."""
+
+    sae: str
+    feature: int
+    value: float
+    kind: str  # of model/hooks.py CHANGEABLE: the SAE's site
+    layer: int
+    positions: tuple[int, ...]  # absolute
+    direction: np.ndarray  # float32 (d_in,): the feature's decoder row
+
+
 @dataclass(frozen=True)
 class CaptureSelection:
     """Hook sites' values of one input, after its changes: each site's place among the
@@ -138,6 +152,7 @@ class ReadoutSelection:
 
     # by kind of site (model/hooks.py CHANGEABLE); the head mask is a change of hook_z
     changes: Mapping[str, SiteChange] = field(default_factory=dict)
+    clamps: tuple[Clamp, ...] = ()  # after the changes, each site in the forward's order
     capture: CaptureSelection | None = None
     patching: PatchingSelection | None = None
     attention: AttentionSelection | None = None

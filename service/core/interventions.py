@@ -10,7 +10,7 @@ whatever came before, a `set` replaces it, a `scale` scales both.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -19,7 +19,12 @@ from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, RESID_PRE, Z, changeable, hook_names, parse_site
 from attnserve.model.sae_config import SAEConfig
-from attnserve.service.core.backend import CaptureSelection, PatchingSelection, SiteChange
+from attnserve.service.core.backend import (
+    CaptureSelection,
+    Clamp,
+    PatchingSelection,
+    SiteChange,
+)
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import positions as checked_positions
 from attnserve.service.core.request import (
@@ -29,7 +34,7 @@ from attnserve.service.core.request import (
     PatchingOptions,
 )
 
-OPS = ("add", "set", "scale")
+OPS = ("add", "set", "scale", "clamp")
 # (SAE name, feature id) -> the feature's decoder row (d_in,) (Backend.feature_direction)
 Direction = Callable[[str, int], np.ndarray]
 # SAE normalisations under which the decoder's output is rescaled per position
@@ -57,6 +62,8 @@ def plan_changes(
             z.add[:] = means[:, None]
     planned = []
     for i, entry in enumerate(interventions):
+        if entry.op == "clamp":  # plan_clamps'
+            continue
         if entry.feature is not None:
             entry = _feature(f"options.interventions[{i}]", entry, saes or {}, direction)
         planned.append(_plan(i, entry, config, length, index))
@@ -71,15 +78,54 @@ def plan_changes(
     return {kind: SiteChange(change.scale, change.add) for kind, change in changes.items()}
 
 
+def plan_clamps(
+    interventions: tuple[Intervention, ...],
+    config: ModelConfig,
+    length: int,
+    index: int,
+    saes: Mapping[str, SAEConfig],
+    direction: Direction | None,
+) -> tuple[Clamp, ...]:
+    """The features inputs[index] clamps, each at its SAE's site."""
+    clamps = []
+    for i, entry in enumerate(interventions):
+        if entry.op != "clamp":
+            continue
+        field = f"options.interventions[{i}]"
+        if entry.feature is None:
+            raise InvalidInputError(
+                f"{field}.feature: op clamp sets a feature's activation; name it"
+            )
+        if entry.scale is None or not math.isfinite(entry.scale):
+            raise InvalidInputError(
+                f"{field}.scale: op clamp sets the feature's activation to it; set a finite value"
+            )
+        row = _feature(field, replace(entry, op="add"), saes, direction)
+        kind, layer = parse_site(row.hook, config) or ("", 0)
+        if not kind:
+            raise InvalidInputError(f"{field}.feature: {_unknown(row.hook, config)}")
+        field = f"{field}.positions"
+        chosen = (
+            checked_positions(field, entry.positions, length, index)
+            if entry.positions
+            else range(length)
+        )
+        assert row.values is not None and entry.feature is not None
+        clamps.append(
+            Clamp(*entry.feature, float(entry.scale), kind, layer, tuple(chosen), row.values)
+        )
+    return tuple(clamps)
+
+
 def plan_capture(
     capture: CaptureOptions,
     config: ModelConfig,
     length: int,
     index: int,
-    changes: Mapping[str, SiteChange],
+    changed: Collection[str],
 ) -> CaptureSelection:
     """Where each hook site `capture` names is among the readouts graph's outputs, and the
-    positions of inputs[index] it returns."""
+    positions of inputs[index] it returns; `changed`: the kinds of site the input changes."""
     if not capture.hooks:
         raise InvalidInputError("options.capture.hooks: name at least one hook site")
     sites: dict[str, tuple[str, int, tuple[int, ...]]] = {}
@@ -93,7 +139,7 @@ def plan_capture(
         parsed = parse_site(hook, config)
         if parsed is not None and parsed[0] == "resid_post" and parsed[1] + 1 < config.n_layers:
             after = RESID_PRE.format(layer=parsed[1] + 1)
-            if "resid_pre" in changes:  # the stream holds the next block's input: changed
+            if "resid_pre" in changed:  # the stream holds the next block's input: changed
                 raise InvalidInputError(
                     f"{field}: {hook} is read where {after} begins, which this request "
                     f"changes; capture {after} (after its change) or change "

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.hooks import parse_site
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionSelection,
@@ -37,6 +36,7 @@ from attnserve.service.core.interventions import (
     changes_bytes,
     plan_capture,
     plan_changes,
+    plan_clamps,
     plan_patching,
 )
 from attnserve.service.core.request import (
@@ -130,13 +130,6 @@ def plan_readouts(
             "options.patching: patches the inputs as they are; leave options.interventions "
             "and options.head_mask empty (or patch with captures and interventions yourself)"
         )
-    changed = {site[0] for i in options.interventions if (site := parse_site(i.hook, config))}
-    if options.attribution is not None and changed & set(_STREAM_KINDS):
-        raise InvalidInputError(
-            "options.attribution: the residual stream is changed by options.interventions, "
-            "so its parts no longer add up to the logits; change what a sublayer writes "
-            "(hook_attn_out, hook_mlp_out, hook_z) instead"
-        )
     hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
     attribution, features = options.attribution, options.features
     selections = []
@@ -145,12 +138,21 @@ def plan_readouts(
         changes = plan_changes(
             options.interventions, options.head_mask, config, length, index, saes, direction
         )
+        clamps = plan_clamps(options.interventions, config, length, index, saes, direction)
+        changed = {*changes, *(clamp.kind for clamp in clamps)}
+        if attribution is not None and changed & set(_STREAM_KINDS):
+            raise InvalidInputError(
+                "options.attribution: the residual stream is changed by options.interventions, "
+                "so its parts no longer add up to the logits; change what a sublayer writes "
+                "(hook_attn_out, hook_mlp_out, hook_z) instead"
+            )
         selections.append(
             ReadoutSelection(
                 changes=changes,
+                clamps=clamps,
                 capture=None
                 if options.capture is None
-                else plan_capture(options.capture, config, length, index, changes),
+                else plan_capture(options.capture, config, length, index, changed),
                 patching=None
                 if options.patching is None or source is None
                 else plan_patching(options.patching, config, source, length, index),

@@ -110,6 +110,10 @@ class SAEGraphs:
                 self._decoders[name] = onnx.numpy_helper.to_array(found)
         return np.array(self._decoders[name][feature_id], dtype=np.float32)
 
+    def activations(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Every feature's activation (P, d_sae) of SAE `name` at the site's rows x (P, d_in)."""
+        return self._run(name, x[None], top_k=1, error_norm=False, activations=True)[_ACTIVATIONS]
+
     def read(
         self, run: StreamRun, selections: Sequence[FeaturesSelection | None]
     ) -> list[Features | None]:

@@ -46,6 +46,7 @@ from attnserve.service.core.errors import (
 )
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.readouts import STREAM
+from attnserve.service.ort.clamping import clamped
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.patching import patch
@@ -247,9 +248,13 @@ class OrtRuntime:
         """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) under each row's
         head mask and, per row, what its selection asks of its first `lengths[row]`
         positions (attention through the same reducer as `attend`)."""
+        changes = [selection.changes for selection in selections]
+        if any(selection.clamps for selection in selections):  # a run per clamped site first
+            graphs, saes = self.readout_graphs, self.sae_graphs
+            changes = list(clamped(graphs, saes, input_ids, lengths, selections))
         run = self.readout_graphs.stream(
             input_ids,
-            [selection.changes for selection in selections],
+            changes,
             attentions=any(selection.attention is not None for selection in selections),
             sites=sorted({site for selection in selections for site in _sites(selection)}),
         )

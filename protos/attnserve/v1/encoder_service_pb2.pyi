@@ -46,6 +46,7 @@ class InterventionOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERVENTION_OP_ADD: _ClassVar[InterventionOp]
     INTERVENTION_OP_SET: _ClassVar[InterventionOp]
     INTERVENTION_OP_SCALE: _ClassVar[InterventionOp]
+    INTERVENTION_OP_CLAMP: _ClassVar[InterventionOp]
 
 class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -74,6 +75,7 @@ INTERVENTION_OP_UNSPECIFIED: InterventionOp
 INTERVENTION_OP_ADD: InterventionOp
 INTERVENTION_OP_SET: InterventionOp
 INTERVENTION_OP_SCALE: InterventionOp
+INTERVENTION_OP_CLAMP: InterventionOp
 TRUNCATION_UNSPECIFIED: Truncation
 TRUNCATION_NONE: Truncation
 TRUNCATION_RIGHT: Truncation

@@ -331,3 +331,49 @@ def test_steering_by_a_feature_adds_its_decoder_row(sae_server, features_client,
                 }
             ],
         )
+
+
+def test_clamping_features_keeps_each_sites_reconstruction_error(
+    sae_server, features_client, small_model
+):
+    """Op clamp sets a feature's activation, the rest of the site kept: x + (value - a(x)) *
+    W_dec[feature], a(x) SAELens' encode of the site as the run made it; two sites, the
+    later one reading what the earlier clamp changed, as PyTorch's hooks make them."""
+    _, saes = sae_server
+    ids = features_client.encode(TEXT)[0].token_ids.tolist()
+    T = len(ids)
+
+    def clamp(name: str, feature: int, value: float, positions):
+        sae = saes[name]
+
+        def hook(x):
+            flat = x.flatten(2)  # hook_z's heads side by side, as the SAE reads them
+            activation = sae.encode(flat)[..., feature]  # (1, T)
+            delta = (value - activation)[..., None] * sae.W_dec[feature].detach()
+            keep = torch.zeros(T, 1)
+            keep[positions] = 1.0
+            return (flat + delta * keep).view_as(x)
+
+        return hook
+
+    hooks = {
+        SAES["z"][1]: clamp("z", 3, 4.0, [T - 1]),
+        SAES["resid"][1]: clamp("resid", 11, 2.5, list(range(T))),
+    }
+    with torch.inference_mode(), hooked(small_model, hooks):
+        want = small_model(torch.tensor([ids]))[0][0].numpy()
+    clamps = [
+        {"op": "clamp", "feature": {"sae": "resid", "feature_id": 11}, "scale": 2.5},
+        {"op": "clamp", "feature": {"sae": "z", "feature_id": 3}, "scale": 4.0, "positions": [-1]},
+    ]
+    got = features_client.encode(ids, interventions=clamps)[0].embeddings
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(got - features_client.encode(ids)[0].embeddings).max() > 1e-3
+    with pytest.raises(grpc.RpcError, match=r"interventions\[0\].feature: op clamp sets"):
+        features_client.encode(
+            ids, interventions=[{"op": "clamp", "hook": SAES["resid"][1], "scale": 1.0}]
+        )
+    with pytest.raises(grpc.RpcError, match=r"interventions\[0\].scale: op clamp sets the feature"):
+        features_client.encode(
+            ids, interventions=[{"op": "clamp", "feature": {"sae": "resid", "feature_id": 1}}]
+        )
