@@ -320,7 +320,7 @@ class OipModel:
         return OutputTensor(name, datatype, shape, None, where)
 
     def _inputs(self) -> dict[str, tuple[str, list[int]]]:
-        """The inputs metadata and config list: not head_mask or head_means, which
+        """The inputs metadata and config list: not head_mask, head_means or steering, which
         perf_analyzer would fill with random values (it sends every listed input;
         docs/api.md names them)."""
         shapes = {"input_ids": [-1, -1], "input_lengths": [-1], "text": [-1]}

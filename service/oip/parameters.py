@@ -24,7 +24,7 @@ IGNORED_PREFIX = "triton_"
 
 @dataclass(frozen=True)
 class ParameterSpec:
-    kind: type  # bool, int, str, or list (comma-separated ints, or one int)
+    kind: type  # bool, int, float, str, or list (comma-separated ints, or one int)
     help: str
     # the options it sets (core/request.py's EncodeOptions, "options.attention.layers"):
     # the data plane's errors name those, and a V2 client reads the parameter's name
@@ -88,14 +88,30 @@ PARAMETERS = {
                              "features.feature_ids"),
     "sae_skip_first_token": _spec(bool, "leave position 0 out (its activations are outliers)",
                                   "features.skip_first_token"),
+    "patching_source": _spec(str, "the clean text each input is patched from",
+                             "patching.source"),
+    "patching_hook": _spec(str, "resid_pre | attn_out | resid_mid | mlp_out | resid_post | z",
+                           "patching.hook"),
+    "patching_target_id": _spec(int, "the token whose logit difference is read",
+                                "patching.target"),
+    "patching_contrast_id": _spec(int, "the token whose logit is subtracted",
+                                  "patching.contrast"),
+    # the steering input's: its one intervention is made in translate (tensors.py)
+    "steering_hook": _spec(str, "the site the steering input is added to (required with it)",
+                           "interventions[0].hook"),
+    "steering_scale": _spec(float, "the steering input's strength (default 1)",
+                            "interventions[0].scale"),
+    "steering_positions": _spec(list, "positions steered; -1 is the last (default all)",
+                                "interventions[0].positions"),
 }  # fmt: skip
+STEERING_PARAMETERS = ("steering_hook", "steering_scale", "steering_positions")
 # an option's name, as a whole word ("options.truncate", not "options.truncation") -> the
-# V2 parameter that sets it
+# V2 parameter (or input) that sets it
 _PARAMETER_OF = {
     re.compile(re.escape(field) + r"\b"): f"parameters.{name}"
     for name, spec in PARAMETERS.items()
     for field in spec.fields
-}
+} | {re.compile(re.escape("options.interventions[0].values")): "inputs.steering"}
 
 
 @contextmanager
@@ -139,6 +155,8 @@ def _value(name: str, value: Parameter, spec: ParameterSpec) -> object:
         return value
     if kind is int and is_int:
         return value
+    if kind is float and (is_int or isinstance(value, float)):
+        return float(value)
     if kind is str and isinstance(value, str):
         return value if spec.choices is None else _choice(name, value, spec.choices)
     if kind is list:
@@ -149,7 +167,8 @@ def _value(name: str, value: Parameter, spec: ParameterSpec) -> object:
                 return tuple(int(part) for part in value.split(",") if part.strip())
             except ValueError:
                 pass
-    expected = {bool: "a bool", int: "an integer", str: "a string", list: "comma-separated ints"}
+    expected = {bool: "a bool", int: "an integer", float: "a number", str: "a string"}
+    expected[list] = "comma-separated ints"
     raise InvalidInputError(
         f"parameters.{name}: must be {expected[kind]}, got {type(value).__name__} {value!r}"
     )

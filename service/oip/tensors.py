@@ -14,6 +14,8 @@ Inputs (one of input_ids or text):
                                       in everything the request returns
   head_means     FP32 [layers, heads, head_dim]  added to each head's output after
                                       that (mean-ablation: scale 0 and the mean)
+  steering       FP32 [width]         added (times steering_scale) at steering_hook, at
+                                      steering_positions: one intervention
 Outputs (by name; none asked for means all of the first seven, attention_indices only
 with top_k; the readouts, from hidden_states on, only when named):
   embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
@@ -44,6 +46,9 @@ with top_k; the readouts, from hidden_states on, only when named):
   sae_error_norm                FP32 [batch, positions]
   sae_feature_activations       FP32 [batch, positions, ids]  (parameter sae_feature_ids)
   sae_activations               FP32 [batch, positions, d_sae]
+  patching                      FP32 [batch, layers, positions or heads]  (parameters
+                                patching_source, _hook, _target_id, _contrast_id)
+  patching_clean, patching_corrupted  FP32 [batch]
 Options are request parameters, each setting the options its row of the one table says
 (service/oip/parameters.py PARAMETERS); the outputs asked say which groups of options are
 computed.
@@ -54,7 +59,7 @@ attention_indices and sae_top_ids).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -73,11 +78,17 @@ from attnserve.service.core.request import (
     HeadScale,
     HiddenStatesOptions,
     Input,
+    Intervention,
+    PatchingOptions,
     Pooling,
     PredictionsOptions,
 )
 from attnserve.service.oip.messages import InferRequest, InputTensor
-from attnserve.service.oip.parameters import PARAMETERS, checked_parameters
+from attnserve.service.oip.parameters import (
+    PARAMETERS,
+    STEERING_PARAMETERS,
+    checked_parameters,
+)
 
 INPUTS = {  # name: (datatype, rank)
     "input_ids": ("INT64", 2),
@@ -85,9 +96,11 @@ INPUTS = {  # name: (datatype, rank)
     "text": (BYTES, 1),
     "head_mask": ("FP32", 2),
     "head_means": ("FP32", 3),
+    "steering": ("FP32", 1),
 }
 _INPUT_SHAPES = {1: "[batch]", 2: "[batch, seq]"}
 _HEAD_SHAPES = {"head_mask": "[layers, heads]", "head_means": "[layers, heads, head_dim]"}
+_OWN_SHAPES = _HEAD_SHAPES | {"steering": "[width]"}
 OUTPUT_DATATYPES = {
     "embeddings": "FP32",
     "pooled": "FP32",
@@ -116,6 +129,9 @@ OUTPUT_DATATYPES = {
     "sae_error_norm": "FP32",
     "sae_feature_activations": "FP32",
     "sae_activations": "FP32",
+    "patching": "FP32",
+    "patching_clean": "FP32",
+    "patching_corrupted": "FP32",
 }
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
 HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
@@ -131,7 +147,8 @@ ATTRIBUTION_V2_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PAR
 # sae_<field> is the field of the data plane's Features, of the one SAE asked for
 SAE_V2_OUTPUTS = tuple(name for name in OUTPUT_DATATYPES if name.startswith("sae_"))
 READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_V2_OUTPUTS
-READOUT_OUTPUTS += SAE_V2_OUTPUTS
+PATCHING_OUTPUTS = ("patching", "patching_clean", "patching_corrupted")
+READOUT_OUTPUTS += SAE_V2_OUTPUTS + PATCHING_OUTPUTS
 _INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids", "sae_top_ids")
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").
 _PREDICTION_FIELDS = {
@@ -152,6 +169,7 @@ OPTION_GROUPS = {
     "logit_lens": (LENS_OUTPUTS, PredictionsOptions),
     "attribution": (ATTRIBUTION_V2_OUTPUTS, AttributionOptions),
     "features": (SAE_V2_OUTPUTS, FeaturesOptions),
+    "patching": (PATCHING_OUTPUTS, PatchingOptions),
 }
 
 
@@ -179,7 +197,7 @@ def check_input(index: int, tensor: InputTensor) -> None:
         )
     shape = tensor.shape
     if len(shape) != rank or any(d < 1 for d in shape):
-        dims = _HEAD_SHAPES.get(tensor.name) or _INPUT_SHAPES[rank]
+        dims = _OWN_SHAPES.get(tensor.name) or _INPUT_SHAPES[rank]
         raise InvalidInputError(
             f"{field}.shape: {tensor.name} needs {rank} dimensions of at least 1 "
             f"({dims}), got {list(shape)}"
@@ -196,6 +214,7 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
     values = _read_inputs(request)
     head_mask, head_means = values.pop("head_mask", None), values.pop("head_means", None)
     params = checked_parameters(request.parameters)
+    steering = _steering(values.pop("steering", None), params)
     outputs = _requested_outputs(request, params)
 
     inputs: list[Input]
@@ -221,7 +240,28 @@ def translate(request: InferRequest, config: ModelConfig) -> InferPlan:
         if head_mask is None and head_means is None
         else _head_mask(head_mask, head_means, config)
     )
-    return InferPlan(inputs, _options(params, outputs, mask), outputs)
+    options = replace(_options(params, outputs, mask), interventions=steering)
+    return InferPlan(inputs, options, outputs)
+
+
+def _steering(values: np.ndarray | None, params: dict[str, Any]) -> tuple[Intervention, ...]:
+    """The steering input as one intervention (its parameters taken out of `params`)."""
+    given = {name: params.pop(name) for name in STEERING_PARAMETERS if name in params}
+    if values is None:
+        if given:
+            raise InvalidInputError(f"parameters: {', '.join(given)} needs the steering input")
+        return ()
+    if "steering_hook" not in given:
+        raise InvalidInputError("parameters: the steering input needs steering_hook")
+    return (
+        Intervention(
+            hook=given["steering_hook"],
+            op="add",
+            values=values,
+            scale=given.get("steering_scale"),
+            positions=given.get("steering_positions", ()),
+        ),
+    )
 
 
 def _options(
@@ -274,6 +314,10 @@ def _options(
         raise InvalidInputError(
             "outputs: the attribution outputs need the attribution_target_ids parameter"
         )
+    if "patching" in groups:
+        missing = [n for n in PARAMETERS if n.startswith("patching_") and n not in params]
+        if missing:
+            raise InvalidInputError(f"outputs: the patching outputs need {', '.join(missing)}")
     if "features" in groups:
         features = values["features"]
         if "saes" not in features:
@@ -388,6 +432,12 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         part = name.removeprefix("attribution_")
         attributions = [r.readouts.attribution if r.readouts else None for r in results]
         return [getattr(a, part) for a in attributions]
+    if name in PATCHING_OUTPUTS:
+        grids = [r.readouts.patching for r in results if r.readouts and r.readouts.patching]
+        if name == "patching":
+            return [grid.values for grid in grids]
+        part = name.removeprefix("patching_")
+        return [np.array(getattr(grid, part), dtype=np.float32) for grid in grids]
     if name in SAE_V2_OUTPUTS:  # the first axis is over the SAEs asked: one
         features = [getattr(r.readouts, "features", None) for r in results]
         return [getattr(f, name.removeprefix("sae_"))[0] for f in features]

@@ -75,6 +75,9 @@ def triton(request, v2_server):
     client.client.close()
 
 
+STEERING = {"name": "steering", "datatype": "FP32", "shape": [64], "data": [0.5] * 64}
+
+
 def ids_input(rows: list[list[int]]) -> dict:
     return {
         "name": "input_ids",
@@ -346,6 +349,26 @@ def test_mean_ablation_through_tritonclient(triton, v2_server):
             "attribution_target_ids needs one of",
         ),
         ([ids_input([[1, 2]])], [], {"temperature": 0.5}, "parameters"),
+        ([ids_input([[1, 2]]), STEERING], [], None, "the steering input needs steering_hook"),
+        ([ids_input([[1, 2]])], [], {"steering_hook": "x"}, "needs the steering input"),
+        (
+            [ids_input([[1, 2]]), {**STEERING, "shape": [3], "data": [1.0, 2.0, 3.0]}],
+            [],
+            {"steering_hook": "blocks.0.hook_resid_pre"},
+            "inputs.steering: shape [3]",
+        ),
+        (
+            [ids_input([[1, 2]]), STEERING],
+            [],
+            {"steering_hook": "blocks.0.attn.hook_q"},
+            "parameters.steering_hook: blocks.0.attn.hook_q is not one of the sites",
+        ),
+        (
+            [ids_input([[1, 2]])],
+            ["patching"],
+            {"patching_hook": "z"},
+            "need patching_source, patching_target_id, patching_contrast_id",
+        ),
         ([ids_input([[1, 9999]])], [], None, "vocab"),
         (
             [{"name": "input_lengths", "datatype": "INT64", "shape": [1], "data": [2]}],
@@ -389,3 +412,40 @@ def test_statistics_count_the_requests(triton):
     after = triton.call("get_inference_statistics", MODEL)["model_stats"][0]
     assert int(after["inference_count"]) == int(before.get("inference_count", 0)) + 2
     assert int(after["execution_count"]) == int(before.get("execution_count", 0)) + 1
+
+
+def test_patching_and_steering_through_tritonclient(triton, v2_server):
+    """The patching grid as V2 outputs and a steering vector as a V2 input equal Encode's:
+    what the protocol's named tensors carry of interventions (docs/api.md)."""
+    corrupted, clean = "Mary gave it", "John gave it"
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": [corrupted]}
+    asked = {"patching_source": clean, "patching_hook": "resid_pre"}
+    asked |= {"patching_target_id": ord("M"), "patching_contrast_id": ord("J")}
+    names = ["patching", "patching_clean", "patching_corrupted"]
+    outputs = triton.infer([text], outputs=names, parameters=asked)["outputs"]
+    with EncoderClient(v2_server.address) as client:
+        want = client.encode(
+            corrupted,
+            patching={"source": clean, "hook": "resid_pre", "target": "M", "contrast": "J"},
+        )[0].patching
+        steer = np.linspace(-2, 2, SMALL_CONFIG.d_model, dtype=np.float32)
+        hook = "blocks.1.hook_resid_pre"
+        steered = client.encode(
+            corrupted,
+            interventions=[
+                {"hook": hook, "op": "add", "values": steer, "scale": 3.0, "positions": [-1]}
+            ],
+        )[0].embeddings
+    np.testing.assert_allclose(array(outputs["patching"])[0], want.values, atol=1e-6)
+    assert array(outputs["patching_clean"])[0] == pytest.approx(want.clean, abs=1e-6)
+    assert array(outputs["patching_corrupted"])[0] == pytest.approx(want.corrupted, abs=1e-6)
+    steering = {
+        "name": "steering",
+        "datatype": "FP32",
+        "shape": [SMALL_CONFIG.d_model],
+        "data": steer.tolist(),
+    }
+    params = {"steering_hook": hook, "steering_scale": 3.0, "steering_positions": "-1"}
+    got = triton.infer([text, steering], outputs=["embeddings"], parameters=params)["outputs"]
+    np.testing.assert_allclose(array(got["embeddings"])[0], steered, atol=1e-6)
+    assert triton.call("is_server_ready") is True

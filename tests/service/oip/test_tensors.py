@@ -16,6 +16,7 @@ from attnserve.service.core.plan import EncodePlan
 from attnserve.service.core.request import (
     AttentionOptions,
     EncodeOptions,
+    Intervention,
     Layout,
     LensNorm,
     Pooling,
@@ -114,7 +115,10 @@ def test_every_parameter_sets_an_option_that_exists():
         assert spec.fields, name
         for field in spec.fields:
             group, _, option = field.removeprefix("options.").rpartition(".")
-            options = OPTION_GROUPS[group][1] if group else EncodeOptions
+            if group == "interventions[0]":  # the steering input's one intervention
+                options = Intervention
+            else:
+                options = OPTION_GROUPS[group][1] if group else EncodeOptions
             assert option in {f.name for f in dataclasses.fields(options)}, (name, field)
 
 
