@@ -35,6 +35,9 @@ from attnserve.service.core.request import (
 )
 
 OPS = ("add", "set", "scale", "clamp")
+# The most tokens one patching grid runs (runs x input length): GPT-2 small's 12 x 20 grid is
+# 4,800; this bound keeps one request from holding a model's worker for hours.
+MAX_PATCHED_TOKENS = 2**18
 # (SAE name, feature id) -> the feature's decoder row (d_in,) (Backend.feature_direction)
 Direction = Callable[[str, int], np.ndarray]
 # SAE normalisations under which the decoder's output is rescaled per position
@@ -172,6 +175,13 @@ def plan_patching(
         raise InvalidInputError(
             f"{field}.source: {len(source)} tokens, inputs[{index}] has {length}: a patched "
             "run takes a place of the source's run, so they must be as long"
+        )
+    places = config.n_layers * (config.n_heads if patching.hook == "z" else length)
+    if places * length > MAX_PATCHED_TOKENS:
+        raise InvalidInputError(
+            f"{field}: {places:,} patched runs of inputs[{index}]'s {length} tokens are "
+            f"{places * length:,} tokens to run, more than {MAX_PATCHED_TOKENS:,}; patch a "
+            "shorter input (or hook z: a run per head, not per position)"
         )
     tokens = []
     for name in ("target", "contrast"):

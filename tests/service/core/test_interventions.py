@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnserve.model.hook_points import captured, hooked
+from attnserve.service.core import interventions
 from tests.conftest import SMALL_CONFIG
 
 L, H, D, d_k = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads, SMALL_CONFIG.d_model, 16
@@ -222,3 +223,41 @@ def test_interventions_and_captures_in_json(server, client, small_model):
         captured_values["values"], want["blocks.1.hook_mlp_out"][-1:], atol=1e-4
     )
     assert got["activationPositions"] == [len(ids) - 1]
+
+
+def test_bad_patching_is_invalid_argument_naming_the_field(client, monkeypatch):
+    ids = client.encode(TEXT)[0].token_ids.tolist()
+    cases = [
+        (
+            {"source": "short", "hook": "resid_pre"},
+            r"options.patching.source: \d+ tokens, inputs\[0\] has",
+        ),
+        ({"source": TEXT, "hook": "hook_q"}, r"options.patching.hook: 'hook_q' is not one of"),
+        (
+            {"source": TEXT, "hook": "z", "target": 10**6},
+            r"options.patching.target_id: 1000000 is outside",
+        ),
+        (
+            {"source": TEXT, "hook": "z", "target": "ab"},
+            r"options.patching.target: 'ab' is 2 tokens",
+        ),
+    ]
+    for asked, message in cases:
+        fields = {"target": "d", "contrast": "c"} | asked
+        with pytest.raises(grpc.RpcError) as excinfo:
+            client.encode(ids, patching=fields)
+        assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert re.search(message, excinfo.value.details()), excinfo.value.details()
+    monkeypatch.setattr(interventions, "MAX_PATCHED_TOKENS", 10_000)  # the server's: in process
+    long = list(range(1, 101))  # 2 layers x 100 positions of 100 tokens: 20,000
+    asked = {"source": long, "target": 1, "contrast": 2}
+    with pytest.raises(grpc.RpcError, match=r"200 patched runs .* 20,000 tokens .* than 10,000"):
+        client.encode(long, patching=asked | {"hook": "resid_pre"})
+    assert client.encode(long, patching=asked | {"hook": "z"})[0].patching.values.shape == (2, 4)
+    head_mask = {(0, 1): 0.0}
+    with pytest.raises(grpc.RpcError, match=r"options.patching: patches the inputs as they are"):
+        client.encode(
+            ids,
+            head_mask=head_mask,
+            patching={"source": ids, "hook": "z", "target": 1, "contrast": 2},
+        )
