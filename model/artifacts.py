@@ -20,8 +20,8 @@ READOUTS_ONNX_FILENAME = "model_readouts.onnx"
 # Interventions: the readouts graph changes every layer's site of each kind hooks.changeable
 # names, x -> x * scale + add * gate, by three float32 inputs per kind, `{kind}_scale`,
 # `{kind}_add` and `{kind}_gate`, each [batch or 1, layers, positions or 1, width or 1]
-# (hook_z's: [batch or 1, layers, positions or 1, heads or 1, head_dim or 1]) broadcast
-# against the site's value; ones, zeros and zeros leave it as it is.
+# (per-head sites': [batch or 1, layers, positions or 1, heads or 1, head_dim or 1])
+# broadcast against the site's value; ones, zeros and zeros leave it as it is.
 CHANGE_PARTS = ("scale", "add", "gate")
 # Directories written before 2026-11-28 have two inputs instead, hook_z's scale and add:
 HEAD_MASK_NAME = "head_mask"  # float32 [batch, layers, heads]: 1 keeps a head
@@ -58,7 +58,8 @@ def unchanged(config: ModelConfig) -> dict[str, np.ndarray]:
     smallest shape each (1, L, 1, 1) (hook_z: (1, L, 1, 1, 1))."""
     feeds = {}
     for name, (kind, part) in change_inputs(config).items():
-        shape = (1, config.n_layers, 1, 1, 1) if kind == "z" else (1, config.n_layers, 1, 1)
+        per_head = hooks.kind_heads(config, kind) is not None
+        shape = (1, config.n_layers, 1, 1, 1) if per_head else (1, config.n_layers, 1, 1)
         feeds[name] = np.full(shape, 1.0 if part == "scale" else 0.0, dtype=np.float32)
     return feeds
 

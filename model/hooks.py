@@ -26,15 +26,18 @@ FINAL_NORMALIZED = "ln_final.hook_normalized"  # (B, T, D) the final norm's outp
 
 LAYER_SITES = (RESID_PRE, Q, K, V, PATTERN, Z, ATTN_OUT, RESID_MID, MLP_OUT, RESID_POST)
 # The sites a request may change (interventions), by the short name the readouts graph's
-# inputs for them carry: the stream and what each sublayer writes, each (B, T, D), and
-# each head's output, hook_z.
+# inputs for them carry, in the order a block reaches them: the stream and what each
+# sublayer writes, each (B, T, D), and per head the queries, keys, values and outputs.
 CHANGEABLE = {
     "resid_pre": RESID_PRE,
+    "q": Q,
+    "k": K,
+    "v": V,
+    "z": Z,
     "attn_out": ATTN_OUT,
     "resid_mid": RESID_MID,
     "mlp_out": MLP_OUT,
     "resid_post": RESID_POST,
-    "z": Z,
 }
 
 
@@ -60,6 +63,17 @@ def changeable(config: ModelConfig) -> dict[str, str]:
     """CHANGEABLE for a model of `config`: hook_resid_mid only in sequential blocks."""
     sequential = config.residual == "sequential"
     return {kind: site for kind, site in CHANGEABLE.items() if sequential or site != RESID_MID}
+
+
+def kind_heads(config: ModelConfig, kind: str) -> int | None:
+    """How many heads a site of `kind` (CHANGEABLE) holds side by side, each head_dim wide
+    (keys and values: the key/value heads); None for the (B, T, D) sites."""
+    return {
+        "q": config.n_heads,
+        "z": config.n_heads,
+        "k": config.kv_heads,
+        "v": config.kv_heads,
+    }.get(kind)
 
 
 def parse_site(name: str, config: ModelConfig) -> tuple[str, int] | None:

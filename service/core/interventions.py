@@ -17,7 +17,14 @@ import numpy as np
 
 from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
-from attnserve.model.hooks import RESID_POST, RESID_PRE, Z, changeable, hook_names, parse_site
+from attnserve.model.hooks import (
+    RESID_POST,
+    RESID_PRE,
+    changeable,
+    hook_names,
+    kind_heads,
+    parse_site,
+)
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     CaptureSelection,
@@ -138,7 +145,7 @@ def plan_capture(
             raise InvalidInputError(f"{field}: {hook} is named twice")
         place = stream_site(config, hook) if hook in hook_names(config) else None
         if place is None:
-            raise InvalidInputError(f"{field}: {_unknown(hook, config)}")
+            raise InvalidInputError(f"{field}: {_unknown(hook, config, 'capture')}")
         parsed = parse_site(hook, config)
         if parsed is not None and parsed[0] == "resid_post" and parsed[1] + 1 < config.n_layers:
             after = RESID_PRE.format(layer=parsed[1] + 1)
@@ -148,7 +155,8 @@ def plan_capture(
                     f"changes; capture {after} (after its change) or change "
                     f"{RESID_POST.format(layer=parsed[1])} instead"
                 )
-        shape = (config.n_heads, config.head_dim) if parsed and parsed[0] == "z" else (-1,)
+        heads = kind_heads(config, parsed[0]) if parsed else None
+        shape = (-1,) if heads is None else (heads, config.head_dim)
         sites[hook] = (*place, shape)
     positions = capture.positions
     field = "options.capture.positions"
@@ -165,7 +173,7 @@ def plan_patching(
 ) -> PatchingSelection:
     """Activation patching of inputs[index] (`length` tokens) against `source` (its ids)."""
     field = "options.patching"
-    kinds = changeable(config)
+    kinds = returned(config)
     if patching.hook not in kinds:
         raise InvalidInputError(
             f"{field}.hook: {patching.hook!r} is not one of {list(kinds)} (the sites' kinds: "
@@ -176,7 +184,7 @@ def plan_patching(
             f"{field}.source: {len(source)} tokens, inputs[{index}] has {length}: a patched "
             "run takes a place of the source's run, so they must be as long"
         )
-    places = config.n_layers * (config.n_heads if patching.hook == "z" else length)
+    places = config.n_layers * (kind_heads(config, patching.hook) or length)
     if places * length > MAX_PATCHED_TOKENS:
         raise InvalidInputError(
             f"{field}: {places:,} patched runs of inputs[{index}]'s {length} tokens are "
@@ -250,16 +258,18 @@ def _width(config: ModelConfig) -> int:
 
 
 class _Change:
-    """One kind of site's change being composed: scale (L, P, 1) and add (L, P, D), or
-    hook_z's (L, P, H, 1) and (L, P, H, d_k), P 1 (every position) or the input's length."""
+    """One kind of site's change being composed: scale (L, P, 1) and add (L, P, D), or a
+    per-head site's (L, P, heads, 1) and (L, P, heads, d_k), P 1 (every position) or the
+    input's length."""
 
     def __init__(self, config: ModelConfig, kind: str, positions: int) -> None:
         L = config.n_layers
-        self.z = kind == "z"
-        if self.z:
-            H, d_k = config.n_heads, config.head_dim
-            self.scale = np.ones((L, positions, H, 1), dtype=np.float32)
-            self.add = np.zeros((L, positions, H, d_k), dtype=np.float32)
+        heads = kind_heads(config, kind)
+        self.per_head = heads is not None
+        if heads is not None:
+            d_k = config.head_dim
+            self.scale = np.ones((L, positions, heads, 1), dtype=np.float32)
+            self.add = np.zeros((L, positions, heads, d_k), dtype=np.float32)
         else:
             self.scale = np.ones((L, positions, 1), dtype=np.float32)
             self.add = np.zeros((L, positions, config.d_model), dtype=np.float32)
@@ -283,16 +293,17 @@ class _Change:
         values: np.ndarray | None,
         scale: float,
     ) -> None:
-        """One intervention at `layer`, `rows` (None: every position) and `heads` (hook_z;
-        None: every head); values (width,) or (rows, width), hook_z's width each head's."""
+        """One intervention at `layer`, `rows` (None: every position) and `heads` (a
+        per-head site's; None: every head); values (width,) or (rows, width), a per-head
+        site's width one head's with heads named, else every head's side by side."""
         where = np.arange(self.positions) if rows is None else rows
         index: tuple = (layer, where)  # (P, 1) of scale, (P, D) of add
-        if self.z:  # (P, heads, 1) and (P, heads, d_k)
+        if self.per_head:  # (P, heads, 1) and (P, heads, d_k)
             chosen = np.arange(self.scale.shape[2]) if heads is None else heads
             index = (layer, where[:, None], chosen[None, :])
             if values is not None:
                 d_k = self.add.shape[-1]
-                if heads is None:  # the heads side by side, as hook_z's width is flattened
+                if heads is None:  # the heads side by side, as the site's width is flattened
                     values = values.reshape(*values.shape[:-1], -1, d_k)
                 elif values.ndim == 2:  # one row per position, the same for each head
                     values = values[:, None, :]
@@ -361,13 +372,15 @@ def _plan(
         raise InvalidInputError(f"{field}.scale: {scale} is not a finite number")
     heads = None
     if entry.heads:
-        if kind != "z":
+        count = kind_heads(config, kind)
+        if count is None:
             raise InvalidInputError(
-                f"{field}.heads: only {Z.format(layer=layer)} has heads; {entry.hook} has none"
+                f"{field}.heads: only the attention's sites have heads (attn.hook_q, hook_k, "
+                f"hook_v, hook_z); {entry.hook} has none"
             )
         for head in entry.heads:
-            if not 0 <= head < config.n_heads:
-                raise InvalidInputError(f"{field}.heads: {head} is outside [0, {config.n_heads})")
+            if not 0 <= head < count:
+                raise InvalidInputError(f"{field}.heads: {head} is outside [0, {count})")
         if len(set(entry.heads)) != len(entry.heads):
             raise InvalidInputError(f"{field}.heads: {list(entry.heads)} repeats a head")
         heads = np.asarray(entry.heads)
@@ -398,12 +411,13 @@ def _values(
         return None
     if values is None or not values.size:
         raise InvalidInputError(f"{field}.values: op {entry.op} needs values")
-    if kind != "z":
+    heads = kind_heads(config, kind)
+    if heads is None:
         width, what = config.d_model, "d_model"
     elif by_head:
-        width, what = config.head_dim, "head_dim (one head's output)"
+        width, what = config.head_dim, "head_dim (one head's)"
     else:
-        width, what = config.n_heads * config.head_dim, "n_heads x head_dim (every head's)"
+        width, what = heads * config.head_dim, f"{heads} heads x head_dim (every head's)"
     count = length if rows is None else len(rows)
     allowed = f"[{width}] or [{count}, {width}] (one row per position)"
     if values.ndim not in (1, 2) or values.shape[-1] != width:
@@ -421,10 +435,21 @@ def _values(
     return values
 
 
-def _unknown(hook: str, config: ModelConfig) -> str:
-    """Why `hook` is not a site to change or capture, and which are."""
-    kinds = ", ".join(site.format(layer="{layer}") for site in changeable(config).values())
+def returned(config: ModelConfig) -> dict[str, str]:
+    """The changeable sites the readouts graph returns too (captured, patched): not the
+    queries, keys and values."""
+    return {
+        kind: site
+        for kind, site in changeable(config).items()
+        if stream_site(config, site.format(layer=0)) is not None
+    }
+
+
+def _unknown(hook: str, config: ModelConfig, verb: str = "change") -> str:
+    """Why a request cannot `verb` (change, capture) site `hook`, and which it can."""
+    sites = changeable(config) if verb == "change" else returned(config)
+    kinds = ", ".join(site.format(layer="{layer}") for site in sites.values())
     where = f"blocks.{{layer}} for 0 <= layer < {config.n_layers}"
     if hook in hook_names(config):
-        return f"{hook} is not one of the sites this server changes or returns: {kinds} ({where})"
+        return f"{hook} is not one of the sites a request can {verb}: {kinds} ({where})"
     return f"{hook!r} is not a hook site of {config.name}; these are: {kinds} ({where})"

@@ -12,13 +12,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnserve.model.artifacts import stream_site
-from attnserve.model.hooks import CHANGEABLE
+from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import ReadoutSelection, SiteChange
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.readouts import ReadoutGraphs
 
-# a block's sites in the order its forward reaches them
-_ORDER = ("resid_pre", "z", "attn_out", "resid_mid", "mlp_out", "resid_post")
+_ORDER = list(CHANGEABLE)  # a block's sites in the order its forward reaches them
 
 
 def clamped(
@@ -66,11 +65,11 @@ def _added(
     """`change` (None: none yet) with `delta` (n, width) added at `layer`, per position."""
     config = graphs.config
     n = len(delta)
-    if kind == "z":
-        delta = delta.reshape(n, config.n_heads, config.head_dim)
-        tail: tuple[int, ...] = (config.n_heads,)
-    else:
-        tail = ()
+    heads = kind_heads(config, kind)
+    tail: tuple[int, ...] = ()
+    if heads is not None:  # the SAE read the heads side by side
+        delta = delta.reshape(n, heads, config.head_dim)
+        tail = (heads,)
     L = config.n_layers
     if change is None:
         scale = np.ones((L, n, *tail, 1), dtype=np.float32)

@@ -13,7 +13,7 @@ import numpy as np
 
 from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
-from attnserve.model.hooks import CHANGEABLE
+from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import Patching, PatchingSelection
 from attnserve.service.core.readouts import patching_chunk_rows
 from attnserve.service.ort.readouts import ReadoutGraphs
@@ -27,9 +27,10 @@ def patch(graphs: ReadoutGraphs, ids: np.ndarray, selection: PatchingSelection) 
     both = graphs.stream(np.stack([selection.source, ids]), [{}, {}], False, [output])
     source = both.output(output)[:1, first : first + L]  # (1, L, T, width)
     clean, corrupted = _differences(graphs, both.residual[:, -1, T - 1], selection)
-    if kind == "z":  # a head at every position: (L, 1, H, 1) places
-        source = source.reshape(1, L, T, config.n_heads, config.head_dim)
-        place_shape: tuple[int, ...] = (L, 1, config.n_heads, 1)
+    heads = kind_heads(config, kind)
+    if heads is not None:  # a head at every position: (L, 1, H, 1) places
+        source = source.reshape(1, L, T, heads, config.head_dim)
+        place_shape: tuple[int, ...] = (L, 1, heads, 1)
     else:  # a position's whole vector: (L, T, 1) places
         place_shape = (L, T, 1)
     places = int(np.prod(place_shape))

@@ -89,10 +89,16 @@ def test_interventions_equal_transformer_lens_run_with_hooks(families, family):
     def scale(x, hook):
         return x * 0.25
 
+    def halve_value_head(x, hook):  # (B, T, key/value heads, d_head)
+        x = x.clone()
+        x[:, :, 0] *= 0.5
+        return x
+
     hooks = [
         ("blocks.1.hook_resid_pre", add),
         ("blocks.0.attn.hook_z", set_head),
         ("blocks.0.hook_mlp_out", scale),
+        ("blocks.1.attn.hook_v", halve_value_head),
     ]
     captures = ["blocks.1.hook_resid_mid", "blocks.1.attn.hook_z", "blocks.1.hook_resid_post"]
     with torch.no_grad():
@@ -104,6 +110,7 @@ def test_interventions_equal_transformer_lens_run_with_hooks(families, family):
         {"hook": "blocks.0.attn.hook_z", "op": "set", "values": head.numpy(), "heads": [1],
          "positions": [0, -1]},
         {"hook": "blocks.0.hook_mlp_out", "op": "scale", "scale": 0.25},
+        {"hook": "blocks.1.attn.hook_v", "op": "scale", "scale": 0.5, "heads": [0]},
     ]  # fmt: skip
     server = ServerThread(families.exported(family))
     try:

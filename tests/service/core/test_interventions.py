@@ -108,6 +108,38 @@ def test_a_capture_patched_into_another_run_is_activation_patching(client, small
     np.testing.assert_allclose(patched.embeddings, want, atol=1e-4, rtol=0)
 
 
+def test_queries_keys_and_values_change_per_head(client, small_model):
+    """hook_q, hook_k and hook_v (before rotation): a head's slice set, scaled or moved."""
+    ids = client.encode(TEXT)[0].token_ids.tolist()
+    query = rng.standard_normal(d_k).astype(np.float32)
+    keys = rng.standard_normal((2, H * d_k)).astype(np.float32)
+    interventions = [
+        {"hook": "blocks.0.attn.hook_q", "op": "set", "values": query, "heads": [1]},
+        {"hook": "blocks.1.attn.hook_k", "op": "add", "values": keys, "positions": [0, 2]},
+        {"hook": "blocks.1.attn.hook_v", "op": "scale", "scale": -1.0, "heads": [0, 3]},
+    ]
+
+    def q(x):
+        x = x.clone()
+        x[:, :, 1] = torch.from_numpy(query)
+        return x
+
+    def k(x):
+        x = x.clone()
+        x[:, [0, 2]] += torch.from_numpy(keys).view(2, H, d_k)
+        return x
+
+    def v(x):
+        x = x.clone()
+        x[:, :, [0, 3]] *= -1.0
+        return x
+
+    hooks = {"blocks.0.attn.hook_q": q, "blocks.1.attn.hook_k": k, "blocks.1.attn.hook_v": v}
+    want, _, _ = run(small_model, ids, hooks)
+    got = client.encode(ids, interventions=interventions)[0].embeddings
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
 def test_rows_of_one_batch_keep_their_own_changes(client, small_model):
     """Two inputs of different lengths, batched: each row's changes apply to it alone."""
     texts = [TEXT, "Heads up"]
@@ -161,7 +193,7 @@ def test_head_mask_and_interventions_compose_in_order(client, small_model):
         ({"hook": "blocks.0.hook_resid_pre", "op": "scale"},
          r"options.interventions\[0\].scale: op scale multiplies by it; set it"),
         ({"hook": "blocks.0.hook_resid_pre", "op": "scale", "scale": 2.0, "heads": [0]},
-         r"options.interventions\[0\].heads: only blocks.0.attn.hook_z has heads"),
+         r"options.interventions\[0\].heads: only the attention.s sites have heads"),
         ({"hook": "blocks.0.attn.hook_z", "op": "set", "values": STEER[:16], "heads": [4]},
          r"options.interventions\[0\].heads: 4 is outside \[0, 4\)"),
         ({"hook": "blocks.0.hook_resid_pre", "op": "set", "values": np.ones((3, 64))},

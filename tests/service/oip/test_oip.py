@@ -360,8 +360,8 @@ def test_mean_ablation_through_tritonclient(triton, v2_server):
         (
             [ids_input([[1, 2]]), STEERING],
             [],
-            {"steering_hook": "blocks.0.attn.hook_q"},
-            "parameters.steering_hook: blocks.0.attn.hook_q is not one of the sites",
+            {"steering_hook": "blocks.0.attn.hook_pattern"},
+            "parameters.steering_hook: blocks.0.attn.hook_pattern is not one of the sites",
         ),
         (
             [ids_input([[1, 2]])],
