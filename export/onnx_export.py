@@ -198,9 +198,10 @@ def _free_change_axes(model: ir.Model, config: ModelConfig) -> None:
     derived: set[ir.Value] = set()
     for value in model.graph.inputs:
         if value.name in inputs:
-            rank = len(value.shape) if value.shape is not None else 4
+            assert value.shape is not None  # traced inputs have their shapes
+            axes = range(len(value.shape))
             value.shape = ir.Shape(
-                [config.n_layers if axis == 1 else f"{value.name}_{axis}" for axis in range(rank)]
+                [config.n_layers if axis == 1 else f"{value.name}_{axis}" for axis in axes]
             )
             derived.add(value)
     constant: set[ir.Value] = set()

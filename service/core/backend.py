@@ -273,7 +273,7 @@ class Backend(Protocol):
         self, input_ids: np.ndarray, lengths: list[int], selections: list[ReadoutSelection]
     ) -> tuple[np.ndarray, list[ReadoutOutput]]:
         """As attend, on the readouts graph: embeddings float32 (B, T, D) under each row's
-        head mask and, per row, what its selection asks for."""
+        changes and, per row, what its selection asks for."""
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""

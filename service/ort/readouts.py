@@ -1,5 +1,5 @@
 """The readouts graphs of a model directory in ONNX Runtime, and what a request reads off
-them: the residual stream and its parts under a head mask (model_readouts.onnx), the logit
+them: the residual stream and its parts under any changes (model_readouts.onnx), the logit
 lens of any residual rows (model_lens.onnx) and direct logit attribution of any positions
 (model_attribution.onnx), each in the precision served (model_lens_int8.onnx: its matrices
 in 8 bits, as model_int8.onnx's).

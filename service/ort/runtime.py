@@ -246,8 +246,9 @@ class OrtRuntime:
         selections: list[ReadoutSelection],
     ) -> tuple[np.ndarray, list[ReadoutOutput]]:
         """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) under each row's
-        head mask and, per row, what its selection asks of its first `lengths[row]`
-        positions (attention through the same reducer as `attend`)."""
+        changes (its clamps made additions first) and, per row, what its selection asks of
+        its first `lengths[row]` positions (attention through the same reducer as
+        `attend`; a patching grid by runs of its own)."""
         changes = [selection.changes for selection in selections]
         if any(selection.clamps for selection in selections):  # a run per clamped site first
             graphs, saes = self.readout_graphs, self.sae_graphs
@@ -291,7 +292,7 @@ class OrtRuntime:
             ) from exc
 
     def _feeds(self, session: ort.InferenceSession, input_ids: np.ndarray) -> dict:
-        """What `session` is fed for `input_ids`: the readouts graph, every head kept too."""
+        """What `session` is fed for `input_ids`: the readouts graph, nothing changed too."""
         feeds = {self.config.input_name: input_ids}
         if self._one_graph and session is self.session:
             inputs = [arg.name for arg in session.get_inputs()]
