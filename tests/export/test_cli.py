@@ -20,6 +20,7 @@ from attnserve.model.artifacts import (
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
     WEIGHTS_FILENAMES,
+    change_inputs,
 )
 from attnserve.model.checkpoint import save_checkpoint
 from attnserve.model.config import ModelConfig
@@ -39,16 +40,16 @@ def test_default_export_writes_a_checked_model_directory(default_export):
         assert ModelConfig.from_json(metadata[CONFIG_METADATA_KEY]) == config
         assert set(json.loads(metadata[VERSIONS_METADATA_KEY])) >= {"torch", "onnx", "attnserve"}
         # Batch and sequence axes are symbolic, not baked to the traced example's shape.
-        input_ids, *head_mask = proto.graph.input
+        input_ids, *changes = proto.graph.input
         assert [d.dim_param for d in input_ids.type.tensor_type.shape.dim] == ["batch", "seq"]
         outputs = [o.name for o in proto.graph.output]
         if filename == READOUTS_ONNX_FILENAME:  # the readouts' inputs and outputs
-            mask, means = head_mask
-            heads = ["batch", config.n_layers, config.n_heads]
-            dims = [d.dim_param or d.dim_value for d in mask.type.tensor_type.shape.dim]
-            assert (mask.name, dims) == ("head_mask", heads)
-            dims = [d.dim_param or d.dim_value for d in means.type.tensor_type.shape.dim]
-            assert (means.name, dims) == ("head_means", [*heads, config.head_dim])
+            assert [c.name for c in changes] == list(change_inputs(config))
+            for change in changes:  # free but for the layers: broadcast against the site
+                dims = [d.dim_param or d.dim_value for d in change.type.tensor_type.shape.dim]
+                per_head = change.name.split("_")[0] in ("q", "k", "v", "z")
+                free = [f"{change.name}_{axis}" for axis in (0, 2, 3, 4)][: 4 if per_head else 3]
+                assert dims == [free[0], config.n_layers, *free[1:]], change.name
             assert outputs == [
                 "embeddings",
                 "attentions",
@@ -59,7 +60,7 @@ def test_default_export_writes_a_checked_model_directory(default_export):
                 "resid_mid",
             ]
         else:  # the served graphs: nothing computed that a plain request does not read
-            assert head_mask == [] and outputs[0] == "embeddings"
+            assert changes == [] and outputs[0] == "embeddings"
             assert set(outputs) <= {"embeddings", "attentions"}
     assert f"seq_len={ModelConfig().max_seq_len}" in result.stdout  # parity reached max length
 
