@@ -472,6 +472,33 @@ def test_each_tokens_features_and_one_feature_across_the_text(browser, small_mod
             got = [float(cells.nth(p).get_attribute("data-activation")) for p in range(t)]
             np.testing.assert_allclose(got, values[0, :, 0], rtol=1e-6)
             assert f"feature={feature}" in page.url and "sae=resid" in page.url
+            # the steering box, by that feature: the API's distributions before and after
+            page.select_option("#steer-kind", "feature")
+            page.select_option("#steer-sae", "resid")
+            page.fill("#steer-feature-id", str(feature))
+            page.fill("#steer-strength", "6")
+            page.click("#steer-form button")
+            page.locator('#steering[data-ready="true"][data-kind="feature"]').wait_for()
+            steer = {"op": "add", "feature": {"sae": "resid", "feature_id": feature}, "scale": 6}
+            asked = {"positions": [-1], "logits": True}
+            before, after = (
+                softmax(
+                    client.encode(TEXT, interventions=i, predictions=asked)[0].predictions.logits[
+                        0, 0
+                    ]
+                )
+                for i in ([], [steer])
+            )
+            rows = page.locator("#steering tr[data-id]")
+            for i in range(rows.count()):
+                token = int(rows.nth(i).get_attribute("data-id"))
+                assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(
+                    before[token], abs=1e-6
+                )
+                assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(
+                    after[token], abs=1e-6
+                )
+            assert np.abs(after - before).max() > 1e-4
         page.goto(page.url)  # the shared URL shows the same feature followed
         page.locator(f'#feature-trace[data-ready="true"][data-feature="{feature}"]').wait_for()
     finally:

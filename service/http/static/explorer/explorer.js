@@ -776,8 +776,21 @@ function base64Floats(values) {  // float32 little-endian, as a Tensor's data
   return btoa(text);
 }
 
-// Activation addition: the two texts' residual streams at the chosen layer, last token,
-// captured; their difference times the strength added at every token of the text.
+// Activation addition: the two texts' residual streams at `hook`, last token, captured;
+// their difference times the strength, as an intervention at every token.
+async function textsDirection(model, hook, strength) {
+  const captured = await Promise.all([$("steer-plus").value, $("steer-minus").value].map(async (t) => {
+    const options = { skipTokenEmbeddings: true, capture: { hooks: [hook], positions: [-1] } };
+    const result = (await post("/v1/encode", { model, inputs: [{ text: t }], options })).results[0];
+    return decodeNumbers(result.activations[hook]);
+  }));
+  const direction = captured[0].map((v, i) => v - captured[1][i]);
+  const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
+  return { hook, op: "INTERVENTION_OP_ADD", values, scale: strength };
+}
+
+// The steering box: a direction (two texts' difference, or an SAE feature's decoder row at
+// the SAE's site) times a strength added at every token; the next token before and after.
 async function showSteering(event) {
   if (event) event.preventDefault();
   const table = $("steering");
@@ -785,19 +798,14 @@ async function showSteering(event) {
   $("steer-note").textContent = "";
   const model = $("model-a").value, text = $("text").value;
   const layer = Number($("steer-layer").value), strength = Number($("steer-strength").value);
-  const hook = `blocks.${layer}.hook_resid_pre`;
+  const byFeature = $("steer-kind").value === "feature";
   try {
-    const captured = await Promise.all([$("steer-plus").value, $("steer-minus").value].map(async (t) => {
-      const options = { skipTokenEmbeddings: true, capture: { hooks: [hook], positions: [-1] } };
-      const result = (await post("/v1/encode", { model, inputs: [{ text: t }], options })).results[0];
-      return decodeNumbers(result.activations[hook]);
-    }));
-    const direction = captured[0].map((v, i) => v - captured[1][i]);
-    const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
-    const steer = [{ hook, op: "INTERVENTION_OP_ADD", values, scale: strength }];
+    const steer = byFeature
+      ? [{ op: "INTERVENTION_OP_ADD", feature: { sae: $("steer-sae").value, featureId: Number($("steer-feature-id").value) }, scale: strength }]
+      : [await textsDirection(model, `blocks.${layer}.hook_resid_pre`, strength)];
     const [before, after] = await Promise.all([nextTokens(model, text, []), nextTokens(model, text, steer)]);
     drawBeforeAfter(table, before, after, after, "steered");
-    Object.assign(table.dataset, { layer, strength, ready: "true" });
+    Object.assign(table.dataset, { kind: $("steer-kind").value, layer, strength, ready: "true" });
   } catch (error) {
     $("steer-note").textContent = error.message;
   }
@@ -808,8 +816,13 @@ async function showSteering(event) {
 function fillSaes() {
   const select = $("sae"), keep = new URLSearchParams(location.search).get("sae") || select.value;
   select.innerHTML = "";
-  for (const sae of state.saes) select.add(new Option(sae.name, sae.name));
+  $("steer-sae").innerHTML = "";
+  for (const sae of state.saes) {
+    select.add(new Option(sae.name, sae.name));
+    $("steer-sae").add(new Option(sae.name, sae.name));
+  }
   if (state.saes.some((sae) => sae.name === keep)) select.value = keep;
+  $("steer-kind").options[1].disabled = !state.saes.length;  // steering by a feature needs one
 }
 
 // The chosen SAE's top five features at every token, without the heads `off` names.
@@ -967,6 +980,10 @@ async function init() {
   $("auth").addEventListener("submit", useToken);
   $("patch-form").addEventListener("submit", showPatching);
   $("steer-form").addEventListener("submit", showSteering);
+  $("steer-kind").addEventListener("change", () => {
+    $("steer-texts").hidden = $("steer-kind").value === "feature";
+    $("steer-feature").hidden = $("steer-kind").value !== "feature";
+  });
   $("sae").addEventListener("change", () => {
     state.traced = null;  // another SAE's features
     saveUrl();
