@@ -125,6 +125,18 @@ def test_a_shared_url_renders_and_every_view_shows_the_servers_numbers(
     assert page.elsewhere == []  # offline: nothing but the server was asked
 
 
+def check_before_after(rows, before: np.ndarray, after: np.ndarray) -> None:
+    """Each row of a before-and-after table holds the two distributions' probabilities."""
+    for i in range(rows.count()):
+        token = int(rows.nth(i).get_attribute("data-id"))
+        assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(
+            before[token], abs=1e-6
+        )
+        assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(
+            after[token], abs=1e-6
+        )
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits.astype(np.float64) - logits.max())
     return e / e.sum()
@@ -489,15 +501,7 @@ def test_each_tokens_features_and_one_feature_across_the_text(browser, small_mod
                 )
                 for i in ([], [steer])
             )
-            rows = page.locator("#steering tr[data-id]")
-            for i in range(rows.count()):
-                token = int(rows.nth(i).get_attribute("data-id"))
-                assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(
-                    before[token], abs=1e-6
-                )
-                assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(
-                    after[token], abs=1e-6
-                )
+            check_before_after(page.locator("#steering tr[data-id]"), before, after)
             assert np.abs(after - before).max() > 1e-4
         page.goto(page.url)  # the shared URL shows the same feature followed
         page.locator(f'#feature-trace[data-ready="true"][data-feature="{feature}"]').wait_for()
@@ -554,13 +558,6 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     )
     rows = page.locator("#steering tr[data-id]")
     assert rows.count() >= 10
-    for i in range(rows.count()):
-        token = int(rows.nth(i).get_attribute("data-id"))
-        assert float(rows.nth(i).get_attribute("data-before")) == pytest.approx(
-            before[token], abs=1e-6
-        )
-        assert float(rows.nth(i).get_attribute("data-after")) == pytest.approx(
-            after[token], abs=1e-6
-        )
+    check_before_after(rows, before, after)
     assert np.abs(after - before).max() > 1e-3  # the direction moved the distribution
     assert page.elsewhere == []
