@@ -1,7 +1,7 @@
 """A request's changes to the model's run and the values it captures, planned: interventions
 (add, set or scale a hook site's value) and the head mask, as one SiteChange per kind of site
 (x -> x * scale + add at every layer, the readouts graph's inputs), the sites a capture
-returns and activation patching (service/ort/patching.py), each validated against the model.
+returns (activation patching's: core/patching.py), each validated against the model.
 
 Changes compose in the order given, the head mask first: at a position an `add` adds to
 whatever came before, a `set` replaces it, a `scale` scales both.
@@ -29,7 +29,6 @@ from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     CaptureSelection,
     Clamp,
-    PatchingSelection,
     SiteChange,
 )
 from attnserve.service.core.errors import InvalidInputError
@@ -38,13 +37,9 @@ from attnserve.service.core.request import (
     CaptureOptions,
     HeadScale,
     Intervention,
-    PatchingOptions,
 )
 
 OPS = ("add", "set", "scale", "clamp")
-# The most tokens one patching grid runs (runs x input length): GPT-2 small's 12 x 20 grid is
-# 4,800; this bound keeps one request from holding a model's worker for hours.
-MAX_PATCHED_TOKENS = 2**18
 # (SAE name, feature id) -> the feature's decoder row (d_in,) (Backend.feature_direction)
 Direction = Callable[[str, int], np.ndarray]
 # SAE normalisations under which the decoder's output is rescaled per position
@@ -162,46 +157,6 @@ def plan_capture(
     field = "options.capture.positions"
     chosen = checked_positions(field, positions, length, index) if positions else range(length)
     return CaptureSelection(sites=sites, positions=tuple(chosen))
-
-
-def plan_patching(
-    patching: PatchingOptions,
-    config: ModelConfig,
-    source: np.ndarray,
-    length: int,
-    index: int,
-) -> PatchingSelection:
-    """Activation patching of inputs[index] (`length` tokens) against `source` (its ids)."""
-    field = "options.patching"
-    kinds = returned(config)
-    if patching.hook not in kinds:
-        raise InvalidInputError(
-            f"{field}.hook: {patching.hook!r} is not one of {list(kinds)} (the sites' kinds: "
-            "each layer and position is patched, or with z each layer and head)"
-        )
-    if len(source) != length:
-        raise InvalidInputError(
-            f"{field}.source: {len(source)} tokens, inputs[{index}] has {length}: a patched "
-            "run takes a place of the source's run, so they must be as long"
-        )
-    places = config.n_layers * (kind_heads(config, patching.hook) or length)
-    if places * length > MAX_PATCHED_TOKENS:
-        raise InvalidInputError(
-            f"{field}: {places:,} patched runs of inputs[{index}]'s {length} tokens are "
-            f"{places * length:,} tokens to run, more than {MAX_PATCHED_TOKENS:,}; patch a "
-            "shorter input (or hook z: a run per head, not per position)"
-        )
-    tokens = []
-    for name in ("target", "contrast"):
-        token = getattr(patching, name)
-        if isinstance(token, str):  # resolved by the plan, which has the tokenizer
-            raise InvalidInputError(f"{field}.{name}: {token!r} is not a token id")
-        if not 0 <= token < config.vocab_size:
-            raise InvalidInputError(
-                f"{field}.{name}_id: {token} is outside the vocabulary [0, {config.vocab_size})"
-            )
-        tokens.append(token)
-    return PatchingSelection(patching.hook, source, *tokens)
 
 
 def head_mask_arrays(

@@ -37,8 +37,8 @@ from attnserve.service.core.interventions import (
     plan_capture,
     plan_changes,
     plan_clamps,
-    plan_patching,
 )
+from attnserve.service.core.patching import plan_patching
 from attnserve.service.core.request import (
     AttributionOptions,
     EncodeOptions,

@@ -114,16 +114,16 @@ _GRAPHS = {
 
 def change_feeds(
     config: ModelConfig,
-    inputs: Collection[str],
+    head_mask: bool,
     changes: Sequence[Mapping[str, SiteChange]],
     length: int,
 ) -> dict[str, np.ndarray]:
-    """The readouts graph's change inputs (`inputs`: its input names) for a batch of
-    len(changes) rows padded to `length`: each row's changes, nothing changed elsewhere (a
-    kind no row changes costs its smallest shape). A graph written before interventions
-    takes hook_z's as a head mask and means (the plan refuses other changes there)."""
+    """The readouts graph's change inputs for a batch of len(changes) rows padded to
+    `length`: each row's changes, nothing changed elsewhere (a kind no row changes costs its
+    smallest shape). `head_mask`: a graph written before interventions, which takes hook_z's
+    as a head mask and means (the plan refuses other changes there)."""
     batch = len(changes)
-    if HEAD_MASK_NAME in inputs:
+    if head_mask:
         mask = np.ones((batch, config.n_layers, config.n_heads), dtype=np.float32)
         means = np.zeros((*mask.shape, config.head_dim), dtype=np.float32)
         for row, change in enumerate(changes):
@@ -219,8 +219,8 @@ class ReadoutGraphs:
         if isinstance(changes, Mapping):
             feeds |= unchanged(c) | dict(changes)
         else:
-            inputs = [arg.name for arg in session.get_inputs()]
-            feeds |= change_feeds(c, inputs, changes, input_ids.shape[1])
+            head_mask = CHANGES not in self.available
+            feeds |= change_feeds(c, head_mask, changes, input_ids.shape[1])
         try:
             values = dict(zip(names, session.run(names, feeds), strict=True))
         except Exception as exc:  # ORT raises its own untyped errors

@@ -45,7 +45,7 @@ from attnserve.service.core.errors import (
     ProviderUnavailableError,
 )
 from attnserve.service.core.memory import give_back_memory
-from attnserve.service.core.readouts import STREAM
+from attnserve.service.core.readouts import CHANGES, STREAM
 from attnserve.service.ort.clamping import clamped
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
@@ -295,8 +295,8 @@ class OrtRuntime:
         """What `session` is fed for `input_ids`: the readouts graph, nothing changed too."""
         feeds = {self.config.input_name: input_ids}
         if self._one_graph and session is self.session:
-            inputs = [arg.name for arg in session.get_inputs()]
-            feeds |= change_feeds(self.config, inputs, [{}] * len(input_ids), 1)
+            head_mask = CHANGES not in self.readout_graphs.available
+            feeds |= change_feeds(self.config, head_mask, [{}] * len(input_ids), 1)
         return feeds
 
     def release_memory(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnserve.model.hook_points import captured, hooked
-from attnserve.service.core import interventions
+from attnserve.service.core import patching
 from tests.conftest import SMALL_CONFIG
 
 L, H, D, d_k = SMALL_CONFIG.n_layers, SMALL_CONFIG.n_heads, SMALL_CONFIG.d_model, 16
@@ -280,7 +280,7 @@ def test_bad_patching_is_invalid_argument_naming_the_field(client, monkeypatch):
             client.encode(ids, patching=fields)
         assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert re.search(message, excinfo.value.details()), excinfo.value.details()
-    monkeypatch.setattr(interventions, "MAX_PATCHED_TOKENS", 10_000)  # the server's: in process
+    monkeypatch.setattr(patching, "MAX_PATCHED_TOKENS", 10_000)  # the server's: in process
     long = list(range(1, 101))  # 2 layers x 100 positions of 100 tokens: 20,000
     asked = {"source": long, "target": 1, "contrast": 2}
     with pytest.raises(grpc.RpcError, match=r"200 patched runs .* 20,000 tokens .* than 10,000"):

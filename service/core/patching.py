@@ -1,0 +1,57 @@
+"""A request's activation patching, planned: the kind of site patched, the source as long as
+the input, the two answer tokens, and the work bounded (service/ort/patching.py runs it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.hooks import kind_heads
+from attnserve.service.core.backend import PatchingSelection
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.interventions import returned
+from attnserve.service.core.request import PatchingOptions
+
+# The most tokens one patching grid runs (runs x input length): GPT-2 small's 12 x 20 grid is
+# 4,800; this bound keeps one request from holding a model's worker for hours.
+MAX_PATCHED_TOKENS = 2**18
+
+
+def plan_patching(
+    patching: PatchingOptions,
+    config: ModelConfig,
+    source: np.ndarray,
+    length: int,
+    index: int,
+) -> PatchingSelection:
+    """Activation patching of inputs[index] (`length` tokens) against `source` (its ids)."""
+    field = "options.patching"
+    kinds = returned(config)
+    if patching.hook not in kinds:
+        raise InvalidInputError(
+            f"{field}.hook: {patching.hook!r} is not one of {list(kinds)} (the sites' kinds: "
+            "each layer and position is patched, or with z each layer and head)"
+        )
+    if len(source) != length:
+        raise InvalidInputError(
+            f"{field}.source: {len(source)} tokens, inputs[{index}] has {length}: a patched "
+            "run takes a place of the source's run, so they must be as long"
+        )
+    places = config.n_layers * (kind_heads(config, patching.hook) or length)
+    if places * length > MAX_PATCHED_TOKENS:
+        raise InvalidInputError(
+            f"{field}: {places:,} patched runs of inputs[{index}]'s {length} tokens are "
+            f"{places * length:,} tokens to run, more than {MAX_PATCHED_TOKENS:,}; patch a "
+            "shorter input (or hook z: a run per head, not per position)"
+        )
+    tokens = []
+    for name in ("target", "contrast"):
+        token = getattr(patching, name)
+        if isinstance(token, str):  # resolved by the plan, which has the tokenizer
+            raise InvalidInputError(f"{field}.{name}: {token!r} is not a token id")
+        if not 0 <= token < config.vocab_size:
+            raise InvalidInputError(
+                f"{field}.{name}_id: {token} is outside the vocabulary [0, {config.vocab_size})"
+            )
+        tokens.append(token)
+    return PatchingSelection(patching.hook, source, *tokens)
