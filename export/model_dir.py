@@ -43,6 +43,7 @@ from attnserve.export.trace_ahead import tracer
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
     ATTRIBUTION_ONNX_FILENAME,
+    DECODE_ONNX_FILENAME,
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_INT8_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
@@ -96,6 +97,7 @@ def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tupl
         traced.append((LENS_ONNX_FILENAME, "lens"))
         if config.attribution_refusal is None:
             traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
+        traced.append((DECODE_ONNX_FILENAME, "decode"))
     return traced
 
 
@@ -168,7 +170,7 @@ def write_model_dir(
         gates: dict[str, tuple[float, float | None, frozenset[str] | None]] = dict.fromkeys(
             fp32_graphs, (tolerance, None, None)
         )
-        for name in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
+        for name in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME, DECODE_ONNX_FILENAME):
             if name in gates:  # logits are dot products over d_model: 10x the room
                 gates[name] = (LOGITS_TOLERANCE, None, None)
         # A lower precision's readouts are what it costs them: recorded (output_fidelity),

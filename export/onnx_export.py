@@ -28,11 +28,13 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_OUTPUTS,
     CHANGE_PARTS,
     CONFIG_METADATA_KEY,
+    DECODE_INPUTS,
     LENS_INPUTS,
     LOGITS_NAME,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     VERSIONS_METADATA_KEY,
+    cache_names,
     change_inputs,
     readout_sites,
     unchanged,
@@ -74,6 +76,27 @@ class _FullGraph(Encoder):
         return embeddings, attentions, *stacked(values, sites).values()
 
 
+class _DecodeGraph(Encoder):
+    """model_decode.onnx: one step of generation with a KV cache (Encoder.decode), under the
+    interventions' changes, as the readouts graph takes them."""
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        past_mask: torch.Tensor,
+        past: list[torch.Tensor],
+        changes: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        kinds = changeable(self.config)
+        tensors = {
+            kind: tuple(changes[f"{kind}_{part}"] for part in CHANGE_PARTS) for kind in kinds
+        }
+        layers = list(zip(past[::2], past[1::2], strict=True))
+        with hooked(self, site_changes(kinds, tensors)):  # type: ignore[arg-type]
+            logits, presents = self.decode(input_ids, past_mask, layers)
+        return logits, *(x for layer in presents for x in layer)
+
+
 class _EmbeddingsGraph(Encoder):
     """model_embeddings.onnx: the fused attention path, input_ids -> embeddings."""
 
@@ -108,6 +131,7 @@ _MODULES = {
     "embeddings": _EmbeddingsGraph,
     "lens": _LensGraph,
     "attribution": _AttributionGraph,
+    "decode": _DecodeGraph,
 }
 
 
@@ -123,6 +147,10 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
         "embeddings": ([config.input_name], [config.embeddings_name]),
         "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
         "attribution": (list(ATTRIBUTION_INPUTS), list(ATTRIBUTION_OUTPUTS.values())),
+        "decode": (
+            [*DECODE_INPUTS, *cache_names(config, "past_key_values"), *change_inputs(config)],
+            [LOGITS_NAME, *cache_names(config, "present")],
+        ),
     }
     module = _MODULES[kind]
     with torch.device("meta"):
@@ -153,7 +181,14 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     else:
         example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
         dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
-        if kind == "full":  # traced at the smallest shapes: their axes are freed after
+        if kind == "decode":  # the past: any length, 0 included (ONNX Runtime takes it)
+            past = torch.export.Dim("past", min=1, max=config.max_seq_len)
+            example += (torch.zeros(2, 3, dtype=torch.int64, device="meta"),)
+            cache = (2, config.kv_heads, 3, config.head_dim)
+            example += ([torch.zeros(cache, device="meta") for _ in range(2 * config.n_layers)],)
+            dynamic_shapes["past_mask"] = {0: batch, 1: past}
+            dynamic_shapes["past"] = [{0: batch, 2: past}] * (2 * config.n_layers)
+        if kind in ("full", "decode"):  # traced at the smallest shapes: axes freed after
             changes = {
                 name: torch.zeros(x.shape, device="meta") for name, x in unchanged(config).items()
             }
@@ -184,7 +219,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             verbose=False,
         )
     assert program is not None  # torch returns None only for the legacy exporter
-    if kind == "full":
+    if kind in ("full", "decode"):
         _free_change_axes(program.model, config)
     return program.model
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+import torch.nn.functional as F
 
 from attnserve.export import DEFAULT_TOLERANCE
 from attnserve.model.artifacts import (
@@ -25,6 +26,7 @@ from attnserve.model.artifacts import (
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
+    cache_names,
     readout_sites,
     unchanged,
 )
@@ -134,6 +136,8 @@ def reference_outputs(
         references.append(_lens_reference(model, references))
     if config.attribution_refusal is None:
         references.append(_attribution_reference(model, references))
+    if config.unembedding != "none":
+        references.append(_decode_reference(model, references))
     return references
 
 
@@ -169,6 +173,43 @@ def _attribution_reference(model: Encoder, references: list[Reference]) -> Refer
         parts = model.attribution(*(torch.from_numpy(x) for x in inputs))
     outputs = dict(zip(ATTRIBUTION_OUTPUTS.values(), (p.numpy() for p in parts), strict=True))
     return Reference(case.shape, dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True)), outputs)
+
+
+def _decode_reference(model: Encoder, references: list[Reference]) -> Reference:
+    """One decode step of two texts after a prompt each, the second one token shorter (its
+    cache padded in front): the step's logits and the keys and values it returns."""
+    config = model.config
+    case = next((r for r in references if r.shape[1] > 2), references[-1])
+    ids = torch.from_numpy(case.inputs[config.input_name][:1])  # (1, T)
+    T = ids.size(1)
+    empty = (torch.zeros(1, config.kv_heads, 0, config.head_dim),) * 2
+    no_past = torch.zeros(1, 0, dtype=torch.int64)
+    caches, masks = [], []
+    with torch.inference_mode():
+        for length in (T - 1, T - 2):
+            _, presents = model.decode(ids[:, :length], no_past, [empty] * config.n_layers)
+            pad = T - 1 - length
+            caches.append([F.pad(x, (0, 0, pad, 0)) for layer in presents for x in layer])
+            masks.append([0] * pad + [1] * length)
+        past = [torch.cat(pair) for pair in zip(*caches, strict=True)]
+        step = torch.cat((ids[:, T - 1 :], ids[:, T - 2 : T - 1]))  # (2, 1)
+        past_mask = torch.tensor(masks)
+        logits, presents = model.decode(
+            step, past_mask, list(zip(past[::2], past[1::2], strict=True))
+        )
+    inputs = {config.input_name: step.numpy(), "past_mask": past_mask.numpy()}
+    inputs |= dict(
+        zip(cache_names(config, "past_key_values"), (x.numpy() for x in past), strict=True)
+    )
+    outputs = {LOGITS_NAME: logits.numpy()}
+    outputs |= dict(
+        zip(
+            cache_names(config, "present"),
+            (x.numpy() for layer in presents for x in layer),
+            strict=True,
+        )
+    )
+    return Reference((2, T), inputs | unchanged(config), outputs)
 
 
 def compare(

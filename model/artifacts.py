@@ -160,10 +160,34 @@ TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for t
 REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, versions)
 CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
 VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter versions JSON
+# Generation: one step with a KV cache (Encoder.decode), under the interventions' changes
+# (change_inputs: the same inputs as the readouts graph's). input_ids int64 [batch, seq]
+# (the new tokens), past_mask int64 [batch, past] (1: a key of the text, 0: padding) and
+# each layer's past keys and values, float32 [batch, kv_heads, past, head_dim] (past >= 1:
+# a prompt's past is one padding key; ONNX Runtime reduces no empty axis) in; the logits after each text's last token, float32 [batch, vocab], and
+# each layer's keys and values of past + seq positions out. Written where the model has
+# an unembedding.
+DECODE_ONNX_FILENAME = "model_decode.onnx"
+DECODE_INPUTS = ("input_ids", "past_mask")
 
 
-# The readouts graphs (their float32 files): each precision has its own, made from these.
-READOUT_GRAPHS = (READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME)
+def cache_names(config: ModelConfig, prefix: str) -> list[str]:
+    """The decode graph's past (prefix "past_key_values") or present ("present") keys and
+    values, layer by layer: `{prefix}.{layer}.key`, `{prefix}.{layer}.value` (the names
+    transformers' and onnxruntime-genai's exports use)."""
+    return [
+        f"{prefix}.{layer}.{part}" for layer in range(config.n_layers) for part in ("key", "value")
+    ]
+
+
+# The graphs beside the served ones (their float32 files), opened when first asked for:
+# each precision has its own, made from these.
+READOUT_GRAPHS = (
+    READOUTS_ONNX_FILENAME,
+    LENS_ONNX_FILENAME,
+    ATTRIBUTION_ONNX_FILENAME,
+    DECODE_ONNX_FILENAME,
+)
 
 
 def readout_filename(filename: str, precision: str) -> str:

@@ -29,10 +29,13 @@ def attention_weights(
     window: int | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d_k)) over the last two axes: q (..., T, d_k), k (..., S, d_k)
     -> weights (..., T, S).
 
+    mask (..., T, S) bool, True where a query may see a key, replaces the causal mask
+    (decoding: each row's past keys, some of them padding, then the new ones).
     scale replaces 1 / sqrt(d_k) (Gemma 2's query_pre_attn_scalar, Granite's multiplier);
     softcap bounds the scores smoothly to (-cap, cap) before the mask: cap * tanh(s / cap).
     Each row sums to 1, and with causal=True entries with j > i (and, given a window,
@@ -44,7 +47,9 @@ def attention_weights(
     scores = (q * scale) @ k.transpose(-2, -1)  # (..., T, S)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    if causal:
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif causal:
         mask = causal_mask(scores.size(-2), scores.size(-1), window, device=scores.device)
         scores = scores.masked_fill(~mask, float("-inf"))
     # Every row keeps its diagonal, so no row is all -inf and softmax never gives NaN.

@@ -15,6 +15,7 @@ from attnserve.model.hook_points import HookPoint, captured
 from attnserve.model.hooks import EMBED, FINAL_NORMALIZED, POS_EMBED, RESID_POST, RESID_PRE
 from attnserve.model.layers import (
     Block,
+    KVCache,
     RMSNorm,
     Rotary,
     frozen_norm,
@@ -69,33 +70,90 @@ class Encoder(nn.Module):
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
         config = self.config
-        x = self.tok_emb(input_ids)  # (B, T, D)
-        if config.embedding_scale != 1.0:  # Gemma: sqrt(d_model); Granite's multiplier
-            x = x * config.embedding_scale
-        if config.d_embed is not None:
-            x = self.embed_in(x)  # (B, T, d_embed) -> (B, T, D)
-        x = self.hook_embed(x)
+        x = self.embed(input_ids, torch.arange(T, device=input_ids.device))  # (B, T, D)
         rotary = sliding_rotary = None
-        if config.positions == "learned":
-            positions = self.pos_emb(torch.arange(T, device=input_ids.device))  # (T, D)
-            if self.hook_pos_embed.active:  # TransformerLens' shape, only for whoever asks
-                positions = self.hook_pos_embed(positions.expand_as(x))  # (B, T, D)
-            x = x + positions
-        else:
+        if config.positions == "rotary":
             rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
             if config.sliding_rope_theta is not None:  # Gemma 3: the local layers' own
                 sliding_rotary = self.sliding_rotary(T)
         attentions = []
         for layer, block in enumerate(self.blocks):
-            positions = rotary
-            if sliding_rotary is not None and config.window(layer) is not None:
-                positions = sliding_rotary
+            positions = self._layer_rotary(layer, rotary, sliding_rotary)
             x, weights = block(x, need_weights, positions)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
         embeddings = self.finish(x)
         if not need_weights:
             return embeddings, None
         return embeddings, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) at positions (T) or (B, T) -> what the first block reads (B, T, D):
+        the token embeddings, scaled, projected (OPT-350m), plus the learned positions'."""
+        config = self.config
+        x = self.tok_emb(input_ids)  # (B, T, D)
+        if config.embedding_scale != 1.0:  # Gemma: sqrt(d_model); Granite's multiplier
+            x = x * config.embedding_scale
+        if config.d_embed is not None:
+            x = self.embed_in(x)  # (B, T, d_embed) -> (B, T, D)
+        x = self.hook_embed(x)
+        if config.positions == "learned":
+            table = self.pos_emb(positions)  # (T, D) or (B, T, D)
+            if self.hook_pos_embed.active:  # TransformerLens' shape, only for whoever asks
+                table = self.hook_pos_embed(table.expand_as(x))  # (B, T, D)
+            x = x + table
+        return x
+
+    def _layer_rotary(
+        self,
+        layer: int,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        sliding_rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary tables layer `layer` reads: the sliding layers' own where they have them."""
+        if sliding_rotary is not None and self.config.window(layer) is not None:
+            return sliding_rotary
+        return rotary
+
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        past_mask: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One step of generation with a KV cache: the next-token logits after T new tokens
+        of each text, given every layer's keys and values of the P positions before them.
+
+        input_ids (B, T); past_mask (B, P) int64, 1 where a past key is one of the text's
+        (0: padding, where a batch's texts have different lengths; anywhere, the real keys
+        in order); past: each layer's (key, value), (B, H_kv, P, d_k) each (P may be 0: a
+        prompt). -> logits (B, V) after each text's last token, and each layer's keys and
+        values of all P + T positions. The hook points run as in forward, so a change
+        made there applies to every position a step computes.
+        """
+        config = self.config
+        T = input_ids.size(1)
+        # Each text's positions count its own tokens, wherever its padding is.
+        before = past_mask.cumsum(-1) - 1  # (B, P): each past key's position
+        start = past_mask.sum(-1, keepdim=True)  # (B, 1): how many tokens came before
+        new = start + torch.arange(T, device=input_ids.device)  # (B, T)
+        keys = torch.cat((before, new), dim=1)  # (B, S) for S = P + T
+        real = torch.cat((past_mask > 0, torch.ones_like(new, dtype=torch.bool)), dim=1)
+        seen = real[:, None, :] & (keys[:, None, :] <= new[:, :, None])  # (B, T, S)
+        x = self.embed(input_ids, new)  # (B, T, D)
+        rotary = sliding_rotary = None
+        if config.positions == "rotary":
+            rotary = self.rotary.at(new)  # 2 x (B, 1, T, dims)
+            if config.sliding_rope_theta is not None:
+                sliding_rotary = self.sliding_rotary.at(new)
+        presents = []
+        for layer, block in enumerate(self.blocks):
+            mask, window = seen, config.window(layer)
+            if window is not None:  # a sliding layer sees the window's last keys only
+                mask = mask & (new[:, :, None] - keys[:, None, :] < window)
+            cache = KVCache(*past[layer], mask[:, None])  # (B, 1, T, S)
+            x, _ = block(x, False, self._layer_rotary(layer, rotary, sliding_rotary), cache)
+            presents.append((cache.key, cache.value))
+        return self.unembed(self.finish(x[:, -1])), presents  # (B, V)
 
     def residual_stream(
         self, input_ids: torch.Tensor, need_weights: bool = True

@@ -129,6 +129,11 @@ class Rotary(nn.Module):
     def forward(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[:t], self.sin[:t]  # 2 x (T, dims)
 
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables at each row's own positions (B, T): 2 x (B, 1, T, dims), broadcast
+        over the heads (decoding: every text of a batch is at a length of its own)."""
+        return self.cos[positions][:, None], self.sin[positions][:, None]
+
 
 def apply_rotary(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
@@ -142,6 +147,21 @@ def apply_rotary(
         a, b = x_rot.chunk(2, dim=-1)
         turned = torch.cat((-b, a), dim=-1)
     return torch.cat((x_rot * cos + turned * sin, x_pass), dim=-1)
+
+
+class KVCache:
+    """One layer's keys and values of the positions decoded before, and which of them each
+    new query may see: the decode graph's state (Encoder.decode). `extend` appends the new
+    positions' keys and values (after the rotation, as transformers' cache holds them)."""
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+        self.key, self.value = key, value  # (B, H_kv, P, d_k) each
+        self.mask = mask  # (B, 1, T, P + T) bool: True where query t may see key s
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.key = torch.cat((self.key, k), dim=2)  # (B, H_kv, P + T, d_k)
+        self.value = torch.cat((self.value, v), dim=2)
+        return self.key, self.value
 
 
 class MultiHeadAttention(nn.Module):
@@ -195,10 +215,12 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, D) -> the output projection's (B, T, D), and the weights (B, H, T, T)
         where need_weights (else the fused kernel, which never materialises them).
-        positions: rotary (cos, sin) of each position, or None (learned positions)."""
+        positions: rotary (cos, sin) of each position, or None (learned positions).
+        cache: the keys and values before x's positions (decoding), extended by x's."""
         B, T, _ = x.shape
         H, H_kv, d_k = self.n_heads, self.n_kv_heads, self.d_k
         q, k, v = self.qkv(x).split(self.widths, dim=2)  # (B, T, H*d_k), 2 x (B, T, H_kv*d_k)
@@ -212,13 +234,19 @@ class MultiHeadAttention(nn.Module):
         if positions is not None:  # rotary: (cos, sin) of each position, through q and k only
             q = apply_rotary(q, *positions, self.interleaved)
             k = apply_rotary(k, *positions, self.interleaved)
-        if need_weights or self.softcap is not None:  # the fused kernel has no soft-cap
+        mask = None
+        if cache is not None:  # the keys of every position so far: (B, H_kv, S, d_k)
+            k, v = cache.extend(k, v)
+            mask = cache.mask
+        if (
+            need_weights or self.softcap is not None or cache is not None
+        ):  # the fused kernel has no soft-cap
             if H_kv != H:  # each K/V head repeated for the query heads that read it
                 k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
                 v = v.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, d_k)
             probabilities = self.hook_pattern(
-                attention_weights(q, k, self.causal, self.window, self.scale, self.softcap)
-            )  # (B, H, T, T)
+                attention_weights(q, k, self.causal, self.window, self.scale, self.softcap, mask)
+            )  # (B, H, T, S)
             y = probabilities @ v  # (B, H, T, d_k)
             weights = probabilities if need_weights else None
         else:
@@ -300,12 +328,14 @@ class Block(nn.Module):
         x: torch.Tensor,
         need_weights: bool = True,
         positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, D) -> (B, T, D), and the attention weights (B, H, T, T) where asked."""
+        """x (B, T, D) -> (B, T, D), and the attention weights (B, H, T, T) where asked;
+        `cache`: this layer's keys and values before x (decoding)."""
         x = self.hook_resid_pre(x)
 
         def attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return self.attn(h, need_weights, positions)
+            return self.attn(h, need_weights, positions, cache)
 
         if self.residual != "sequential":
             h = self.ln1(x)

@@ -7,7 +7,7 @@ the batcher's tests implement it with a few lines of numpy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -227,6 +227,34 @@ class WeightsInfo:
     fidelity_scope: str = ""  # "the whole model", or the first layers it was measured on
 
 
+class DecodeBatch(Protocol):
+    """The texts a model is generating, as one batch whose rows join and leave (one thread
+    uses it: the generator's worker)."""
+
+    @property
+    def rows(self) -> int:
+        """How many texts the batch holds; row i is the i-th added of those still in it."""
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the rows' keys and values hold now."""
+
+    def add(
+        self,
+        prompt: np.ndarray,
+        prompt_changes: Mapping[str, SiteChange],
+        step_changes: Mapping[str, SiteChange],
+    ) -> np.ndarray:
+        """Run a prompt, int64 (T,), under its changes, and add it as the last row (its
+        later positions changed by `step_changes`) -> its next-token logits float32 (V,)."""
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        """Each row's next token -> each row's next-token logits float32 (rows, V)."""
+
+    def remove(self, row: int) -> None:
+        """Take a row out (its text ended or its client went away)."""
+
+
 class Backend(Protocol):
     """Runs batches of right-padded token ids. Inputs are already validated (the data
     plane's plan checks every id and length once, per request), so a backend never refuses
@@ -277,6 +305,10 @@ class Backend(Protocol):
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""
+
+    def decode_batch(self) -> DecodeBatch:
+        """An empty batch to generate texts in (UnsupportedError where the directory has no
+        decode graph: written before generation, or a model without an unembedding)."""
 
     def release_memory(self) -> None:
         """Give memory freed since the last batch back to the OS (called when idle)."""

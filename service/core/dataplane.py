@@ -23,10 +23,13 @@ from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batcher import Batcher, SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
-from attnserve.service.core.errors import DeadlineExceededError, NotReadyError
+from attnserve.service.core.errors import DeadlineExceededError, NotReadyError, UnsupportedError
+from attnserve.service.core.generation import Generator, Token, generation_bytes, interleaved
+from attnserve.service.core.generation_plan import GenerateOptions, plan_generation
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.metrics import ModelMetrics
 from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
+from attnserve.service.core.readouts import DECODE
 from attnserve.service.core.request import EncodeOptions, Input
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,7 @@ class DataPlane:
         self._in_flight = 0  # requests between admission and answer
         self._idle = asyncio.Event()
         self._idle.set()
+        self.generator: Generator | None = None  # made at the first generation
         # Gauges read the state when scraped: nothing to update per request.
         metrics.in_flight.set_function(lambda: self._in_flight)
 
@@ -97,6 +101,8 @@ class DataPlane:
         """Finish what was admitted, then stop the batcher and its workers."""
         self._cancel_release()
         await self.batcher.stop()
+        if self.generator is not None:
+            await self.generator.stop()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight (draining); False if `timeout` ran out first."""
@@ -150,6 +156,60 @@ class DataPlane:
                         f"the deadline ({timeout:g} s) passed before the answer was ready"
                     ) from None
                 yield plan, results
+            finally:
+                self._give_back(reserved)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def generating(
+        self, choices: Sequence[tuple[Input, GenerateOptions]], timeout: float | None = None
+    ) -> AsyncIterator[tuple[list[int], AsyncIterator[tuple[int, Token]]]]:
+        """Refuse or admit, plan and start the generation of some texts (each an input and
+        its options: OpenAI's choices); yields each prompt's length in tokens, and their
+        tokens as (choice, token) as they are made, the choices' interleaved. `timeout`
+        bounds the wait for room in the memory budget (their KV caches), not the
+        generation: a client stops it by going away."""
+        if self.refusal:
+            raise NotReadyError(self.refusal)
+        backend = self.backend
+        if DECODE not in backend.readouts:
+            raise UnsupportedError(
+                f"{backend.config.name} has no decode graph to generate with in "
+                f"{backend.precision}: it comes with the graphs of a directory exported by "
+                "this version from a model with an unembedding (re-export it)"
+            )
+        plans = [
+            plan_generation(
+                item,
+                options,
+                backend.config,
+                self.tokenizer,
+                backend.saes,
+                lambda sae, feature: backend.feature_direction(sae, feature),
+            )
+            for item, options in choices
+        ]
+        reserved = sum(generation_bytes(plan, backend.config) for plan in plans)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            self._cancel_release()
+            await self.budget.acquire(reserved, timeout)
+            try:
+                if self.generator is None:
+                    self.generator = Generator(
+                        backend, self.tokenizer, on_token=self.metrics.generated_tokens.inc
+                    )
+                generator = self.generator
+                async with contextlib.AsyncExitStack() as stack:
+                    streams = [
+                        await stack.enter_async_context(contextlib.aclosing(generator.generate(p)))
+                        for p in plans
+                    ]
+                    yield [len(plan.prompt) for plan in plans], interleaved(streams)
             finally:
                 self._give_back(reserved)
         finally:

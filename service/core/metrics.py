@@ -62,6 +62,9 @@ class Metrics:
         self.sequences = Counter(
             "attnserve_sequences", "Sequences run by ONNX Runtime", MODEL, registry=r
         )
+        self.generated_tokens = Counter(
+            "attnserve_generated_tokens", "Tokens generated", MODEL, registry=r
+        )
         self.expired = Counter(
             "attnserve_expired_in_queue",
             "Sequences dropped unrun: deadline passed in the queue",
@@ -99,6 +102,7 @@ class Metrics:
             self.batch_tokens,
             self.tokens,
             self.sequences,
+            self.generated_tokens,
             self.expired,
             self.in_flight,
             self.queue_depth,
@@ -122,6 +126,7 @@ class ModelMetrics:
         self.batch_tokens = metrics.batch_tokens.labels(name, version)
         self.tokens = metrics.tokens.labels(name, version)
         self.sequences = metrics.sequences.labels(name, version)
+        self.generated_tokens = metrics.generated_tokens.labels(name, version)
         self.expired = metrics.expired.labels(name, version)
         self.in_flight = metrics.in_flight.labels(name, version)
         self.queue_depth = metrics.queue_depth.labels(name, version)

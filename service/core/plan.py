@@ -71,14 +71,14 @@ def plan_request(
         raise InvalidInputError("inputs: at least one input is required")
     sequences, truncated = [], []
     for index, item in enumerate(inputs):
-        array, cut = _tokenized(f"inputs[{index}]", item, options, config, tokenizer)
+        array, cut = tokenized(f"inputs[{index}]", item, options, config, tokenizer)
         sequences.append(array)
         truncated.append(cut)
     source = None
     if options.patching is not None:
         patching = options.patching
         field = "options.patching.source"
-        source = _tokenized(field, patching.source, options, config, tokenizer)[0]
+        source = tokenized(field, patching.source, options, config, tokenizer)[0]
         target, contrast = (
             _token_id(f"options.patching.{name}", token, tokenizer)
             for name, token in (("target", patching.target), ("contrast", patching.contrast))
@@ -113,7 +113,7 @@ def _token_id(field: str, token: int | str, tokenizer: Tokenizer) -> int:
     return ids[0]
 
 
-def _tokenized(
+def tokenized(
     field: str, item: Input, options: EncodeOptions, config: ModelConfig, tokenizer: Tokenizer
 ) -> tuple[np.ndarray, bool]:
     """One input's ids, checked, and whether they were cut to max_seq_len."""

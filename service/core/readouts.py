@@ -51,6 +51,7 @@ STREAM = "stream"  # the readouts graph: hidden states and head masks
 CHANGES = "changes"  # ... taking changes of every site (exported with interventions)
 LENS = "lens"  # the lens graph: predictions and the logit lens
 ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
+DECODE = "decode"  # the decode graph: generation
 # the graph each option is read from
 _GRAPH_OF = {
     "hidden_states": STREAM,

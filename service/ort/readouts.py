@@ -29,6 +29,7 @@ from attnserve.model.artifacts import (
     ATTRIBUTION_INPUTS,
     ATTRIBUTION_ONNX_FILENAME,
     ATTRIBUTION_OUTPUTS,
+    DECODE_ONNX_FILENAME,
     HEAD_MASK_NAME,
     HEAD_MEANS_NAME,
     LENS_INPUTS,
@@ -58,6 +59,7 @@ from attnserve.service.core.errors import InferenceError, UnsupportedError
 from attnserve.service.core.readouts import (
     ATTRIBUTION,
     CHANGES,
+    DECODE,
     LENS,
     STREAM,
     attribution_chunk_rows,
@@ -109,6 +111,7 @@ _GRAPHS = {
     STREAM: (READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME),
     LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
     ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS["heads"]),
+    DECODE: (DECODE_ONNX_FILENAME, "present.0.key"),
 }
 
 
@@ -210,7 +213,7 @@ class ReadoutGraphs:
         (readout_sites) the `sites` named (what is not asked for is not copied out of ONNX
         Runtime)."""
         c = self.config
-        session = self._session(STREAM)
+        session = self.session(STREAM)
         sites = [name for name in sites if name != RESIDUAL_STREAM_NAME]
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
@@ -284,7 +287,7 @@ class ReadoutGraphs:
     ) -> list[np.ndarray]:
         """Run the graph of `kind` over the `rows` inputs (as many rows each) `step` rows
         at a time, the `shared` inputs (the lens' k) in every chunk, and join the outputs."""
-        session = self._session(kind)
+        session = self.session(kind)
         count = len(next(iter(rows.values())))
         runs = []
         for start in range(0, max(count, 1), step):
@@ -375,7 +378,7 @@ class ReadoutGraphs:
             logits=None if out.logits is None else out.logits.reshape(*grid, -1),
         )
 
-    def _session(self, kind: str) -> ort.InferenceSession:
+    def session(self, kind: str) -> ort.InferenceSession:
         """The session of one readouts graph, opened on first use; UnsupportedError where
         the directory has none (written before readouts, or a model without a head)."""
         source, output = _GRAPHS[kind]

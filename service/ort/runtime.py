@@ -45,8 +45,9 @@ from attnserve.service.core.errors import (
     ProviderUnavailableError,
 )
 from attnserve.service.core.memory import give_back_memory
-from attnserve.service.core.readouts import CHANGES, STREAM
+from attnserve.service.core.readouts import CHANGES, DECODE, STREAM
 from attnserve.service.ort.clamping import clamped
+from attnserve.service.ort.decoding import RunningBatch
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.patching import patch
@@ -298,6 +299,9 @@ class OrtRuntime:
             head_mask = CHANGES not in self.readout_graphs.available
             feeds |= change_feeds(self.config, head_mask, [{}] * len(input_ids), 1)
         return feeds
+
+    def decode_batch(self) -> RunningBatch:
+        return RunningBatch(self.readout_graphs.session(DECODE), self.config)
 
     def release_memory(self) -> None:
         """Hand the arenas' free chunks and the C heap's free pages back to the OS: one

@@ -1,0 +1,102 @@
+"""A generation request, checked and planned once: its prompt's ids, how tokens are chosen
+and when the text ends, and its interventions as changes of the prompt's positions and of
+every position generated after (the readouts graph's changes, core/interventions.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.sae_config import SAEConfig
+from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.generation import GenerationPlan
+from attnserve.service.core.interventions import Direction, plan_changes
+from attnserve.service.core.plan import tokenized
+from attnserve.service.core.request import EncodeOptions, Input, Intervention
+from attnserve.service.core.sampling import MAX_LOGPROBS, Sampling
+
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+MAX_TEMPERATURE = 100.0
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What a client asks of one generation (OpenAI's completion parameters, vLLM's
+    `ignore_eos`, attnserve's interventions)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    # changes of the run: those with positions change the prompt's, the others every
+    # position, the prompt's and each generated one's
+    interventions: tuple[Intervention, ...] = ()
+
+
+def plan_generation(
+    item: Input,
+    options: GenerateOptions,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    saes: Mapping[str, SAEConfig] | None = None,
+    direction: Direction | None = None,
+) -> GenerationPlan:
+    """The checked plan of one text's generation; InvalidInputError names the field."""
+    prompt, _ = tokenized("prompt", item, EncodeOptions(), config, tokenizer)
+    if len(prompt) >= config.max_seq_len:
+        raise InvalidInputError(
+            f"prompt: {len(prompt)} tokens leave no room to generate in the model's context "
+            f"(max_seq_len={config.max_seq_len})"
+        )
+    if options.max_tokens < 1:
+        raise InvalidInputError(f"max_tokens: {options.max_tokens} is not >= 1")
+    if not (0.0 <= options.temperature <= MAX_TEMPERATURE):  # NaN fails too
+        raise InvalidInputError(
+            f"temperature: {options.temperature} is outside [0, {MAX_TEMPERATURE:g}]"
+        )
+    if not (0.0 < options.top_p <= 1.0):
+        raise InvalidInputError(f"top_p: {options.top_p} is outside (0, 1]")
+    if options.logprobs is not None and not 0 <= options.logprobs <= MAX_LOGPROBS:
+        raise InvalidInputError(f"logprobs: {options.logprobs} is outside [0, {MAX_LOGPROBS}]")
+    if len(options.stop) > MAX_STOP or not all(options.stop):
+        raise InvalidInputError(f"stop: at most {MAX_STOP} strings, none empty")
+    for i, token in enumerate(options.stop_token_ids):
+        if not 0 <= token < config.vocab_size:
+            raise InvalidInputError(
+                f"stop_token_ids[{i}]: {token} is outside the vocabulary [0, {config.vocab_size})"
+            )
+    stop_ids = set(options.stop_token_ids)
+    if not options.ignore_eos:
+        stop_ids.add(config.eos_id)
+    for i, entry in enumerate(options.interventions):
+        if entry.op == "clamp":
+            raise InvalidInputError(
+                f"interventions[{i}].op: clamp is not served in generation (it reads the "
+                "feature at every step); steer with op add and the feature instead"
+            )
+        if not math.isfinite(entry.scale if entry.scale is not None else 0.0):
+            raise InvalidInputError(f"interventions[{i}].scale: {entry.scale} is not finite")
+    # at each generated position: the changes of every position (one row of values)
+    everywhere = tuple(
+        i
+        for i in options.interventions
+        if not i.positions and (i.values is None or i.values.ndim == 1)
+    )
+    return GenerationPlan(
+        prompt=prompt,
+        max_tokens=options.max_tokens,
+        sampling=Sampling(options.temperature, options.top_p, options.seed, options.logprobs),
+        stop=options.stop,
+        stop_ids=frozenset(stop_ids),
+        prompt_changes=plan_changes(
+            options.interventions, (), config, len(prompt), 0, saes, direction
+        ),
+        step_changes=plan_changes(everywhere, (), config, 1, 0, saes, direction),
+    )
