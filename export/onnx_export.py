@@ -162,7 +162,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     t = min(8, config.max_seq_len)
     if kind == "lens":
         rows = torch.export.Dim("rows", min=1)
-        example: tuple[torch.Tensor, ...] = tuple(
+        example: tuple = tuple(
             torch.zeros(2, config.d_model, device="meta") for _ in LENS_INPUTS
         )
         dynamic_shapes: dict = {"residual": {0: rows}, "last": {0: rows}}
@@ -181,11 +181,11 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     else:
         example = (torch.zeros(2, t, dtype=torch.int64, device="meta"),)
         dynamic_shapes = {"input_ids": {0: batch, 1: seq}}
-        if kind == "decode":  # the past: any length, 0 included (ONNX Runtime takes it)
+        if kind == "decode":  # the past: one key (a prompt's padding) or more
             past = torch.export.Dim("past", min=1, max=config.max_seq_len)
-            example += (torch.zeros(2, 3, dtype=torch.int64, device="meta"),)
             cache = (2, config.kv_heads, 3, config.head_dim)
-            example += ([torch.zeros(cache, device="meta") for _ in range(2 * config.n_layers)],)
+            caches = [torch.zeros(cache, device="meta") for _ in range(2 * config.n_layers)]
+            example = (*example, torch.zeros(2, 3, dtype=torch.int64, device="meta"), caches)
             dynamic_shapes["past_mask"] = {0: batch, 1: past}
             dynamic_shapes["past"] = [{0: batch, 2: past}] * (2 * config.n_layers)
         if kind in ("full", "decode"):  # traced at the smallest shapes: axes freed after

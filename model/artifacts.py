@@ -161,12 +161,12 @@ REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, v
 CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
 VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter versions JSON
 # Generation: one step with a KV cache (Encoder.decode), under the interventions' changes
-# (change_inputs: the same inputs as the readouts graph's). input_ids int64 [batch, seq]
+# (change_inputs: the same inputs as the readouts graph's). In: input_ids int64 [batch, seq]
 # (the new tokens), past_mask int64 [batch, past] (1: a key of the text, 0: padding) and
-# each layer's past keys and values, float32 [batch, kv_heads, past, head_dim] (past >= 1:
-# a prompt's past is one padding key; ONNX Runtime reduces no empty axis) in; the logits after each text's last token, float32 [batch, vocab], and
-# each layer's keys and values of past + seq positions out. Written where the model has
-# an unembedding.
+# each layer's past keys and values, float32 [batch, kv_heads, past, head_dim]; past >= 1
+# (a prompt's past is one padding key: ONNX Runtime reduces no empty axis). Out: the
+# logits after each text's last token, float32 [batch, vocab], and each layer's keys and
+# values of the past + seq positions. Written where the model has an unembedding.
 DECODE_ONNX_FILENAME = "model_decode.onnx"
 DECODE_INPUTS = ("input_ids", "past_mask")
 

@@ -172,15 +172,23 @@ class Completion:
         self.finish_reason = token.finish_reason
         added: dict[str, list] = {key: [] for key in self.logprobs}
         if token.logprob is not None:
-            added["tokens"].append(self.tokenizer.decode([token.token_id]))
+            added["tokens"].append(self._token_text(token.token_id))
             added["token_logprobs"].append(token.logprob)
             added["top_logprobs"].append(
-                {self.tokenizer.decode([i]): lp for i, lp in token.top} if token.top else None
+                {self._token_text(i): lp for i, lp in token.top} if token.top else None
             )
             added["text_offset"].append(offset)
             for key, values in added.items():
                 self.logprobs[key] += values
         return self._choice(token.text, added, [token.token_id], token.finish_reason)
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's text, or where it is part of a character its bytes ("<0xF0>"): the
+        alternatives' keys stay apart."""
+        text = self.tokenizer.decode([token_id])
+        if not text or "\ufffd" in text:
+            return self.tokenizer.token_strings([token_id])[0]
+        return text
 
     def choice(self) -> dict:
         """The whole choice (the answer without `stream`)."""

@@ -128,7 +128,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
 
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
-    assert runtime.readouts == {"stream", "changes", "lens", "attribution"}
+    assert runtime.readouts == {"stream", "changes", "lens", "attribution", "decode"}
     for name in READOUT_GRAPHS:  # the lens too: it unembeds with the 8-bit token table
         proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
         assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), name
@@ -151,6 +151,11 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     with torch.inference_mode():
         want_lens = model.lens(torch.from_numpy(rows), torch.from_numpy(last.copy())).numpy()
     assert scaled_diff(lens, want_lens, bounded=False) <= INT8_TOLERANCE
+    batch = runtime.decode_batch()  # generation's first step, from the 8-bit decode graph
+    next_logits = batch.add(ids[0], {}, {})
+    with torch.inference_mode():
+        want_next = model.logits(torch.from_numpy(ids[:1]))[0, -1].numpy()
+    assert 1e-5 < scaled_diff(next_logits, want_next, bounded=False) <= INT8_TOLERANCE
     fidelity = runtime.weights_info.output_fidelity  # the export's, over its parity cases
     assert {RESIDUAL_STREAM_NAME, *PARTS_NAMES, "logits", "head_attribution"} <= set(fidelity)
     assert 1e-5 < fidelity[RESIDUAL_STREAM_NAME] <= INT8_TOLERANCE  # 8 bits', not float32's

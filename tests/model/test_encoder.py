@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
@@ -85,3 +86,38 @@ def test_same_seed_same_weights_and_global_rng_untouched():
         assert torch.equal(pa, pb), name
     c = build_encoder(config, seed=6)
     assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
+
+
+def test_decode_steps_equal_the_full_forward_for_a_padded_batch():
+    """Two texts, the second's prompt one token shorter (its cache padded in front), decoded
+    a token at a time together: each step's logits are the full forward's at that position,
+    for learned and rotary positions, grouped heads and a sliding window."""
+    for config in (
+        ModelConfig(n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32),
+        ModelConfig(
+            n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, d_ff=64, max_seq_len=32,
+            positions="rotary", norm="rmsnorm", sliding_window=3,
+        ),
+    ):  # fmt: skip
+        model = build_encoder(config)
+        texts = torch.randint(0, config.vocab_size, (2, 9))
+        empty = (torch.zeros(1, config.kv_heads, 0, config.head_dim),) * 2
+        no_past = torch.zeros(1, 0, dtype=torch.long)
+        with torch.no_grad():
+            want = model.logits(texts)  # (2, 9, V)
+            caches = []
+            for row, length in ((0, 4), (1, 3)):
+                logits, past = model.decode(texts[row : row + 1, :length], no_past, [empty] * 2)
+                assert torch.allclose(logits[0], want[row, length - 1], atol=1e-5)
+                caches.append(past)
+            past = [
+                (torch.cat((k0, F.pad(k1, (0, 0, 1, 0)))), torch.cat((v0, F.pad(v1, (0, 0, 1, 0)))))
+                for (k0, v0), (k1, v1) in zip(*caches, strict=True)
+            ]
+            mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+            for step in range(4, 9):  # text 0 at position `step`, text 1 one behind
+                ids = torch.stack([texts[0, step], texts[1, step - 1]])[:, None]
+                logits, past = model.decode(ids, mask, past)
+                mask = torch.cat((mask, torch.ones(2, 1, dtype=torch.long)), 1)
+                assert torch.allclose(logits[0], want[0, step], atol=1e-5)
+                assert torch.allclose(logits[1], want[1, step - 1], atol=1e-5)
