@@ -1,4 +1,4 @@
-"""`attnserve {health,info,encode,heatmap}`: call an attnserve server from the shell."""
+"""`attnserve {health,info,encode,generate,heatmap}`: call an attnserve server from the shell."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from attnserve.client import generate_command
 from attnserve.client.client import ClientOptions, EncoderClient
 from attnserve.client.display import output_json, print_encoding
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
@@ -130,6 +131,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
     encode.add_argument("--tokens", action="store_true", help="show each token's text")
     encode.add_argument("--json", action="store_true", help="machine-readable output")
+
+    generate_command.add_arguments(
+        command(
+            "generate", "continue a text, steered by SAE features if asked", generate_command.run
+        )
+    )
 
     heatmap = command(
         "heatmap",

@@ -33,6 +33,7 @@ from attnserve.client.codec import (
     parse_layers,
     parse_response,
 )
+from attnserve.client.generation import GeneratedToken, build_generate_request, parse_token
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -170,6 +171,23 @@ class EncoderClient:
             stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
         )
 
+    def generate(
+        self, prompt: Input, timeout: float | None = None, **options
+    ) -> Iterator[GeneratedToken]:
+        """A text's continuation token by token as the server makes them (see
+        attnserve.client.generation.build_generate_request); leaving the loop early cancels
+        the call, and the server stops generating. `timeout`: the whole call's (default: the
+        options'); no retries (part of the text may have come)."""
+        request = build_generate_request(prompt, **options)
+        call = self._stub.Generate(
+            request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+        )
+        try:
+            for message in call:
+                yield parse_token(message)
+        finally:
+            call.cancel()
+
     def model_info(self, timeout: float | None = None, model: str = "") -> dict:
         """The served model `model` (empty: the server's default), as numbers and names."""
         request = pb.GetModelInfoRequest(model=model)
@@ -264,6 +282,20 @@ class AsyncEncoderClient:
         )
         async for response in call:
             yield response
+
+    async def generate(
+        self, prompt: Input, timeout: float | None = None, **options
+    ) -> AsyncIterator[GeneratedToken]:
+        call = self._stub.Generate(
+            build_generate_request(prompt, **options),
+            timeout=timeout or self.options.timeout_s,
+            metadata=self.options.metadata(),
+        )
+        try:
+            async for message in call:
+                yield parse_token(message)
+        finally:
+            call.cancel()
 
     async def model_info(self, timeout: float | None = None, model: str = "") -> dict:
         request = pb.GetModelInfoRequest(model=model)

@@ -277,7 +277,7 @@ def build_request(
         options.features.MergeFrom(pb.FeaturesRequest(**features))
     if head_mask is not None or head_means:
         options.head_mask.extend(_head_scales(head_mask, head_means or {}))
-    options.interventions.extend(_intervention(entry) for entry in interventions)
+    options.interventions.extend(intervention_message(entry) for entry in interventions)
     if capture is not None:
         fields = dict(capture) if isinstance(capture, Mapping) else {"hooks": list(capture)}
         options.capture.MergeFrom(pb.CaptureRequest(**fields))
@@ -304,7 +304,7 @@ def _patching(fields: Mapping) -> pb.PatchingRequest:
     return message
 
 
-def _intervention(entry: Mapping) -> pb.Intervention:
+def intervention_message(entry: Mapping) -> pb.Intervention:
     """One of build_request's interventions as the message: its op a word, values an array."""
     fields = dict(entry)
     fields["op"] = _choice("op", fields["op"], INTERVENTION_OPS)

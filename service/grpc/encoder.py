@@ -13,6 +13,7 @@ from attnserve.service.core.repository import ModelRepository
 from attnserve.service.core.status import log_unexpected
 from attnserve.service.grpc.utils import handle_errors, handle_stream_errors, status_for
 from attnserve.service.v1.encode import encode, encode_layers, model_info
+from attnserve.service.v1.generate import generate
 from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -94,6 +95,17 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             async for part in encode_layers(plane, request.request, context.time_remaining()):
                 yield part
 
+    @handle_stream_errors
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """A GenerateResponse per token as it is made; a client that cancels the call takes
+        its text out of the running batch."""
+        with self.repository.observed("Generate") as find:
+            plane = find(request.model)
+            async for message in generate(plane, request, context.time_remaining()):
+                yield message
+
     @handle_errors
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -125,6 +137,11 @@ def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> N
             servicer.GetModelInfo,
             request_deserializer=pb.GetModelInfoRequest.FromString,
             response_serializer=pb.GetModelInfoResponse.SerializeToString,
+        ),
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=pb.GenerateResponse.SerializeToString,
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name

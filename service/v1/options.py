@@ -63,10 +63,10 @@ _OP = _Words(pb.InterventionOp, str)  # add, set, scale
 
 def inputs_of(request: pb.EncodeRequest) -> list[Input]:
     """attnserve.v1's inputs as the plan takes them: each text, or its ids as int64."""
-    return [_input(f"inputs[{index}]", item) for index, item in enumerate(request.inputs)]
+    return [input_of(f"inputs[{index}]", item) for index, item in enumerate(request.inputs)]
 
 
-def _input(field: str, item: pb.Input) -> Input:
+def input_of(field: str, item: pb.Input) -> Input:
     kind = item.WhichOneof("content")
     if kind == "text":
         return item.text
@@ -122,7 +122,7 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
         if options.HasField("features")
         else None,
         interventions=tuple(
-            _intervention(f"options.interventions[{i}]", entry)
+            intervention_of(f"options.interventions[{i}]", entry)
             for i, entry in enumerate(options.interventions)
         ),
         capture=CaptureOptions(
@@ -131,7 +131,7 @@ def options_of(options: pb.EncodeOptions) -> EncodeOptions:
         if options.HasField("capture")
         else None,
         patching=PatchingOptions(
-            source=_input("options.patching.source", options.patching.source),
+            source=input_of("options.patching.source", options.patching.source),
             hook=options.patching.hook,
             target=_token(options.patching, "target"),
             contrast=_token(options.patching, "contrast"),
@@ -149,7 +149,7 @@ def _token(patching: pb.PatchingRequest, name: str) -> int | str:
     return getattr(patching, kind)
 
 
-def _intervention(field: str, entry: pb.Intervention) -> Intervention:
+def intervention_of(field: str, entry: pb.Intervention) -> Intervention:
     op = _OP(f"{field}.op", entry.op)
     if op is None:
         raise InvalidInputError(f"{field}.op: name one of {_OP.names[1:]}")

@@ -55,6 +55,11 @@ class EncoderServiceStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_stream(
+                '/attnserve.v1.EncoderService/Generate',
+                request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServiceServicer:
@@ -92,6 +97,14 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Generate(self, request, context):
+        """Generate continues a text token by token, under interventions if asked, one message
+        per token as it is made (with compare, the plain text's tokens interleaved).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +127,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +243,33 @@ class EncoderService:
             '/attnserve.v1.EncoderService/GetModelInfo',
             attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__service__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnserve.v1.EncoderService/Generate',
+            attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

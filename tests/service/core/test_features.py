@@ -377,3 +377,27 @@ def test_clamping_features_keeps_each_sites_reconstruction_error(
         features_client.encode(
             ids, interventions=[{"op": "clamp", "feature": {"sae": "resid", "feature_id": 1}}]
         )
+
+
+def test_generation_steered_by_a_feature_on_the_command_line(sae_server, features_client):
+    """`attnserve generate --steer SAE/ID:STRENGTH --compare`: the feature's decoder row
+    added at its SAE's site at every position, the prompt's and each generated one's, as
+    the row itself sent as values; the plain text beside it."""
+    server, saes = sae_server
+    options = dict(max_tokens=12, temperature=0, ignore_eos=True)
+    row = saes["resid"].W_dec[7].detach().numpy()
+    as_values = [{"hook": SAES["resid"][1], "op": "add", "values": row, "scale": 20.0}]
+
+    def text(**more) -> str:
+        return "".join(t.text for t in features_client.generate(TEXT, **options, **more))
+
+    steered, plain = text(interventions=as_values), text()
+    assert steered != plain
+    result = run_cli(
+        "generate", "--target", server.address, "--text", TEXT, "--max-tokens", "12",
+        "--ignore-eos", "--steer", "resid/7:20", "--compare",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"steered:\n{steered}\n\nplain:\n{plain}\n"
+    several = run_cli("generate", "--target", server.address, "--text", TEXT, "--steer", "7:1")
+    assert several.returncode == 2 and "name the SAE as SAE/ID" in several.stderr
