@@ -1,5 +1,5 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-features, interventions, repository, ray, containers, report), from the repository's root
+features, interventions, generate, repository, ray, containers, report), from the repository's root
 with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
@@ -83,6 +83,16 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Llama-3.1-8B's shape in int8 with a 32k Llama Scope-shaped SAE instead",
     )
+    generate = commands.add_parser(
+        "generate",
+        help="generation on TinyLlama-1.1B's shape: attnserve float32 and int8, one request "
+        "and 8 at once, beside onnxruntime-genai and transformers' generate",
+    )
+    generate.add_argument(
+        "--ref", default="e2a94b1", help="the commit before generation (a plain Encode's peer)"
+    )
+    generate.add_argument("--repeats", type=int, default=3, help="runs per engine (medians)")
+    generate.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
     interventions = commands.add_parser(
         "interventions",
         help="GPT-2 small's shape: activation patching grids in one call against "
@@ -160,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             run_llama_scope(args.out, 1, progress)
         else:
             run_features(args.out, args.ref, args.repeats, progress)
+        return 0
+    if args.command == "generate":
+        from perf.generate import run_generate
+
+        run_generate(args.out, args.ref, args.repeats, args.quick, progress)
         return 0
     if args.command == "interventions":
         from perf.interventions import run_interventions
