@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
     """What to export, and the files to ship beside it: the float32 model, or (an int8
     import where float32 does not fit) a checkpoint's tensors, read when written."""
     # torch is imported here, not at module level, so `--help` stays instant.
-    from attnserve.model.artifacts import TOKENIZER_FILENAME
+    from attnserve.export.chat_template import read_chat_template
+    from attnserve.model.artifacts import CHAT_TEMPLATE_FILENAME, TOKENIZER_FILENAME
     from attnserve.model.checkpoint import load_checkpoint
     from attnserve.model.encoder import build_encoder, encoder_from_weights
     from attnserve.model.footprint import plan_import
@@ -119,6 +121,11 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
             args.from_hf, args.max_seq_len, require_tokenizer=True, before_reading=plan
         )
         extra_files = {TOKENIZER_FILENAME: checkpoint.directory / TOKENIZER_FILENAME}
+        chat = read_chat_template(checkpoint.directory)
+        if chat is not None:  # shipped beside the tokenizer
+            path = Path(tempfile.mkdtemp(prefix="attnserve-chat-")) / CHAT_TEMPLATE_FILENAME
+            path.write_text(json.dumps(chat, indent=2) + "\n")
+            extra_files[CHAT_TEMPLATE_FILENAME] = path
         if not checkpoint.widened:
             return checkpoint, extra_files
         return encoder_from_weights(checkpoint.config, dict(checkpoint.tensors)), extra_files

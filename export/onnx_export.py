@@ -162,9 +162,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
     t = min(8, config.max_seq_len)
     if kind == "lens":
         rows = torch.export.Dim("rows", min=1)
-        example: tuple = tuple(
-            torch.zeros(2, config.d_model, device="meta") for _ in LENS_INPUTS
-        )
+        example: tuple = tuple(torch.zeros(2, config.d_model, device="meta") for _ in LENS_INPUTS)
         dynamic_shapes: dict = {"residual": {0: rows}, "last": {0: rows}}
     elif kind == "attribution":
         rows = torch.export.Dim("rows", min=1)

@@ -157,6 +157,8 @@ WEIGHTS_FILENAMES = {
     "int8": "weights_int8.data",
 }
 TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for tokenizer="hf"
+# An imported checkpoint's chat template: {"template": Jinja, "bos_token", "eos_token"}
+CHAT_TEMPLATE_FILENAME = "chat_template.json"
 REPORT_FILENAME = "export_report.json"  # what export measured (parity, sizes, versions)
 CONFIG_METADATA_KEY = "attnserve.config"  # ONNX metadata_props: the ModelConfig JSON
 VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter versions JSON
@@ -280,6 +282,10 @@ class ModelDirectory:
     @property
     def tokenizer_file(self) -> Path:
         return self.path / TOKENIZER_FILENAME
+
+    @property
+    def chat_template_file(self) -> Path:
+        return self.path / CHAT_TEMPLATE_FILENAME
 
     def __repr__(self) -> str:
         return f"ModelDirectory({str(self.path)!r})"

@@ -17,6 +17,7 @@ from attnserve.model.tokenizer import get_tokenizer
 from attnserve.service.core.backend import Backend
 from attnserve.service.core.batcher import Batcher
 from attnserve.service.core.budget import ByteBudget
+from attnserve.service.core.chat import load_chat_template
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import ModelLoadError
 from attnserve.service.core.metrics import Metrics
@@ -101,6 +102,7 @@ def build_model(
         settings.release_memory,
         settings.release_after_idle_s,
         weights,
+        load_chat_template(directory),
     )
 
 

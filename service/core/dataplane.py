@@ -23,6 +23,7 @@ from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batcher import Batcher, SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
+from attnserve.service.core.chat import ChatTemplate
 from attnserve.service.core.errors import DeadlineExceededError, NotReadyError, UnsupportedError
 from attnserve.service.core.generation import Generator, Token, generation_bytes, interleaved
 from attnserve.service.core.generation_plan import GenerateOptions, plan_generation
@@ -58,6 +59,7 @@ class DataPlane:
         release_memory: bool = True,
         release_after_idle_s: float = 10.0,
         weights: WeightsInfo | None = None,
+        chat: ChatTemplate | None = None,
     ) -> None:
         self.name = name  # as the APIs name it: the repository's folder, or the config's name
         self.version = version  # the repository's version folder; "1" for --model
@@ -70,6 +72,7 @@ class DataPlane:
         self.release_memory = release_memory
         self.release_after_idle_s = release_after_idle_s
         self.weights = weights or WeightsInfo()  # what GetModelInfo reports of them
+        self.chat = chat  # the checkpoint's chat template, where it had one
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
         self._releasing: asyncio.Task | None = None
@@ -102,7 +105,7 @@ class DataPlane:
         self._cancel_release()
         await self.batcher.stop()
         if self.generator is not None:
-            await self.generator.stop()
+            await self.generator.stop(SHUTTING_DOWN)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight (draining); False if `timeout` ran out first."""

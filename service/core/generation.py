@@ -22,6 +22,7 @@ import numpy as np
 from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, DecodeBatch, SiteChange
+from attnserve.service.core.errors import NotReadyError
 from attnserve.service.core.interventions import changes_bytes
 from attnserve.service.core.sampling import Choice, Sampling, choose
 
@@ -194,10 +195,13 @@ class Generator:
             text.ended = True
             self._wake.set()
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str) -> None:
+        """Stop the loop; the texts still being made end with NotReadyError(reason)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for text in (*self._running, *self._waiting):
+            text.queue.put_nowait(NotReadyError(reason))
         self._executor.shutdown(wait=True)
 
     async def _loop(self) -> None:

@@ -5,14 +5,15 @@ and the tokens made into choices and stream chunks."""
 
 from __future__ import annotations
 
-import secrets
+from dataclasses import replace
 from typing import Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from attnserve.model.tokenizer import Tokenizer
-from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.chat import ChatTemplate
+from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.fields import INT64
 from attnserve.service.core.generation import Token
 from attnserve.service.core.generation_plan import GenerateOptions
@@ -43,28 +44,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
-    """OpenAI's completion request (its parameters this server honours; `n`, `echo`, `best_of`,
-    the penalties and `logit_bias` only at their defaults)."""
+class SamplingBody(BaseModel):
+    """What OpenAI's completions and chat completions share (the parameters this server
+    honours; `n`, the penalties and `logit_bias` only at their defaults)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
     model: str | None = Field(None, description="the served model's name (GET /v1/models)")
-    max_tokens: int = 16
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = None
-    echo: bool = False
     stop: str | list[str] | None = None
     seed: int | None = None
-    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    suffix: str | None = None
     # vLLM's
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
@@ -75,45 +71,113 @@ class CompletionRequest(BaseModel):
         False, description="each prompt's completion with and without the interventions"
     )
 
+    def unsupported(self) -> dict[str, bool]:
+        """Each parameter served only at its default, and whether it was changed."""
+        return {
+            "n": self.n != 1,
+            "presence_penalty": self.presence_penalty != 0.0,
+            "frequency_penalty": self.frequency_penalty != 0.0,
+            "logit_bias": bool(self.logit_bias),
+        }
 
-def completion_choices(body: CompletionRequest) -> list[tuple[Input, GenerateOptions]]:
-    """Each choice's prompt and options: a choice per prompt, two with `compare` (the
-    interventions' and the plain one, in that order)."""
-    unsupported = {
-        "n": body.n != 1,
-        "echo": body.echo,
-        "best_of": body.best_of not in (None, 1),
-        "presence_penalty": body.presence_penalty != 0.0,
-        "frequency_penalty": body.frequency_penalty != 0.0,
-        "logit_bias": bool(body.logit_bias),
-        "suffix": body.suffix is not None,
-    }
-    for name, given in unsupported.items():
+
+class CompletionRequest(SamplingBody):
+    """OpenAI's completion request (`echo`, `best_of` and `suffix` at their defaults only)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        return super().unsupported() | {
+            "echo": self.echo,
+            "best_of": self.best_of not in (None, 1),
+            "suffix": self.suffix is not None,
+        }
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[dict] = ""  # a text, or parts of which the "text" ones are read
+
+
+class ChatRequest(SamplingBody):
+    """OpenAI's chat completion request: the conversation rendered by the model's chat
+    template."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+def generate_options(body: SamplingBody, logprobs: int | None) -> GenerateOptions:
+    """The data plane's options of a request's parameters (checked there, by name)."""
+    for name, given in body.unsupported().items():
         if given:
             raise InvalidInputError(f"{name}: only its default is served")
     if body.compare and not body.interventions:
         raise InvalidInputError("compare: name interventions to compare the completion with")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    options = GenerateOptions(
-        max_tokens=body.max_tokens,
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+        max_tokens = body.max_completion_tokens
+    return GenerateOptions(
+        max_tokens=GenerateOptions.max_tokens if max_tokens is None else max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
         stop=stop,
         stop_token_ids=tuple(body.stop_token_ids),
         ignore_eos=body.ignore_eos,
-        logprobs=body.logprobs,
+        logprobs=logprobs,
         interventions=tuple(
             _intervention(f"interventions[{i}]", e) for i, e in enumerate(body.interventions)
         ),
     )
-    plain = GenerateOptions(**{**options.__dict__, "interventions": ()})
-    choices: list[tuple[Input, GenerateOptions]] = []
-    for prompt in _prompts(body.prompt):
-        choices.append((prompt, options))
+
+
+def choices(
+    body: SamplingBody, prompts: list[Input], logprobs: int | None
+) -> list[tuple[Input, GenerateOptions]]:
+    """Each choice's prompt and options: a choice per prompt, two with `compare` (the
+    interventions' and the plain one, in that order)."""
+    options = generate_options(body, logprobs)
+    plain = replace(options, interventions=())
+    chosen: list[tuple[Input, GenerateOptions]] = []
+    for prompt in prompts:
+        chosen.append((prompt, options))
         if body.compare:
-            choices.append((prompt, plain))
-    return choices
+            chosen.append((prompt, plain))
+    return chosen
+
+
+def completion_choices(body: CompletionRequest) -> list[tuple[Input, GenerateOptions]]:
+    return choices(body, _prompts(body.prompt), body.logprobs)
+
+
+def chat_choices(
+    body: ChatRequest, chat: ChatTemplate | None, tokenizer: Tokenizer, model: str
+) -> list[tuple[Input, GenerateOptions]]:
+    """The conversation as its model's prompt (ids: the template writes the special tokens)."""
+    if chat is None:
+        raise UnsupportedError(
+            f"{model} has no chat template (its checkpoint had none); use /v1/completions"
+        )
+    if not body.messages:
+        raise InvalidInputError("messages: at least one message is required")
+    messages = [{"role": m.role, "content": _text(m.content)} for m in body.messages]
+    ids = np.asarray(tokenizer.token_ids(chat.render(messages)), dtype=np.int64)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return choices(body, [ids], top)
+
+
+def _text(content: str | list[dict]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
 def _prompts(given: str | list[str] | list[int] | list[list[int]]) -> list[Input]:
@@ -147,42 +211,52 @@ def _intervention(field: str, entry: InterventionBody) -> Intervention:
 
 
 class Completion:
-    """One choice's answer as its tokens come: the text, the finish reason, the ids and the
-    log-probabilities in OpenAI's `logprobs` shape."""
+    """One choice's answer as its tokens come (OpenAI's text completion): the text, the
+    finish reason, the ids and the log-probabilities."""
 
-    def __init__(self, index: int, tokenizer: Tokenizer, body: CompletionRequest) -> None:
+    def __init__(self, index: int, tokenizer: Tokenizer, logprobs: bool, token_ids: bool):
         self.index = index
         self.tokenizer = tokenizer
-        self.body = body
+        self.logprobs, self.token_ids = logprobs, token_ids
         self.text = ""
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.logprobs: dict[str, list] = {
-            "tokens": [],
-            "token_logprobs": [],
-            "top_logprobs": [],
-            "text_offset": [],
-        }
+        self.tokens: list[Token] = []
 
     def add(self, token: Token) -> dict:
         """Take one token; -> its stream chunk's choice (what it adds)."""
-        offset = len(self.text)
         self.text += token.text
-        self.token_ids.append(token.token_id)
-        self.finish_reason = token.finish_reason
-        added: dict[str, list] = {key: [] for key in self.logprobs}
-        if token.logprob is not None:
-            added["tokens"].append(self._token_text(token.token_id))
-            added["token_logprobs"].append(token.logprob)
-            added["top_logprobs"].append(
-                {self._token_text(i): lp for i, lp in token.top} if token.top else None
-            )
-            added["text_offset"].append(offset)
-            for key, values in added.items():
-                self.logprobs[key] += values
-        return self._choice(token.text, added, [token.token_id], token.finish_reason)
+        self.tokens.append(token)
+        return self._choice(token.text, [token], len(self.text) - len(token.text), False)
 
-    def _token_text(self, token_id: int) -> str:
+    def choice(self) -> dict:
+        """The whole choice (the answer without `stream`)."""
+        return self._choice(self.text, self.tokens, 0, True)
+
+    def _choice(self, text: str, tokens: list[Token], offset: int, whole: bool) -> dict:
+        choice: dict = {
+            "index": self.index,
+            "text": text,
+            "logprobs": self._logprobs(tokens, offset) if self.logprobs else None,
+            "finish_reason": tokens[-1].finish_reason if tokens else None,
+        }
+        if self.token_ids:
+            choice["token_ids"] = [t.token_id for t in tokens]
+        return choice
+
+    def _logprobs(self, tokens: list[Token], offset: int) -> dict:
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token.text)
+        return {
+            "tokens": [self.token_text(t.token_id) for t in tokens],
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [
+                {self.token_text(i): lp for i, lp in t.top} if t.top else None for t in tokens
+            ],
+            "text_offset": offsets,
+        }
+
+    def token_text(self, token_id: int) -> str:
         """A token's text, or where it is part of a character its bytes ("<0xF0>"): the
         alternatives' keys stay apart."""
         text = self.tokenizer.decode([token_id])
@@ -190,23 +264,28 @@ class Completion:
             return self.tokenizer.token_strings([token_id])[0]
         return text
 
-    def choice(self) -> dict:
-        """The whole choice (the answer without `stream`)."""
-        return self._choice(self.text, self.logprobs, self.token_ids, self.finish_reason)
 
-    def _choice(
-        self, text: str, logprobs: dict[str, list], ids: list[int], finish: str | None
-    ) -> dict:
+class ChatCompletion(Completion):
+    """One choice of a chat completion: the assistant's message, or in a stream its delta
+    (the role on the first)."""
+
+    def _choice(self, text: str, tokens: list[Token], offset: int, whole: bool) -> dict:
+        first = len(self.tokens) == 1  # a stream's first delta names the role
+        message = {"role": "assistant", "content": text} if whole or first else {"content": text}
         choice: dict = {
             "index": self.index,
-            "text": text,
-            "logprobs": logprobs if self.body.logprobs is not None else None,
-            "finish_reason": finish,
+            "message" if whole else "delta": message,
+            "logprobs": {"content": [self._entry(t) for t in tokens]} if self.logprobs else None,
+            "finish_reason": tokens[-1].finish_reason if tokens else None,
         }
-        if self.body.return_token_ids:
-            choice["token_ids"] = ids
+        if self.token_ids:
+            choice["token_ids"] = [t.token_id for t in tokens]
         return choice
 
+    def _entry(self, token: Token) -> dict:
+        def item(token_id: int, logprob: float | None) -> dict:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-def completion_id() -> str:
-    return f"cmpl-{secrets.token_hex(12)}"
+        top = [item(i, lp) for i, lp in token.top]
+        return item(token.token_id, token.logprob) | {"top_logprobs": top}

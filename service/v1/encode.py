@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.readouts import DECODE
 from attnserve.service.v1.options import inputs_of, options_of
 from attnserve.service.v1.response import EncodeAnswer, build_response, split_attention_layers
 from attnserve.v1 import encoder_service_pb2 as pb
@@ -91,4 +92,7 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
             )
             for name, sae in sorted(plane.backend.saes.items())
         ],
+        generates=DECODE in plane.backend.readouts,
+        chat_template=plane.chat is not None,
+        eos_id=c.eos_id,
     )

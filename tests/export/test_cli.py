@@ -10,6 +10,7 @@ from attnserve.export.weights import INLINE_BYTES
 from attnserve.model.artifacts import (
     ATTRIBUTION_ONNX_FILENAME,
     CONFIG_METADATA_KEY,
+    DECODE_ONNX_FILENAME,
     EMBEDDINGS_FP16_ONNX_FILENAME,
     EMBEDDINGS_ONNX_FILENAME,
     FP16_ONNX_FILENAME,
@@ -87,12 +88,15 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     # the readouts, the lens and attribution: the default model's unembedding is its token
     # table, and its norms come before its sublayers
     fp32_graphs |= {READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME}
+    fp32_graphs.add(DECODE_ONNX_FILENAME)  # generation's, where there is an unembedding
     # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
     assert report["precisions"] == ["fp32"]
     assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}
     assert {case["graph"] for case in report["parity"]} == fp32_graphs
     for case in report["parity"]:
-        logits = case["graph"] in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME)
+        logits = case["graph"] in {LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME} | {
+            DECODE_ONNX_FILENAME
+        }
         limit = 1e-3 if logits else 1e-4
         assert all(d <= limit for d in case["max_abs_diff"].values())
     # the lens' Gemm reads the token table as stored: no transposed copy beside it
@@ -113,6 +117,16 @@ def test_default_export_writes_a_checked_model_directory(default_export):
         i for i in attribution.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL
     ]
     assert all(np.prod(i.dims) * 4 <= INLINE_BYTES for i in inline)
+
+    # the decode graph too: its weights are the others', in weights.data once
+    def stored(name: str) -> set[str]:
+        graph = onnx.load(str(out / name), load_external_data=False).graph
+        external = onnx.TensorProto.EXTERNAL
+        return {i.name for i in graph.initializer if i.data_location == external}
+
+    held = set().union(*(stored(name) for name in fp32_graphs - {DECODE_ONNX_FILENAME}))
+    read = stored(DECODE_ONNX_FILENAME)
+    assert "tok_emb.weight" in read and read <= held
 
 
 def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:

@@ -517,7 +517,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes")
+    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes", "generates", "chat_template", "eos_id")
     class OutputFidelityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +549,9 @@ class GetModelInfoResponse(_message.Message):
     OUTPUT_FIDELITY_FIELD_NUMBER: _ClassVar[int]
     FIDELITY_SCOPE_FIELD_NUMBER: _ClassVar[int]
     SAES_FIELD_NUMBER: _ClassVar[int]
+    GENERATES_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    EOS_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -573,7 +576,10 @@ class GetModelInfoResponse(_message.Message):
     output_fidelity: _containers.ScalarMap[str, float]
     fidelity_scope: str
     saes: _containers.RepeatedCompositeFieldContainer[SAEInfo]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ...) -> None: ...
+    generates: bool
+    chat_template: bool
+    eos_id: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ..., generates: _Optional[bool] = ..., chat_template: _Optional[bool] = ..., eos_id: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("model", "prompt", "options")

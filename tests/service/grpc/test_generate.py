@@ -17,6 +17,9 @@ PROMPT = "The cat sat on the mat."
 
 
 def test_generate_streams_the_tokens_completions_answer(server, client):
+    info = client.model_info()
+    assert info["generates"] and not info["chat_template"]
+    assert info["eos_id"] == SMALL_CONFIG.eos_id
     body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
             "logprobs": 2, "return_token_ids": True}  # fmt: skip
     want = httpx.post(f"{server.http_url}/v1/completions", json=body, timeout=60).json()

@@ -159,3 +159,10 @@ async def _wait(condition, timeout: float = 60.0) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+def test_chat_completions_without_a_chat_template_are_refused_by_name(server):
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 501, answer.text
+    assert "has no chat template" in answer.json()["error"]["message"]

@@ -513,7 +513,8 @@ def test_each_tokens_features_and_one_feature_across_the_text(browser, small_mod
 def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, server, client):
     """Patch: a cell per layer and token (per layer and head for z), each the API's logit
     difference; steer: the next-token distribution before and after adding the difference
-    of two texts' residual streams, as the API gives it."""
+    of two texts' residual streams, and the text continued with it and without, as the API
+    gives them."""
     clean = "The dog sat on the mat."
     page.goto(f"{server.http_url}/?text={quote(TEXT)}")
     page.locator('#ablation[data-ready="true"]').wait_for()
@@ -560,4 +561,12 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     assert rows.count() >= 10
     check_before_after(rows, before, after)
     assert np.abs(after - before).max() > 1e-3  # the direction moved the distribution
+    # the text continued with the direction at every token it writes, and without
+    page.locator('#continuations[data-ready="true"]').wait_for()
+    options = dict(max_tokens=24, temperature=0, interventions=steer, compare=True)
+    texts = ["", ""]
+    for token in client.generate(TEXT, **options):
+        texts[token.choice] += token.text
+    assert page.text_content("#steered-text") == texts[0]
+    assert page.text_content("#plain-text") == texts[1]
     assert page.elsewhere == []

@@ -786,7 +786,44 @@ async function textsDirection(model, hook, strength) {
   }));
   const direction = captured[0].map((v, i) => v - captured[1][i]);
   const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
-  return { hook, op: "INTERVENTION_OP_ADD", values, scale: strength };
+  return [
+    { hook, op: "INTERVENTION_OP_ADD", values, scale: strength },  // /v1/encode's
+    { hook, op: "add", values: Array.from(direction), scale: strength },  // /v1/completions'
+  ];
+}
+
+// The text continued with `steer` (/v1/completions' interventions) and without, side by
+// side, each filled in as its tokens stream in (compare: choice 0 steered, 1 plain).
+async function showContinuations(model, text, steer, tokens) {
+  const box = $("continuations"), shown = [$("steered-text"), $("plain-text")];
+  box.dataset.ready = "false";
+  box.hidden = tokens <= 0;
+  shown.forEach((pre) => { pre.textContent = ""; });
+  if (tokens <= 0) return;
+  const body = { model, prompt: text, max_tokens: tokens, temperature: 0, stream: true,
+                 interventions: [steer], compare: true };
+  const response = await fetch("/v1/completions", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...authHeaders() },
+    body: JSON.stringify(body),
+  });
+  if (!response.ok) throw new Error((await response.json()).error.message);
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let pending = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    pending += decoder.decode(value, { stream: true });
+    const events = pending.split("\n\n");
+    pending = events.pop();
+    for (const event of events) {
+      if (!event.startsWith("data: {")) continue;
+      const chunk = JSON.parse(event.slice(6));
+      if (chunk.error) throw new Error(chunk.error.message);
+      for (const choice of chunk.choices) shown[choice.index].textContent += choice.text;
+    }
+  }
+  box.dataset.ready = "true";
 }
 
 // The steering box: a direction (two texts' difference, or an SAE feature's decoder row at
@@ -800,12 +837,15 @@ async function showSteering(event) {
   const layer = Number($("steer-layer").value), strength = Number($("steer-strength").value);
   const byFeature = $("steer-kind").value === "feature";
   try {
-    const steer = byFeature
-      ? [{ op: "INTERVENTION_OP_ADD", feature: { sae: $("steer-sae").value, featureId: Number($("steer-feature-id").value) }, scale: strength }]
-      : [await textsDirection(model, `blocks.${layer}.hook_resid_pre`, strength)];
-    const [before, after] = await Promise.all([nextTokens(model, text, []), nextTokens(model, text, steer)]);
+    const feature = { sae: $("steer-sae").value, id: Number($("steer-feature-id").value) };
+    const [steer, continued] = byFeature
+      ? [{ op: "INTERVENTION_OP_ADD", feature: { sae: feature.sae, featureId: feature.id }, scale: strength },
+         { op: "add", feature: { sae: feature.sae, feature_id: feature.id }, scale: strength }]
+      : await textsDirection(model, `blocks.${layer}.hook_resid_pre`, strength);
+    const [before, after] = await Promise.all([nextTokens(model, text, []), nextTokens(model, text, [steer])]);
     drawBeforeAfter(table, before, after, after, "steered");
     Object.assign(table.dataset, { kind: $("steer-kind").value, layer, strength, ready: "true" });
+    await showContinuations(model, text, continued, Number($("steer-tokens").value));
   } catch (error) {
     $("steer-note").textContent = error.message;
   }

@@ -1,0 +1,135 @@
+"""The generator's policy with a fake decode batch (the running batch's bookkeeping, not ONNX
+Runtime, is the subject): prompts join between steps, one at a time, up to the running
+limit; ended texts leave; each text gets its own row's tokens. And a text's release of its
+decoded characters: nothing of a stop string or a half-spelled character goes out early."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+
+from attnserve.model.config import ModelConfig
+from attnserve.model.tokenizer import ByteTokenizer
+from attnserve.service.core.generation import GenerationPlan, Generator, _Text
+from attnserve.service.core.sampling import Choice, Sampling
+
+CONFIG = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=64)
+V = CONFIG.vocab_size
+
+
+class CountingBatch:
+    """Each row's next token is its last one plus one: a text from prompt [p] is p+1, p+2, ..."""
+
+    def __init__(self, calls: list[tuple[str, int]]) -> None:
+        self.calls = calls
+        self.last: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.last)
+
+    @property
+    def cache_bytes(self) -> int:
+        return 0
+
+    def add(self, prompt, prompt_changes, step_changes) -> np.ndarray:
+        self.last.append(int(prompt[-1]))
+        self.calls.append(("add", self.rows))
+        return np.eye(V, dtype=np.float32)[(self.last[-1] + 1) % V]
+
+    def step(self, tokens) -> np.ndarray:
+        self.calls.append(("step", self.rows))
+        assert len(tokens) == self.rows
+        self.last = [int(t) for t in tokens]
+        return np.eye(V, dtype=np.float32)[[(t + 1) % V for t in self.last]]
+
+    def remove(self, row: int) -> None:
+        self.calls.append(("remove", row))
+        del self.last[row]
+
+
+class FakeBackend:
+    config = CONFIG
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def decode_batch(self) -> CountingBatch:
+        return CountingBatch(self.calls)
+
+
+def plan(first: int, n: int) -> GenerationPlan:
+    return GenerationPlan(np.array([first], dtype=np.int64), n, Sampling(temperature=0.0))
+
+
+def test_prompts_join_one_between_steps_up_to_the_limit_and_ended_texts_leave():
+    backend = FakeBackend()
+
+    async def run() -> list[list[int]]:
+        generator = Generator(backend, ByteTokenizer(CONFIG), max_running=2)
+
+        async def text(first: int, n: int) -> list[int]:
+            return [t.token_id async for t in generator.generate(plan(first, n))]
+
+        try:
+            return await asyncio.gather(text(10, 5), text(40, 3), text(70, 4))
+        finally:
+            await generator.stop("done")
+
+    texts = asyncio.run(run())
+    assert texts == [list(range(11, 16)), [41, 42, 43], [71, 72, 73, 74]]
+    rows = [n for call, n in backend.calls if call in ("add", "step")]
+    assert max(rows) == 2  # the third waited for a row
+    kinds = [call for call, _ in backend.calls]
+    assert ("add", "add") not in set(itertools.pairwise(kinds))  # a step between two prompts
+    assert kinds.count("add") == 3 and kinds.count("remove") == 3
+
+
+def test_a_text_that_ends_early_leaves_and_the_others_go_on():
+    backend = FakeBackend()
+
+    async def run() -> tuple[list[int], list[int]]:
+        generator = Generator(backend, ByteTokenizer(CONFIG))
+        stream = generator.generate(plan(10, 50))
+        first = [(await anext(stream)).token_id]
+        await stream.aclose()  # the client went away
+        other = [t.token_id async for t in generator.generate(plan(20, 3))]
+        await generator.stop("done")
+        return first, other
+
+    first, other = asyncio.run(run())
+    assert first == [11] and other == [21, 22, 23]
+    assert ("remove", 0) in backend.calls
+
+
+def released(text: str, stop: tuple[str, ...] = (), n: int = 100) -> list[tuple[str, str | None]]:
+    """Each token's released text and finish reason, for `text`'s bytes as tokens."""
+    planned = GenerationPlan(np.array([1]), max_tokens=n, stop=stop)
+    made = _Text(planned, ByteTokenizer(CONFIG), CONFIG.max_seq_len)
+    out = []
+    for byte in text.encode():
+        made.take(Choice(byte))
+        token = made.queue.get_nowait()
+        assert not isinstance(token, BaseException)
+        out.append((token.text, token.finish_reason))
+        if token.finish_reason:
+            break
+    return out
+
+
+def test_a_stop_string_is_held_back_until_it_is_known_and_cut():
+    out = released("the cat sat", stop=("cat",))
+    assert "".join(text for text, _ in out) == "the "
+    assert out[-1] == ("", "stop")
+    assert [text for text, _ in out[4:6]] == ["", ""]  # "c", "ca": maybe the stop string
+    # a prefix that turns out not to be one is released with the token that says so
+    out = released("the cap", stop=("cat",))
+    assert [text for text, _ in out] == ["t", "h", "e", " ", "", "", "cap"]
+
+
+def test_half_a_character_waits_for_the_rest():
+    out = released("aé!", n=4)
+    assert [text for text, _ in out] == ["a", "", "é", "!"]
+    assert released("ab", n=2)[-1] == ("b", "length")
