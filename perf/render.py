@@ -156,6 +156,16 @@ SECTIONS = [
         "python -m perf interventions",
     ),
     (
+        "generate",
+        "Generation: a KV cache, texts batched together",
+        "TinyLlama-1.1B's shape (random, float32) imported in float32 and int8 and served, one "
+        "precision at a time; onnxruntime-genai's model of the same checkpoint made by its own "
+        "builder (`.venv-genai`); transformers' `generate` in the benchmark's process. A "
+        "32-token prompt, 64 greedy tokens, medians of three runs; attnserve also with 8 "
+        "streaming requests at once; then a plain Encode against the server before generation.",
+        "python -m perf generate",
+    ),
+    (
         "repository",
         "Several models, and reloads",
         "A server of a repository (`--model-repository`) with the default model alone, and one "

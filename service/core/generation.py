@@ -117,26 +117,21 @@ class _Text:
     def take(self, choice: Choice) -> None:
         """Queue the chosen token with the text it releases; end the text where it must."""
         self.ids.append(choice.token_id)
+        stopped = choice.token_id in self.plan.stop_ids  # a stop id writes no text
+        text = self.tokenizer.decode(self.ids[:-1] if stopped else self.ids)
+        cut = min((i for s in self.plan.stop if (i := text.find(s)) >= 0), default=-1)
         reason = None
-        if choice.token_id in self.plan.stop_ids:
-            reason, text = "stop", self._release(self.ids[:-1], final=True)
-        else:
-            text = self.tokenizer.decode(self.ids)
-            cut = min((i for s in self.plan.stop if (i := text.find(s)) >= 0), default=-1)
-            if cut >= 0:
-                reason, text = "stop", self._release(None, final=True, text=text[:cut])
-            elif len(self.ids) >= self.limit:
-                reason, text = "length", self._release(None, final=True, text=text)
-            else:
-                text = self._release(None, final=False, text=text)
+        if stopped or cut >= 0:
+            reason, text = "stop", text[:cut] if cut >= 0 else text
+        elif len(self.ids) >= self.limit:
+            reason = "length"
         self.ended = reason is not None
-        self.queue.put_nowait(Token(choice.token_id, text, choice.logprob, choice.top, reason))
+        new = self._release(text, final=self.ended)
+        self.queue.put_nowait(Token(choice.token_id, new, choice.logprob, choice.top, reason))
 
-    def _release(self, ids: list[int] | None, final: bool, text: str | None = None) -> str:
-        """What of the text is new and final: all of it at the end; before, not a character
-        still being spelled (U+FFFD) nor the start of a stop string."""
-        if text is None:
-            text = self.tokenizer.decode(ids or [])
+    def _release(self, text: str, final: bool) -> str:
+        """What of the text is new and may go: all of it at the end; before, not a character
+        still being spelled (U+FFFD) nor what may be the start of a stop string."""
         end = len(text)
         if not final:
             end = len(text.rstrip("\ufffd"))

@@ -27,6 +27,7 @@ def tour_blocks() -> list[tuple[str, str]]:
     return (
         blocks("README.md", "A one-minute tour")
         + blocks("docs/api.md", "The Python client and the command line")
+        + blocks("docs/api.md", "Generation")
         + blocks("docs/api.md", "The Open Inference Protocol")
     )
 
