@@ -113,8 +113,10 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     while they are cheap: beyond EXTRA_COPIES_SHARE of the memory, the model keeps one
     session, whose graph (the readouts graph, where the directory has one) also answers
     embeddings and the readouts (for large models it costs them nothing: docs/BENCHMARKS.md
-    "Real sizes"); so does every int8 model unless instances are asked for. A model whose
-    one copy does not fit is refused."""
+    "Real sizes"); so does every int8 model unless instances are asked for. Such a model's
+    decode graph (generation) packs a copy of its own where that takes at most half of the
+    memory left (`packed_decode`), else reads the one copy's file. A model whose one copy
+    does not fit is refused."""
     weights, saes = model_dir.weight_bytes(settings.precision), model_dir.sae_bytes()
     # the SAEs' sessions are shared by every copy: they take their room once
     available = (settings.memory_limit or available_memory()) - saes
@@ -125,11 +127,14 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
             f"{saes / GiB:.1f} GiB of SAEs) and {(available + saes) / GiB:.1f} GiB is available"
         )
     options, cores = settings.runtime_options, len(os.sched_getaffinity(0))
+    # Generation's decode graph gets a packed copy of its own where it takes at most half of
+    # what is left: texts are written together at the speed of packed matrices.
+    packed_decode = 2 * weights <= available - weights - SERVE_BASE_BYTES
     if settings.precision == "int8" and not settings.instances:
         # int8 is for models that do not fit in float32: one copy, whatever is free now
         # (near the share's line a second one came and went with the page cache).
         log.info("%s: int8, one session (%d MB of weights)", model_dir, weights >> 20)
-        return replace(options, single_session=True), 1
+        return replace(options, single_session=True, packed_decode=packed_decode), 1
     extra_allowed = (available - weights - SERVE_BASE_BYTES) * EXTRA_COPIES_SHARE
     copies = 2 * (1 + (settings.instances or cores))
     if settings.instances or weights * (copies - 1) <= extra_allowed:
@@ -137,8 +142,13 @@ def session_layout(model_dir: ModelDirectory, settings: Settings) -> tuple[Runti
     if weights <= extra_allowed:
         log.info("%s: no instances (their weights would take %d MB)", model_dir, weights >> 20)
         return options, 1
-    log.info("%s: one session (a second copy of its weights: %d MB)", model_dir, weights >> 20)
-    return replace(options, single_session=True), 1
+    log.info(
+        "%s: one session (a second copy of its weights: %d MB)%s",
+        model_dir,
+        weights >> 20,
+        "; generation packs its own" if packed_decode else "",
+    )
+    return replace(options, single_session=True, packed_decode=packed_decode), 1
 
 
 def model_instances(

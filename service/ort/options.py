@@ -29,6 +29,10 @@ class RuntimeOptions:
     # held once: each ONNX Runtime session prepacks its own copy of the matrices. The server
     # sets it for models whose second copy would not fit (service/server.py).
     single_session: bool = False
+    # The decode graph (generation) with its own packed copy of the weights even in a model
+    # served by one session: a step of several texts then reads packed matrices (unpacked,
+    # eight texts' step took 2.4x: research/prepacked-decode). None: as the readouts graphs.
+    packed_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

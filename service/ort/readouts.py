@@ -163,16 +163,19 @@ class ReadoutGraphs:
         options: Callable[[], ort.SessionOptions],
         prepack: bool = False,
         stream: ort.InferenceSession | None = None,
+        packed_decode: bool | None = None,
     ) -> None:
         """`open_session(path, options)` opens a graph on the model's provider; `options()`
         makes the server's session options; `prepack`: let the sessions copy the weights;
-        `stream`: the readouts graph's session, open already (kept by `close`)."""
+        `stream`: the readouts graph's session, open already (kept by `close`);
+        `packed_decode`: whether the decode graph's does (None: as `prepack` says)."""
         self.model_dir = model_dir
         self.config = config
         self.precision = precision
         self._open_session = open_session
         self._options = options
         self.prepack = prepack
+        self.packed_decode = prepack if packed_decode is None else packed_decode
         self._kept = {STREAM: stream} if stream is not None else {}
         self._sessions: dict[str, ort.InferenceSession] = dict(self._kept)
         self._lock = threading.Lock()
@@ -394,7 +397,7 @@ class ReadoutGraphs:
                     "by this version (re-export it with `attnserve export`)"
                 )
             so = self._options()
-            if not self.prepack:
+            if not (self.packed_decode if kind == DECODE else self.prepack):
                 so.add_session_config_entry("session.disable_prepacking", "1")
             session = self._open_session(str(path), so)
             if output not in {o.name for o in session.get_outputs()}:

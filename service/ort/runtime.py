@@ -155,6 +155,7 @@ class OrtRuntime:
             # for gemma-2-9b's unembedding, where its packed copy is 0.9).
             prepack=not options.single_session or self.precision == "int8",
             stream=self.session if self._one_graph else None,
+            packed_decode=options.packed_decode,
         )
 
         # The SAEs the directory holds, served where the readouts graph feeds them.
@@ -174,7 +175,8 @@ class OrtRuntime:
         fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
-        # Each session holds its own (prepacked) copy of the weights.
+        # Each session holds its own (prepacked) copy of the weights (the decode graph's, when
+        # opened, is not counted here: it opens at the first generation).
         weight_bytes = model_dir.weight_bytes(self.precision)
         sessions = 1 + (self.embeddings_session is not self.session)
         served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]

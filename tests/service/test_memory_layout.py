@@ -95,3 +95,23 @@ def model_with_sae(small_model_dir, tmp_path):
     _, source = saelens_sae(tmp_path, "standard")
     add_sae(model_dir, source, name="resid", log=lambda _: None)
     return model_dir
+
+
+def test_generation_packs_its_own_copy_only_where_it_takes_half_of_what_is_left(
+    small_model_dir, small_runtime, weights
+):
+    """A model served by one session: its decode graph packs a copy of its own where that
+    takes at most half of the memory left after the one copy (texts written together at
+    packed speed), else reads the one copy's file; the same tokens either way."""
+    from tests.service.ort.test_readouts import prepacking
+
+    ids = np.arange(5, 17, dtype=np.int64)
+    want = small_runtime.decode_batch().add(ids, {}, {})
+    for rest, packed in ((2 * weights, True), (2 * weights - 1, False)):
+        limit = SERVE_BASE_BYTES + weights + rest
+        settings = _settings(small_model_dir, limit)
+        options, _ = session_layout(ModelDirectory(small_model_dir), settings)
+        assert options.single_session and options.packed_decode is packed
+        runtime = OrtRuntime(small_model_dir, options)
+        np.testing.assert_allclose(runtime.decode_batch().add(ids, {}, {}), want, atol=1e-5)
+        assert prepacking(runtime) == [True, packed]  # the one session's, the decode graph's

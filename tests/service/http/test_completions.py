@@ -100,6 +100,13 @@ def test_stop_strings_and_ids_end_the_text(server):
     assert by_id["token_ids"] == ids[: ids.index(ids[5]) + 1]  # the stop id is the last
 
 
+def test_the_models_context_ends_a_text_that_would_pass_it(server):
+    prompt = [5] * (SMALL_CONFIG.max_seq_len - 5)
+    out = complete(server, prompt=prompt, max_tokens=50, temperature=0, ignore_eos=True)
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 6  # the last needs no position of its own
+
+
 def test_interventions_steer_and_compare_answers_both(server):
     steering = np.random.default_rng(0).normal(0, 4.0, SMALL_CONFIG.d_model).tolist()
     change = {"hook": "blocks.0.hook_resid_post", "op": "add", "values": steering}
