@@ -38,23 +38,14 @@ from attnserve.bench.results import save
 from attnserve.client import ClientOptions, EncoderClient
 from attnserve.service.process import spawn_server
 from perf.features import peak_rss
-from perf.hf_checkpoints import build_checkpoint
+from perf.hf_checkpoints import TINYLLAMA_11B, build_checkpoint
+from perf.peer_env import peer_venv
 from perf.readouts import plain_against, plain_rows
 from perf.sizes import tree_rss
 
 BEFORE_GENERATION = "e2a94b1"  # the last commit before generation
-TINYLLAMA = dict(
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    max_position_embeddings=2048,
-    vocab_size=32000,
-    tie_word_embeddings=False,
-)
 # --quick: a two-layer model of the same kind, to check the benchmark itself
-QUICK = dict(TINYLLAMA, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+QUICK = dict(TINYLLAMA_11B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)  # fmt: skip
 PROMPT_TOKENS, NEW_TOKENS, CONCURRENT = 32, 64, 8
 GENAI_VENV = Path(".venv-genai")
@@ -63,23 +54,16 @@ GiB = 2**30
 
 
 def genai_python(log) -> Path:
-    """onnxruntime-genai (with the CPU onnxruntime it needs) and its builder's torch,
-    transformers and onnx-ir at this environment's versions, in an environment of its own
-    (its onnxruntime would shadow this one's onnxruntime-gpu); made once."""
-    pins = [
+    """onnxruntime-genai (with the CPU onnxruntime it needs: it would shadow this
+    environment's onnxruntime-gpu) and its builder's torch, transformers and onnx-ir at this
+    environment's versions, in an environment of its own; made once."""
+    pins = (
         "onnxruntime-genai==0.18.0",
         f"onnx-ir=={metadata.version('onnx-ir')}",
         f"torch=={torch.__version__.split('+')[0]}",
         f"transformers=={metadata.version('transformers')}",
-    ]
-    python, stamp = GENAI_VENV / "bin" / "python", GENAI_VENV / "pins.txt"
-    if stamp.is_file() and stamp.read_text().split() == pins:
-        return python
-    log(f"installing {' '.join(pins)} into {GENAI_VENV} (a few minutes)")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(GENAI_VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True)
-    stamp.write_text("\n".join(pins) + "\n")
-    return python
+    )
+    return peer_venv(GENAI_VENV, log, pins, same_runtime=False)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -169,7 +153,7 @@ def attnserve_runs(
 def run_generate(
     out: Path, ref: str = BEFORE_GENERATION, repeats: int = 3, quick: bool = False, log=print
 ) -> dict:
-    shape = QUICK if quick else TINYLLAMA
+    shape = QUICK if quick else TINYLLAMA_11B
     result: dict = {
         "shape": "a two-layer Llama" if quick else "TinyLlama-1.1B",
         "prompt_tokens": PROMPT_TOKENS,

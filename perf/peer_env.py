@@ -53,11 +53,17 @@ PYTRITON = PeerKind(
 PEERS = (KSERVE, MLSERVER, PYTRITON)
 
 
-def peer_venv(path: Path, log: Callable[[str], None], pins: tuple[str, ...] = KSERVE_PINS) -> Path:
-    """`pins` and this environment's ONNX Runtime in a virtual environment of their own
-    (made once; a stamp file names what it holds). Returns its python."""
-    ort = ort_distribution()
-    pins = (*pins, f"{ort}=={metadata.version(ort)}")
+def peer_venv(
+    path: Path,
+    log: Callable[[str], None],
+    pins: tuple[str, ...] = KSERVE_PINS,
+    same_runtime: bool = True,
+) -> Path:
+    """`pins` and (`same_runtime`) this environment's ONNX Runtime in a virtual environment of
+    their own (made once; a stamp file names what it holds). Returns its python."""
+    if same_runtime:
+        ort = ort_distribution()
+        pins = (*pins, f"{ort}=={metadata.version(ort)}")
     python, stamp = path / "bin" / "python", path / "pins.txt"
     if stamp.is_file() and stamp.read_text().split() == list(pins):
         return python

@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, WeightsInfo
@@ -128,28 +130,20 @@ class DataPlane:
         until the caller has built its answer from them (attnserve.v1's EncodeResponse, the
         Open Inference Protocol's outputs, OpenAI's vectors). `by_layer`: the answer goes out as
         EncodeLayers' messages (only the largest must fit in one)."""
-        if self.refusal:
-            raise NotReadyError(self.refusal)
-        self._in_flight += 1
-        self._idle.clear()
-        try:
+        with self._admitted():
             config = self.backend.config
-            backend = self.backend
             plan = plan_request(
                 inputs,
                 options,
                 config,
                 self.tokenizer,
-                backend.readouts,
-                backend.saes,
-                lambda sae, feature: backend.feature_direction(sae, feature),
+                self.backend.readouts,
+                self.backend.saes,
+                self._direction,
             )
             check_response_size(plan, config, self.max_message_bytes, by_layer)
-            reserved = request_bytes(plan, config)
-            self._cancel_release()  # not idle after all
             deadline = None if timeout is None else time.monotonic() + timeout
-            await self.budget.acquire(reserved, timeout)
-            try:
+            async with self._room(request_bytes(plan, config), timeout):
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:  # gRPC cancels a call at its deadline; this does it for every transport
                     async with asyncio.timeout(left):
@@ -159,12 +153,6 @@ class DataPlane:
                         f"the deadline ({timeout:g} s) passed before the answer was ready"
                     ) from None
                 yield plan, results
-            finally:
-                self._give_back(reserved)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
 
     @contextlib.asynccontextmanager
     async def generating(
@@ -175,50 +163,59 @@ class DataPlane:
         tokens as (choice, token) as they are made, the choices' interleaved. `timeout`
         bounds the wait for room in the memory budget (their KV caches), not the
         generation: a client stops it by going away."""
-        if self.refusal:
-            raise NotReadyError(self.refusal)
         backend = self.backend
-        if DECODE not in backend.readouts:
-            raise UnsupportedError(
-                f"{backend.config.name} has no decode graph to generate with in "
-                f"{backend.precision}: it comes with the graphs of a directory exported by "
-                "this version from a model with an unembedding (re-export it)"
-            )
-        plans = [
-            plan_generation(
-                item,
-                options,
-                backend.config,
-                self.tokenizer,
-                backend.saes,
-                lambda sae, feature: backend.feature_direction(sae, feature),
-            )
-            for item, options in choices
-        ]
-        reserved = sum(generation_bytes(plan, backend.config) for plan in plans)
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            self._cancel_release()
-            await self.budget.acquire(reserved, timeout)
-            try:
+        with self._admitted():
+            if DECODE not in backend.readouts:
+                raise UnsupportedError(
+                    f"{backend.config.name} has no decode graph to generate with in "
+                    f"{backend.precision}: it comes with the graphs of a directory exported "
+                    "by this version from a model with an unembedding (re-export it)"
+                )
+            plans = [
+                plan_generation(
+                    item, options, backend.config, self.tokenizer, backend.saes, self._direction
+                )
+                for item, options in choices
+            ]
+            reserved = sum(generation_bytes(plan, backend.config) for plan in plans)
+            async with self._room(reserved, timeout), contextlib.AsyncExitStack() as stack:
                 if self.generator is None:
                     self.generator = Generator(
                         backend, self.tokenizer, on_token=self.metrics.generated_tokens.inc
                     )
-                generator = self.generator
-                async with contextlib.AsyncExitStack() as stack:
-                    streams = [
-                        await stack.enter_async_context(contextlib.aclosing(generator.generate(p)))
-                        for p in plans
-                    ]
-                    yield [len(plan.prompt) for plan in plans], interleaved(streams)
-            finally:
-                self._give_back(reserved)
+                streams = [
+                    await stack.enter_async_context(contextlib.aclosing(self.generator.generate(p)))
+                    for p in plans
+                ]
+                yield [len(plan.prompt) for plan in plans], interleaved(streams)
+
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """A request between admission and answer (or a refusal while not serving): what
+        draining waits for."""
+        if self.refusal:
+            raise NotReadyError(self.refusal)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
         finally:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def _room(self, reserved: int, timeout: float | None) -> AsyncIterator[None]:
+        """`reserved` bytes of the memory budget, waited for at most `timeout` seconds."""
+        self._cancel_release()  # not idle after all
+        await self.budget.acquire(reserved, timeout)
+        try:
+            yield
+        finally:
+            self._give_back(reserved)
+
+    def _direction(self, sae: str, feature: int) -> np.ndarray:
+        return self.backend.feature_direction(sae, feature)
 
     def _give_back(self, reserved: int) -> None:
         """Return a request's room to the budget; after a burst, give memory back once idle."""
