@@ -65,6 +65,8 @@ def plan_generation(
         raise InvalidInputError(f"top_p: {options.top_p} is outside (0, 1]")
     if options.logprobs is not None and not 0 <= options.logprobs <= MAX_LOGPROBS:
         raise InvalidInputError(f"logprobs: {options.logprobs} is outside [0, {MAX_LOGPROBS}]")
+    if options.seed is not None and options.seed < 0:
+        raise InvalidInputError(f"seed: {options.seed} is not >= 0")
     if len(options.stop) > MAX_STOP or not all(options.stop):
         raise InvalidInputError(f"stop: at most {MAX_STOP} strings, none empty")
     for i, token in enumerate(options.stop_token_ids):

@@ -130,6 +130,7 @@ def test_interventions_steer_and_compare_answers_both(server):
         ({"temperature": -1}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"logprobs": 11}, "logprobs"),
+        ({"seed": -1}, "seed"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x" * 400}, "prompt"),
