@@ -4,12 +4,14 @@ reading ending the text on the server."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import httpx
 import numpy as np
 import pytest
 
-from attnserve.client import ClientOptions, EncoderClient
+from attnserve.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from tests.conftest import SMALL_CONFIG
 from tests.service.http.test_completions import _wait
 
@@ -76,3 +78,13 @@ def test_a_caller_that_stops_reading_ends_the_text(server):
             assert token.finish_reason is None
             break
     server.call(_wait(lambda: plane.generator.running == 0 and not plane._in_flight))
+
+
+def test_the_async_client_iterates_the_same_tokens(server, client):
+    options = dict(max_tokens=6, temperature=0, ignore_eos=True)
+
+    async def tokens() -> list[int]:
+        async with AsyncEncoderClient(server.address) as c:
+            return [t.token_id async for t in c.generate(PROMPT, **options)]
+
+    assert asyncio.run(tokens()) == [t.token_id for t in client.generate(PROMPT, **options)]
