@@ -6,7 +6,7 @@ and the tokens made into choices and stream chunks."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal, cast
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -14,10 +14,10 @@ from pydantic import BaseModel, Field
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.chat import ChatTemplate
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
-from attnserve.service.core.fields import INT64
 from attnserve.service.core.generation import Token
 from attnserve.service.core.generation_plan import GenerateOptions
 from attnserve.service.core.request import Input, Intervention
+from attnserve.service.http.openai_inputs import openai_inputs
 
 
 class FeatureBody(BaseModel):
@@ -155,7 +155,7 @@ def choices(
 
 
 def completion_choices(body: CompletionRequest) -> list[tuple[Input, GenerateOptions]]:
-    return choices(body, _prompts(body.prompt), body.logprobs)
+    return choices(body, openai_inputs("prompt", body.prompt), body.logprobs)
 
 
 def chat_choices(
@@ -178,19 +178,6 @@ def _text(content: str | list[dict]) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
-
-
-def _prompts(given: str | list[str] | list[int] | list[list[int]]) -> list[Input]:
-    single = isinstance(given, str) or (len(given) > 0 and isinstance(given[0], int))
-    items = cast(list[str | list[int]], [given] if single else given)
-    if not items:
-        raise InvalidInputError("prompt: at least one prompt is required")
-    prompts: list[Input] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, str) and any(t not in INT64 for t in item):
-            raise InvalidInputError(f"prompt[{i}]: a token id is out of range (ids are int64)")
-        prompts.append(item if isinstance(item, str) else np.array(item, dtype=np.int64))
-    return prompts
 
 
 def _intervention(field: str, entry: InterventionBody) -> Intervention:

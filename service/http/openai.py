@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal, cast
+from typing import Literal
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.fields import INT64
 from attnserve.service.core.plan import pooled
 from attnserve.service.core.request import EncodeOptions, Input, Pooling
 from attnserve.service.http.errors import ErrorRoute
+from attnserve.service.http.openai_inputs import openai_inputs
 from attnserve.service.http.state import authorized, deadline, state
 
 router = APIRouter(
@@ -78,20 +77,4 @@ def _inputs(body: EmbeddingsRequest, d_model: int) -> list[Input]:
             f"dimensions: this model's embeddings have {d_model} dimensions, "
             f"{body.dimensions} were asked for"
         )
-    given = body.input
-    single = isinstance(given, str) or (len(given) > 0 and isinstance(given[0], int))
-    items = cast(list[str | list[int]], [given] if single else given)
-    if not items:
-        raise InvalidInputError("input: at least one input is required")
-    inputs: list[Input] = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            inputs.append(item)
-            continue
-        token = next((t for t in item if t not in INT64), None)
-        if token is not None:
-            raise InvalidInputError(
-                f"input[{i}]: token id {token} is out of range (token ids are int64)"
-            )
-        inputs.append(np.array(item, dtype=np.int64))
-    return inputs
+    return openai_inputs("input", body.input)
