@@ -97,7 +97,8 @@ def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tupl
         traced.append((LENS_ONNX_FILENAME, "lens"))
         if config.attribution_refusal is None:
             traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
-        traced.append((DECODE_ONNX_FILENAME, "decode"))
+        if config.max_seq_len >= 2:  # a prompt and one token to generate after it
+            traced.append((DECODE_ONNX_FILENAME, "decode"))
     return traced
 
 

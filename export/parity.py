@@ -136,8 +136,8 @@ def reference_outputs(
         references.append(_lens_reference(model, references))
     if config.attribution_refusal is None:
         references.append(_attribution_reference(model, references))
-    if config.unembedding != "none":
-        references.append(_decode_reference(model, references))
+    if config.unembedding != "none" and config.max_seq_len >= 2:
+        references.append(_decode_reference(model, seed + 1))
     return references
 
 
@@ -175,40 +175,36 @@ def _attribution_reference(model: Encoder, references: list[Reference]) -> Refer
     return Reference(case.shape, dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True)), outputs)
 
 
-def _decode_reference(model: Encoder, references: list[Reference]) -> Reference:
-    """One decode step of two texts after a prompt each, the second one token shorter (its
-    cache padded in front): the step's logits and the keys and values it returns."""
+def _decode_reference(model: Encoder, seed: int) -> Reference:
+    """One decode step of two texts after a prompt each, the second one token shorter where
+    the context allows (its cache padded in front): the step's logits and the keys and
+    values it returns."""
     config = model.config
-    case = next((r for r in references if r.shape[1] > 2), references[-1])
-    ids = torch.from_numpy(case.inputs[config.input_name][:1])  # (1, T)
-    T = ids.size(1)
+    T = min(17, config.max_seq_len)  # a prompt and the step's token fit in the context
+    ids = torch.from_numpy(
+        np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, T), dtype=np.int64)
+    )
     empty = (torch.zeros(1, config.kv_heads, 0, config.head_dim),) * 2
     no_past = torch.zeros(1, 0, dtype=torch.int64)
     caches, masks = [], []
+    lengths = (T - 1, max(T - 2, 1))
     with torch.inference_mode():
-        for length in (T - 1, T - 2):
+        for length in lengths:
             _, presents = model.decode(ids[:, :length], no_past, [empty] * config.n_layers)
             pad = T - 1 - length
             caches.append([F.pad(x, (0, 0, pad, 0)) for layer in presents for x in layer])
             masks.append([0] * pad + [1] * length)
         past = [torch.cat(pair) for pair in zip(*caches, strict=True)]
-        step = torch.cat((ids[:, T - 1 :], ids[:, T - 2 : T - 1]))  # (2, 1)
+        step = torch.cat([ids[:, length : length + 1] for length in lengths])  # (2, 1)
         past_mask = torch.tensor(masks)
-        logits, presents = model.decode(
-            step, past_mask, list(zip(past[::2], past[1::2], strict=True))
-        )
+        layers = list(zip(past[::2], past[1::2], strict=True))
+        logits, presents = model.decode(step, past_mask, layers)
     inputs = {config.input_name: step.numpy(), "past_mask": past_mask.numpy()}
-    inputs |= dict(
-        zip(cache_names(config, "past_key_values"), (x.numpy() for x in past), strict=True)
-    )
+    names = cache_names(config, "past_key_values")
+    inputs |= dict(zip(names, (x.numpy() for x in past), strict=True))
     outputs = {LOGITS_NAME: logits.numpy()}
-    outputs |= dict(
-        zip(
-            cache_names(config, "present"),
-            (x.numpy() for layer in presents for x in layer),
-            strict=True,
-        )
-    )
+    new = (x.numpy() for layer in presents for x in layer)
+    outputs |= dict(zip(cache_names(config, "present"), new, strict=True))
     return Reference((2, T), inputs | unchanged(config), outputs)
 
 

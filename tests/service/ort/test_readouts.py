@@ -9,12 +9,10 @@ import pytest
 import torch
 
 from attnserve.model.artifacts import (
-    ATTRIBUTION_ONNX_FILENAME,
     ATTRIBUTION_PARTS,
-    LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PARTS_NAMES,
-    READOUTS_ONNX_FILENAME,
+    READOUT_GRAPHS,
     RESIDUAL_STREAM_NAME,
     readout_filename,
     readout_sites,
@@ -145,14 +143,16 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
-    readable = {"stream", "changes", "lens", "attribution"}  # each precision's readouts graphs
+    readable = {"stream", "changes", "lens", "attribution", "decode"}  # each precision's
     assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).readouts == readable
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
     for precision in ("fp32", "fp16"):
-        for readouts in (LENS_ONNX_FILENAME, READOUTS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME):
+        for readouts in READOUT_GRAPHS:  # the decode graph with them: written after
             (model_dir / readout_filename(readouts, precision)).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    with pytest.raises(UnsupportedError, match=r"no present.0.key .*re-export"):
+        runtime.decode_batch()
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
         runtime.readout_graphs.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
     with pytest.raises(UnsupportedError, match=r"no residual_stream .*re-export"):
