@@ -53,6 +53,7 @@ from attnserve.model.artifacts import (
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
     PRECISIONS,
+    QUERIES_ONNX_FILENAME,
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
@@ -93,6 +94,7 @@ def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tupl
     lens and attribution graphs, where the model has them, are every precision's source of
     its own (DERIVED)."""
     traced = [(ONNX_FILENAME, "full"), (EMBEDDINGS_ONNX_FILENAME, "embeddings")]
+    traced.append((QUERIES_ONNX_FILENAME, "queries"))
     if config.unembedding != "none":
         traced.append((LENS_ONNX_FILENAME, "lens"))
         if config.attribution_refusal is None:

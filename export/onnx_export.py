@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 import torch
 
+from attnserve.export.group_query import as_group_query_attention
 from attnserve.export.head_fold import fold_head_transposes
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
@@ -36,6 +37,7 @@ from attnserve.model.artifacts import (
     VERSIONS_METADATA_KEY,
     cache_names,
     change_inputs,
+    query_key_sites,
     readout_sites,
     unchanged,
 )
@@ -104,6 +106,18 @@ class _EmbeddingsGraph(Encoder):
         return Encoder.forward(self, input_ids, need_weights=False)[0]
 
 
+class _QueriesGraph(Encoder):
+    """model_queries.onnx: the fused attention path, input_ids -> embeddings and every
+    layer's queries and keys as its scores read them (artifacts.query_key_sites)."""
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        sites = query_key_sites(self.config)
+        with captured(self, [site for names in sites.values() for site in names]) as values:
+            embeddings = Encoder.forward(self, input_ids, need_weights=False)[0]
+        stacks = [torch.stack([values[site] for site in names], 1) for names in sites.values()]
+        return embeddings, *stacks  # (B, T, D), (B, L, T, H, dh), (B, L, T, H_kv, dh)
+
+
 class _LensGraph(Encoder):
     """model_lens.onnx: residual rows (N, D) and the last layer's at the same positions ->
     logits (N, V)."""
@@ -132,6 +146,7 @@ _MODULES = {
     "lens": _LensGraph,
     "attribution": _AttributionGraph,
     "decode": _DecodeGraph,
+    "queries": _QueriesGraph,
 }
 
 
@@ -145,6 +160,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             [config.embeddings_name, config.attentions_name, *readout_sites(config)],
         ),
         "embeddings": ([config.input_name], [config.embeddings_name]),
+        "queries": ([config.input_name], [config.embeddings_name, *query_key_sites(config)]),
         "lens": (list(LENS_INPUTS), [LOGITS_NAME]),
         "attribution": (list(ATTRIBUTION_INPUTS), list(ATTRIBUTION_OUTPUTS.values())),
         "decode": (
@@ -321,6 +337,8 @@ def export_onnx(
         _with_predictions(graph)
     if kind == "embeddings":  # the only graph with the fused Attention op to fold into
         graph = fold_head_transposes(graph, config.n_heads, config.kv_heads)
+    if kind == "queries":
+        as_group_query_attention(graph, config)
     if kind == "full" and readouts_path is not None:
         _save(graph, config, readouts_path)
     if kind == "full":

@@ -27,6 +27,7 @@ from attnserve.model.artifacts import (
     PREDICTION_OUTPUTS,
     RESIDUAL_STREAM_NAME,
     cache_names,
+    query_key_sites,
     readout_sites,
     unchanged,
 )
@@ -119,12 +120,14 @@ def reference_outputs(
     references = []
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
-        sites = readout_sites(config)
-        reads = [site for names in sites.values() for site in names]
+        sites, queries = readout_sites(config), query_key_sites(config)
+        reads = [site for names in (sites | queries).values() for site in names]
         with torch.inference_mode(), captured(model, reads) as values:
             embeddings, attentions = model(torch.from_numpy(ids))
         assert attentions is not None
         readouts = {name: value.numpy() for name, value in stacked(values, sites).items()}
+        for name, names in queries.items():  # (B, L, T, heads, dh)
+            readouts[name] = torch.stack([values[site] for site in names], 1).numpy()
         inputs = {config.input_name: ids} | unchanged(config)
         outputs = {
             config.embeddings_name: embeddings.numpy(),

@@ -20,11 +20,29 @@ RESID_POST = "blocks.{layer}.hook_resid_post"  # (B, T, D) what the block writes
 Q = "blocks.{layer}.attn.hook_q"  # (B, T, H, d_k) queries, before per-head norms and rotation
 K = "blocks.{layer}.attn.hook_k"  # (B, T, H_kv, d_k) keys, likewise
 V = "blocks.{layer}.attn.hook_v"  # (B, T, H_kv, d_k) values
+# (B, T, H, d_k) and (B, T, H_kv, d_k): queries and keys as the scores read them, after the
+# per-head norms and the rotation (TransformerLens names them so in rotary models; here every
+# model has them: without rotary positions they equal the normed hook_q and hook_k)
+ROT_Q = "blocks.{layer}.attn.hook_rot_q"
+ROT_K = "blocks.{layer}.attn.hook_rot_k"
 PATTERN = "blocks.{layer}.attn.hook_pattern"  # (B, H, T, T) attention weights (query rows)
 Z = "blocks.{layer}.attn.hook_z"  # (B, T, H, d_k) each head's output, before W_O
 FINAL_NORMALIZED = "ln_final.hook_normalized"  # (B, T, D) the final norm's output
 
-LAYER_SITES = (RESID_PRE, Q, K, V, PATTERN, Z, ATTN_OUT, RESID_MID, MLP_OUT, RESID_POST)
+LAYER_SITES = (
+    RESID_PRE,
+    Q,
+    K,
+    V,
+    ROT_Q,
+    ROT_K,
+    PATTERN,
+    Z,
+    ATTN_OUT,
+    RESID_MID,
+    MLP_OUT,
+    RESID_POST,
+)
 # The sites a request may change (interventions), by the short name the readouts graph's
 # inputs for them carry, in the order a block reaches them: the stream and what each
 # sublayer writes, each (B, T, D), and per head the queries, keys, values and outputs.
@@ -91,7 +109,9 @@ def site_width(config: ModelConfig, name: str) -> int | None:
     SAELens' hook_z SAEs read it); None for hook_pattern, whose width is the text's length.
     The name must be one of hook_names(config)."""
     heads, kv_heads = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
-    for site, width in ((PATTERN, None), (Q, heads), (Z, heads), (K, kv_heads), (V, kv_heads)):
+    widths = {PATTERN: None, Q: heads, ROT_Q: heads, Z: heads}
+    widths |= {K: kv_heads, ROT_K: kv_heads, V: kv_heads}
+    for site, width in widths.items():
         if name.endswith(site.split("}", 1)[1]):  # ".attn.hook_q" after "blocks.{layer}"
             return width
     return config.d_model

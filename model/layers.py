@@ -207,6 +207,8 @@ class MultiHeadAttention(nn.Module):
         self.hook_q = HookPoint(hooks.Q.format(layer=layer))
         self.hook_k = HookPoint(hooks.K.format(layer=layer))
         self.hook_v = HookPoint(hooks.V.format(layer=layer))
+        self.hook_rot_q = HookPoint(hooks.ROT_Q.format(layer=layer))
+        self.hook_rot_k = HookPoint(hooks.ROT_K.format(layer=layer))
         self.hook_pattern = HookPoint(hooks.PATTERN.format(layer=layer))
         self.hook_z = HookPoint(hooks.Z.format(layer=layer))
 
@@ -234,6 +236,9 @@ class MultiHeadAttention(nn.Module):
         if positions is not None:  # rotary: (cos, sin) of each position, through q and k only
             q = apply_rotary(q, *positions, self.interleaved)
             k = apply_rotary(k, *positions, self.interleaved)
+        if self.hook_rot_q.active or self.hook_rot_k.active:  # read at (B, T, H, d_k)
+            q = self.hook_rot_q(q.transpose(1, 2)).transpose(1, 2)
+            k = self.hook_rot_k(k.transpose(1, 2)).transpose(1, 2)
         mask = None
         if cache is not None:  # the keys of every position so far: (B, H_kv, S, d_k)
             k, v = cache.extend(k, v)

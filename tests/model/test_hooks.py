@@ -32,6 +32,8 @@ def expected_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         "hook_q": (B, T, H, d_k),
         "hook_k": (B, T, H_kv, d_k),
         "hook_v": (B, T, H_kv, d_k),
+        "hook_rot_q": (B, T, H, d_k),
+        "hook_rot_k": (B, T, H_kv, d_k),
         "hook_pattern": (B, H, T, T),
         "hook_z": (B, T, H, d_k),
     }.get(site, (B, T, config.d_model))
