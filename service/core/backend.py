@@ -31,6 +31,11 @@ class AttentionSelection:
     weights: bool = True  # False: only the summaries (entropy, top-k indices)
     float16: bool = False
     packed: bool = False  # causal-packed layout (every row, no top_k)
+    row_entropy: bool = False  # each row's entropy, per head
+    received: bool = False  # each key's attention summed over the rows
+    key_range: tuple[int, int] | None = None  # a tile: the weights of keys [start, end)
+    # computed by query blocks from the queries and keys (never a layer's T x T scores)
+    blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class AttentionOutput:
     weights: np.ndarray | None  # (L', H', R, T | k) or packed (L', H', T (T + 1) / 2)
     indices: np.ndarray | None  # int32, weights' shape: key positions of the top-k
     entropy: np.ndarray | None  # float32 (L', H')
+    row_entropy: np.ndarray | None = None  # float32 (L', H', R)
+    received: np.ndarray | None = None  # float32 (L', H' or 1 when reduced, T)
 
 
 @dataclass(frozen=True)

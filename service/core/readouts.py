@@ -52,6 +52,7 @@ CHANGES = "changes"  # ... taking changes of every site (exported with intervent
 LENS = "lens"  # the lens graph: predictions and the logit lens
 ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
 DECODE = "decode"  # the decode graph: generation
+QUERIES = "queries"  # the queries graph: attention statistics by query blocks
 # the graph each option is read from
 _GRAPH_OF = {
     "hidden_states": STREAM,

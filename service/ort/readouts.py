@@ -38,6 +38,8 @@ from attnserve.model.artifacts import (
     PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
+    QUERIES_NAME,
+    QUERIES_ONNX_FILENAME,
     READOUTS_ONNX_FILENAME,
     RESIDUAL_STREAM_NAME,
     ModelDirectory,
@@ -61,6 +63,7 @@ from attnserve.service.core.readouts import (
     CHANGES,
     DECODE,
     LENS,
+    QUERIES,
     STREAM,
     attribution_chunk_rows,
     lens_chunk_rows,
@@ -112,6 +115,7 @@ _GRAPHS = {
     LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
     ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS["heads"]),
     DECODE: (DECODE_ONNX_FILENAME, "present.0.key"),
+    QUERIES: (QUERIES_ONNX_FILENAME, QUERIES_NAME),
 }
 
 

@@ -22,7 +22,9 @@ from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
     HEAD_MASK_NAME,
     HEAD_MEANS_NAME,
+    KEYS_NAME,
     PARTS_NAMES,
+    QUERIES_NAME,
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     ModelDirectory,
@@ -45,7 +47,8 @@ from attnserve.service.core.errors import (
     ProviderUnavailableError,
 )
 from attnserve.service.core.memory import give_back_memory
-from attnserve.service.core.readouts import CHANGES, DECODE, STREAM
+from attnserve.service.core.readouts import CHANGES, DECODE, QUERIES, STREAM
+from attnserve.service.ort.blocks import BlockStatistics
 from attnserve.service.ort.clamping import clamped
 from attnserve.service.ort.decoding import RunningBatch
 from attnserve.service.ort.features import SAEGraphs
@@ -142,6 +145,13 @@ class OrtRuntime:
             self.config.n_layers,
             self.config.n_heads,
         )
+        # ... and long texts' statistics, by query blocks of the queries graph's outputs
+        self.blocks = BlockStatistics(
+            _providers(self.provider), session_options(options), self.config
+        )
+        # the last single text's embeddings, queries and keys: the tiles of its map the
+        # explorer asks for next need no second run
+        self._last_queries: tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None = None
 
         # The readouts (residual stream, head mask, logit lens), opened when first asked for.
         self.readout_graphs = ReadoutGraphs(
@@ -216,15 +226,39 @@ class OrtRuntime:
     ) -> tuple[np.ndarray, list[AttentionOutput]]:
         """input_ids int64 (B, T), right-padded -> embeddings (B, T, D) and, per row, what its
         selection asks of the row's first `lengths[row]` positions."""
-        embeddings, attentions = self.run(input_ids)
+        outputs: list[AttentionOutput | None] = [None] * len(selections)
+        blocked = [row for row, selection in enumerate(selections) if selection.blocked]
+        rest = [row for row, selection in enumerate(selections) if not selection.blocked]
         try:
-            outputs = [
-                self.reducer(attentions[row], n, selection)
-                for row, (n, selection) in enumerate(zip(lengths, selections, strict=True))
-            ]
+            if blocked:
+                embeddings, queries, keys = self._queries_and_keys(input_ids)
+                for row in blocked:
+                    selection, n = selections[row], lengths[row]
+                    outputs[row] = self.blocks(queries[row], keys[row], n, selection)
+            if rest:
+                embeddings, attentions = self.run(input_ids)
+                for row in rest:
+                    outputs[row] = self.reducer(attentions[row], lengths[row], selections[row])
+        except InferenceError:
+            raise
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the attention options: {exc}") from exc
-        return embeddings, outputs
+        return embeddings, outputs  # type: ignore[return-value]
+
+    def _queries_and_keys(self, input_ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The queries graph's embeddings, queries and keys of `input_ids`; a single text's
+        are kept until the next, for the tiles of its map the explorer asks for next."""
+        key = input_ids.tobytes() if len(input_ids) == 1 else b""
+        last = self._last_queries
+        if key and last is not None and last[0] == key:
+            return last[1:]
+        self._last_queries = None  # its memory goes before the next run's is taken
+        c = self.config
+        names = [c.embeddings_name, QUERIES_NAME, KEYS_NAME]
+        values = tuple(self._run(self.readout_graphs.session(QUERIES), names, input_ids))
+        if key:
+            self._last_queries = (key, *values)
+        return values
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
@@ -316,6 +350,8 @@ class OrtRuntime:
         for session in {id(s): s for s in (self.session, self.embeddings_session)}.values():
             session.run(None, self._feeds(session, ids), shrink)
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
+        self.blocks.close_sessions()
+        self._last_queries = None
         self.readout_graphs.close()
         give_back_memory()
 

@@ -1,0 +1,143 @@
+"""A long sequence's attention statistics, a block of query rows at a time.
+
+The queries graph gives each layer's queries and keys (model/artifacts.py QUERIES_NAME); for
+each selected layer, `BlockStatistics` runs the graph of service/ort/block_graph.py over
+blocks of the selected rows and puts the blocks' answers together: weights (whole rows, a
+tile, or the top k), row entropy and received attention. A block holds at most
+`block_bytes` of scores and what is made of them, so the rows per block shrink as the
+text grows.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import onnxruntime as ort
+
+from attnserve.model.config import ModelConfig
+from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.ort.block_graph import BlockRecipe, build_block_graph
+
+# A block's scores (H x rows x keys float32) and the few tensors made of them at once.
+TENSORS_PER_BLOCK = 8
+BLOCK_BYTES = 256 * 2**20
+
+
+def block_rows(heads: int, keys: int, block_bytes: int = BLOCK_BYTES) -> int:
+    """How many query rows a block takes: its tensors of heads x rows x keys floats within
+    `block_bytes` (one row at least)."""
+    return max(1, block_bytes // (TENSORS_PER_BLOCK * 4 * heads * keys))
+
+
+class BlockStatistics:
+    """Runs selections over queries and keys; one ORT session per recipe, the latest kept."""
+
+    def __init__(
+        self,
+        providers: list,
+        session_options: ort.SessionOptions,
+        config: ModelConfig,
+        block_bytes: int = BLOCK_BYTES,
+        max_sessions: int = 16,
+    ) -> None:
+        self._providers = providers
+        self._session_options = session_options
+        self.config = config
+        self.block_bytes = block_bytes
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[BlockRecipe, ort.InferenceSession] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(
+        self,
+        queries: np.ndarray,
+        keys: np.ndarray,
+        length: int,
+        selection: AttentionSelection,
+    ) -> AttentionOutput:
+        """queries (L, Tm, H, dh) and keys (L, Tm, H_kv, dh): one sequence's, of which the
+        first `length` positions are its own -> what `selection` asks of them."""
+        c, s = self.config, selection
+        rows = np.arange(length) if s.rows is None else np.asarray(s.rows, dtype=np.int64)
+        heads = np.asarray(s.heads, dtype=np.int64)
+        every_head = len(heads) == c.n_heads and bool((heads == np.arange(c.n_heads)).all())
+        recipe = BlockRecipe(
+            scale=c.attention_scale or 1 / math.sqrt(c.head_dim),
+            groups=c.n_heads // c.kv_heads if every_head else 0,
+            softcap=c.attention_softcap,
+            reduction=s.reduction,
+            weights=s.weights and not s.top_k,
+            top_k=s.top_k > 0,
+            entropy=s.entropy or s.row_entropy,
+            received=s.received,
+        )
+        session = self._session(recipe)
+        names = [o.name for o in session.get_outputs()]
+        start, end = s.key_range or (0, length)
+        L, H, R = len(s.layers), len(heads), len(rows)
+        reduced = 1 if s.reduction != "none" else H
+        weights = np.zeros((L, reduced, R, end - start), np.float32) if recipe.weights else None
+        values = np.zeros((L, reduced, R, s.top_k), np.float32) if s.top_k else None
+        indices = np.full((L, reduced, R, s.top_k), -1, np.int32) if s.top_k else None
+        entropy = np.zeros((L, H, R), np.float32) if recipe.entropy else None
+        received = np.zeros((L, reduced, length), np.float32) if s.received else None
+        step = block_rows(H, int(rows.max()) + 1, self.block_bytes)
+        feeds = {
+            "kv_heads": heads // (c.n_heads // c.kv_heads),
+            "k": np.array([s.top_k], np.int64),
+        }
+        for i, layer in enumerate(s.layers):
+            feeds["window"] = np.array([c.window(layer) or 0], np.int64)
+            for first in range(0, R, step):
+                block = rows[first : first + step]
+                seen = int(block.max()) + 1  # the keys any row of the block sees
+                feeds["queries"] = queries[layer, block][:, heads]  # (R', H', dh)
+                feeds["keys"] = keys[layer, :seen]  # (S, H_kv, dh): a view, not a copy
+                feeds["rows"] = block
+                feeds["key_range"] = np.array([start, min(end, seen)], np.int64)
+                ran = session.run(names, {name: feeds[name] for name in recipe.inputs})
+                out = dict(zip(names, ran, strict=True))
+                part = slice(first, first + len(block))
+                if weights is not None and seen > start:
+                    weights[i, :, part, : min(end, seen) - start] = out["weights"]
+                if values is not None and indices is not None:
+                    k = out["values"].shape[-1]  # fewer than top_k where fewer keys
+                    values[i, :, part, :k] = out["values"]
+                    indices[i, :, part, :k] = out["indices"]
+                if entropy is not None:
+                    entropy[i, :, part] = out["entropy"]
+                if received is not None:
+                    received[i, :, :seen] += out["received"]
+        kept = values if s.top_k else weights
+        if kept is not None and s.float16:
+            kept = kept.astype(np.float16)
+        return AttentionOutput(
+            rows,
+            kept if s.weights else None,
+            indices,
+            entropy.mean(axis=2) if s.entropy and entropy is not None else None,
+            row_entropy=entropy if s.row_entropy else None,
+            received=received,
+        )
+
+    def close_sessions(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+
+    def _session(self, recipe: BlockRecipe) -> ort.InferenceSession:
+        with self._lock:
+            session = self._sessions.get(recipe)
+            if session is None:
+                session = ort.InferenceSession(
+                    build_block_graph(recipe).SerializeToString(),
+                    self._session_options,
+                    providers=self._providers,
+                )
+                self._sessions[recipe] = session
+                if len(self._sessions) > self._max_sessions:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end(recipe)
+            return session
