@@ -20,23 +20,38 @@ from attnserve.service.core.errors import DeadlineExceededError
 from attnserve.service.core.plan import EncodePlan, attention_weight_bytes, response_bytes
 from attnserve.service.core.readouts import readout_work_bytes
 
+# A block of query rows' scores and the tensors made of them (service/ort/blocks.py): the
+# rows per block are planned to fit it.
+ATTENTION_BLOCK_BYTES = 256 * 2**20
+
 
 def request_bytes(plan: EncodePlan, config: ModelConfig) -> int:
     """What a request holds at its peak: its answer twice (numpy, then its serialized
     bytes); per sequence with attention or readouts (whose graph computes attention too),
-    its float32 T x T weights twice (each layer's, then stacked), and the square map of
+    its float32 T x T weights twice (each layer's, then stacked), or where its attention
+    is computed by query blocks its queries and keys and one block; the square map of
     what it asked before it is packed where it asked for the causal-packed layout; and
     what its readouts work in."""
     total = 2 * response_bytes(plan, config)
+    blocked = [s.blocked for s in plan.attention or ()] or [False] * len(plan.sequences)
     if plan.attention or plan.readouts:
         per_weight = config.n_layers * config.n_heads * 4
-        total += sum(2 * per_weight * len(ids) ** 2 for ids in plan.sequences)
+        for ids, by_blocks in zip(plan.sequences, blocked, strict=True):
+            if by_blocks:
+                total += queries_bytes(config, len(ids)) + ATTENTION_BLOCK_BYTES
+            else:
+                total += 2 * per_weight * len(ids) ** 2
     for attention, ids in zip(plan.attention or (), plan.sequences, strict=False):
         if attention.packed:
             total += attention_weight_bytes(replace(attention, packed=False), len(ids))
     for selection, ids in zip(plan.readouts or (), plan.sequences, strict=False):
         total += readout_work_bytes(selection, config, len(ids))
     return total
+
+
+def queries_bytes(config: ModelConfig, length: int) -> int:
+    """The queries graph's queries and keys of a `length`-token text, float32."""
+    return config.n_layers * length * (config.n_heads + config.kv_heads) * config.head_dim * 4
 
 
 class ByteBudget:

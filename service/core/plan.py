@@ -14,15 +14,20 @@ from functools import partial
 
 import numpy as np
 
+from attnserve.model.artifacts import QUERIES_ONNX_FILENAME
 from attnserve.model.config import ModelConfig
 from attnserve.model.packing import packed_length
 from attnserve.model.sae_config import SAEConfig
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
-from attnserve.service.core.errors import InvalidInputError, ResponseTooLargeError
+from attnserve.service.core.errors import (
+    InvalidInputError,
+    ResponseTooLargeError,
+    UnsupportedError,
+)
 from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.interventions import Direction
-from attnserve.service.core.readouts import plan_readouts, readout_response_bytes
+from attnserve.service.core.readouts import QUERIES, plan_readouts, readout_response_bytes
 from attnserve.service.core.request import (
     AttentionOptions,
     EncodeOptions,
@@ -32,6 +37,9 @@ from attnserve.service.core.request import (
     Pooling,
 )
 
+# Where a sequence's full weights (every selected layer's and head's T x T, held twice)
+# would pass this, its attention is computed by query blocks instead (when it can be).
+LONG_ATTENTION_BYTES = 256 * 2**20
 # Room for everything in a response besides tensor bytes (ids, shapes, framing).
 _OVERHEAD_BYTES_PER_TOKEN = 16
 _OVERHEAD_BYTES = 4096
@@ -84,9 +92,22 @@ def plan_request(
             for name, token in (("target", patching.target), ("contrast", patching.contrast))
         )
         options = replace(options, patching=replace(patching, target=target, contrast=contrast))
-    attention = (
-        None if options.attention is None else _plan_attention(options.attention, config, sequences)
+    attention = None
+    if options.attention is not None:
+        attention = _plan_attention(options.attention, config, sequences, readable)
+    readouts = plan_readouts(
+        options, config, sequences, attention, readable, saes or {}, source, direction
     )
+    if readouts and attention and any(s.blocked for s in attention):
+        if _statistics(options.attention):
+            raise InvalidInputError(
+                "options.attention: received, row_entropy and key_start/key_end are computed "
+                "from the model as it is; ask for them in a request without hidden states, "
+                "predictions, the logit lens, attribution, features, captures or changes"
+            )
+        # the readouts graph computes the attention it returns, under the changes
+        attention = [replace(s, blocked=False) for s in attention]
+        readouts = [replace(r, attention=s) for r, s in zip(readouts, attention, strict=True)]
     return EncodePlan(
         sequences,
         truncated,
@@ -94,9 +115,7 @@ def plan_request(
         options.token_embeddings,
         attention,
         options.return_tokens,
-        plan_readouts(
-            options, config, sequences, attention, readable, saes or {}, source, direction
-        ),
+        readouts,
     )
 
 
@@ -139,10 +158,20 @@ def tokenized(
     return array, cut
 
 
+def _statistics(request: AttentionOptions) -> bool:
+    """Whether `request` asks for what only the query blocks compute."""
+    return request.received or request.row_entropy or bool(request.key_start or request.key_end)
+
+
 def _plan_attention(
-    request: AttentionOptions, config: ModelConfig, sequences: list[np.ndarray]
+    request: AttentionOptions,
+    config: ModelConfig,
+    sequences: list[np.ndarray],
+    readable: frozenset[str],
 ) -> list[AttentionSelection]:
-    """One selection per sequence (query_positions resolve against each one's length)."""
+    """One selection per sequence (query_positions resolve against each one's length): by
+    query blocks (blocked) where it asks for statistics or its weights would not fit in
+    LONG_ATTENTION_BYTES, the model's queries graph permitting."""
     field = "options.attention"
     layers = indices(f"{field}.layers", request.layers, config.n_layers)
     heads = indices(f"{field}.heads", request.heads, config.n_heads)
@@ -167,11 +196,31 @@ def _plan_attention(
             f"{field}.layout: ATTENTION_LAYOUT_CAUSAL_PACKED needs every row; leave "
             f"{field}.query_positions empty or use ATTENTION_LAYOUT_FULL"
         )
-    if request.omit_weights and not (request.head_entropy or request.top_k):
+    summaries = request.head_entropy or request.top_k or request.row_entropy or request.received
+    if request.omit_weights and not summaries:
         raise InvalidInputError(
-            f"{field}.omit_weights leaves nothing to return: set {field}.head_entropy "
-            f"or {field}.top_k too"
+            f"{field}.omit_weights leaves nothing to return: set {field}.head_entropy, "
+            f"{field}.row_entropy, {field}.received or {field}.top_k too"
         )
+    statistics = _statistics(request)
+    if statistics and (request.rollout or packed):
+        raise InvalidInputError(
+            f"{field}: received, row_entropy and key_start/key_end are per row of each head; "
+            f"leave {field}.rollout unset and use ATTENTION_LAYOUT_FULL"
+        )
+    if (request.key_start or request.key_end) and request.top_k:
+        raise InvalidInputError(
+            f"{field}.key_start/key_end: a tile holds every weight of its keys; leave "
+            f"{field}.top_k at 0"
+        )
+    if statistics and QUERIES not in readable:
+        raise UnsupportedError(
+            f"{field}: {config.name} has no queries graph ({QUERIES_ONNX_FILENAME}), from "
+            "which received, row_entropy and tiles are computed: re-export it with "
+            "`attnserve export`"
+        )
+    per_square = 2 * config.n_layers * config.n_heads * 4  # the full path holds it twice
+    blockable = QUERIES in readable and not (request.rollout or packed)
     if reduction is None:
         reduction = HeadReduction.MEAN if request.rollout else HeadReduction.NONE
     selection = partial(
@@ -182,14 +231,34 @@ def _plan_attention(
         rollout=request.rollout,
         top_k=request.top_k,
         entropy=request.head_entropy,
+        row_entropy=request.row_entropy,
+        received=request.received,
         weights=not request.omit_weights,
         float16=request.float16,
         packed=packed,
     )
     return [
-        selection(rows=_query_rows(request.query_positions, len(ids), index))
+        selection(
+            rows=_query_rows(request.query_positions, len(ids), index),
+            key_range=_key_range(request, len(ids), index),
+            blocked=blockable and (statistics or per_square * len(ids) ** 2 > LONG_ATTENTION_BYTES),
+        )
         for index, ids in enumerate(sequences)
     ]
+
+
+def _key_range(request: AttentionOptions, length: int, index: int) -> tuple[int, int] | None:
+    """inputs[index]'s tile of keys [start, end), or None: every key."""
+    if not (request.key_start or request.key_end):
+        return None
+    start, end = request.key_start, request.key_end or length
+    if not 0 <= start < end <= length:
+        raise InvalidInputError(
+            f"options.attention.key_start/key_end: [{request.key_start}, {request.key_end}) "
+            f"is not a tile of inputs[{index}]'s keys: 0 <= key_start < key_end <= {length} "
+            "(key_end 0: through the last token)"
+        )
+    return start, end
 
 
 def _query_rows(values, length: int, index: int) -> tuple[int, ...] | None:
@@ -262,6 +331,11 @@ def attention_bytes(selection: AttentionSelection, length: int) -> int:
         total += _attention_values(s, length) * 4  # int32 indices
     if s.entropy:
         total += len(s.layers) * len(s.heads) * 4
+    rows = length if s.rows is None else len(s.rows)
+    if s.row_entropy:
+        total += len(s.layers) * len(s.heads) * rows * 4
+    if s.received:
+        total += len(s.layers) * (1 if s.reduction != "none" else len(s.heads)) * length * 4
     return total
 
 
@@ -278,7 +352,8 @@ def _attention_values(s: AttentionSelection, length: int) -> int:
     if s.reduction != "none":
         heads = 1
     rows = length if s.rows is None else len(s.rows)
-    per_head = packed_length(length) if s.packed else rows * (s.top_k or length)
+    keys = length if s.key_range is None else s.key_range[1] - s.key_range[0]
+    per_head = packed_length(length) if s.packed else rows * (s.top_k or keys)
     return layers * heads * per_head
 
 

@@ -54,6 +54,10 @@ class AttentionOptions:
     top_k: int = 0  # 0: every key
     head_entropy: bool = False
     omit_weights: bool = False
+    row_entropy: bool = False
+    received: bool = False
+    key_start: int = 0  # a tile of keys [key_start, key_end); key_end 0: through T
+    key_end: int = 0
 
 
 @dataclass(frozen=True)

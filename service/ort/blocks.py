@@ -19,14 +19,14 @@ import onnxruntime as ort
 
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import AttentionOutput, AttentionSelection
+from attnserve.service.core.budget import ATTENTION_BLOCK_BYTES
 from attnserve.service.ort.block_graph import BlockRecipe, build_block_graph
 
 # A block's scores (H x rows x keys float32) and the few tensors made of them at once.
 TENSORS_PER_BLOCK = 8
-BLOCK_BYTES = 256 * 2**20
 
 
-def block_rows(heads: int, keys: int, block_bytes: int = BLOCK_BYTES) -> int:
+def block_rows(heads: int, keys: int, block_bytes: int = ATTENTION_BLOCK_BYTES) -> int:
     """How many query rows a block takes: its tensors of heads x rows x keys floats within
     `block_bytes` (one row at least)."""
     return max(1, block_bytes // (TENSORS_PER_BLOCK * 4 * heads * keys))
@@ -40,7 +40,7 @@ class BlockStatistics:
         providers: list,
         session_options: ort.SessionOptions,
         config: ModelConfig,
-        block_bytes: int = BLOCK_BYTES,
+        block_bytes: int = ATTENTION_BLOCK_BYTES,
         max_sessions: int = 16,
     ) -> None:
         self._providers = providers

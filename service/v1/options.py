@@ -200,6 +200,10 @@ def _attention(request: pb.AttentionRequest) -> AttentionOptions:
         top_k=request.top_k,
         head_entropy=request.head_entropy,
         omit_weights=request.omit_weights,
+        row_entropy=request.row_entropy,
+        received=request.received,
+        key_start=request.key_start,
+        key_end=request.key_end,
     )
 
 

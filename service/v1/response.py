@@ -128,6 +128,10 @@ def _fill_result(out: SplicedMessage, index: int, result: SequenceResult, plan: 
             out.put("attention_indices", a.indices, pb.DTYPE_INT32)
         if a.entropy is not None:
             out.put("head_entropy", a.entropy)
+        if a.row_entropy is not None:
+            out.put("attention_row_entropy", a.row_entropy)
+        if a.received is not None:
+            out.put("attention_received", a.received)
         message.attention_layers[:] = selection.layers
         message.attention_heads[:] = selection.heads
         message.attention_rows[:] = a.rows.tolist()

@@ -114,7 +114,7 @@ class Input(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class AttentionRequest(_message.Message):
-    __slots__ = ("layers", "heads", "dtype", "layout", "query_positions", "head_reduction", "rollout", "top_k", "head_entropy", "omit_weights")
+    __slots__ = ("layers", "heads", "dtype", "layout", "query_positions", "head_reduction", "rollout", "top_k", "head_entropy", "omit_weights", "row_entropy", "received", "key_start", "key_end")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,10 @@ class AttentionRequest(_message.Message):
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     HEAD_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     OMIT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ROW_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    KEY_START_FIELD_NUMBER: _ClassVar[int]
+    KEY_END_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedScalarFieldContainer[int]
     heads: _containers.RepeatedScalarFieldContainer[int]
     dtype: Dtype
@@ -135,7 +139,11 @@ class AttentionRequest(_message.Message):
     top_k: int
     head_entropy: bool
     omit_weights: bool
-    def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ..., query_positions: _Optional[_Iterable[int]] = ..., head_reduction: _Optional[_Union[HeadReduction, str]] = ..., rollout: _Optional[bool] = ..., top_k: _Optional[int] = ..., head_entropy: _Optional[bool] = ..., omit_weights: _Optional[bool] = ...) -> None: ...
+    row_entropy: bool
+    received: bool
+    key_start: int
+    key_end: int
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., heads: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ..., layout: _Optional[_Union[AttentionLayout, str]] = ..., query_positions: _Optional[_Iterable[int]] = ..., head_reduction: _Optional[_Union[HeadReduction, str]] = ..., rollout: _Optional[bool] = ..., top_k: _Optional[int] = ..., head_entropy: _Optional[bool] = ..., omit_weights: _Optional[bool] = ..., row_entropy: _Optional[bool] = ..., received: _Optional[bool] = ..., key_start: _Optional[int] = ..., key_end: _Optional[int] = ...) -> None: ...
 
 class HiddenStatesRequest(_message.Message):
     __slots__ = ("layers", "positions", "norms", "omit_states")
@@ -348,7 +356,7 @@ class EncodeRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., options: _Optional[_Union[EncodeOptions, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution", "features", "activations", "activation_positions", "patching")
+    __slots__ = ("token_ids", "embeddings", "pooled", "attention", "attention_layers", "attention_heads", "truncated", "tokens", "attention_rows", "attention_indices", "head_entropy", "hidden_states", "hidden_state_layers", "hidden_state_positions", "hidden_state_norms", "predictions", "logit_lens", "attribution", "features", "activations", "activation_positions", "patching", "attention_received", "attention_row_entropy")
     class ActivationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +386,8 @@ class EncodeResult(_message.Message):
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     PATCHING_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_ROW_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     embeddings: Tensor
     pooled: Tensor
@@ -400,7 +410,9 @@ class EncodeResult(_message.Message):
     activations: _containers.MessageMap[str, Tensor]
     activation_positions: _containers.RepeatedScalarFieldContainer[int]
     patching: ActivationPatching
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ..., features: _Optional[_Union[SAEFeatures, _Mapping]] = ..., activations: _Optional[_Mapping[str, Tensor]] = ..., activation_positions: _Optional[_Iterable[int]] = ..., patching: _Optional[_Union[ActivationPatching, _Mapping]] = ...) -> None: ...
+    attention_received: Tensor
+    attention_row_entropy: Tensor
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., pooled: _Optional[_Union[Tensor, _Mapping]] = ..., attention: _Optional[_Union[Tensor, _Mapping]] = ..., attention_layers: _Optional[_Iterable[int]] = ..., attention_heads: _Optional[_Iterable[int]] = ..., truncated: _Optional[bool] = ..., tokens: _Optional[_Iterable[str]] = ..., attention_rows: _Optional[_Iterable[int]] = ..., attention_indices: _Optional[_Union[Tensor, _Mapping]] = ..., head_entropy: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_states: _Optional[_Union[Tensor, _Mapping]] = ..., hidden_state_layers: _Optional[_Iterable[int]] = ..., hidden_state_positions: _Optional[_Iterable[int]] = ..., hidden_state_norms: _Optional[_Union[Tensor, _Mapping]] = ..., predictions: _Optional[_Union[TokenPredictions, _Mapping]] = ..., logit_lens: _Optional[_Union[TokenPredictions, _Mapping]] = ..., attribution: _Optional[_Union[LogitAttribution, _Mapping]] = ..., features: _Optional[_Union[SAEFeatures, _Mapping]] = ..., activations: _Optional[_Mapping[str, Tensor]] = ..., activation_positions: _Optional[_Iterable[int]] = ..., patching: _Optional[_Union[ActivationPatching, _Mapping]] = ..., attention_received: _Optional[_Union[Tensor, _Mapping]] = ..., attention_row_entropy: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class LogitAttribution(_message.Message):
     __slots__ = ("positions", "target_ids", "contrast_ids", "heads", "attention_biases", "mlps", "embeddings", "constants")

@@ -91,7 +91,8 @@ INVALID = {
     "nothing left to return": (
         with_attention(omit_weights=True),
         "options.attention.omit_weights leaves nothing to return: set "
-        "options.attention.head_entropy or options.attention.top_k too",
+        "options.attention.head_entropy, options.attention.row_entropy, "
+        "options.attention.received or options.attention.top_k too",
     ),
     "bad pooling": (
         raw_request(inputs=[pb.Input(text="x")], options=pb.EncodeOptions(pooling=5)),
