@@ -17,7 +17,8 @@ Inputs (one of input_ids or text):
   steering       FP32 [width]         added (times steering_scale) at steering_hook, at
                                       steering_positions: one intervention
 Outputs (by name; none asked for means all of the first seven, attention_indices only
-with top_k; the readouts, from hidden_states on, only when named):
+with top_k; the attention statistics and the readouts, from hidden_states on, only when
+named):
   embeddings        FP32 [batch, seq, d_model]   rows past their length are zeros
   pooled            FP32 [batch, d_model]        parameter pooling: last (default) | mean
   token_ids         INT64 [batch, seq]           what the model saw (0 past a length)
@@ -25,6 +26,8 @@ with top_k; the readouts, from hidden_states on, only when named):
   attention         FP32|FP16 [batch, layers, heads, rows, keys]  (or [..., packed])
   attention_indices INT32 [batch, layers, heads, rows, k]         (top_k)
   head_entropy      FP32 [batch, layers, heads]
+  attention_received     FP32 [batch, layers, heads, keys]  (only when named; by query
+  attention_row_entropy  FP32 [batch, layers, heads, rows]   blocks, at any length)
   hidden_states             FP32 [batch, states, positions, d_model]  (states: L + 1)
   hidden_state_norms        FP32 [batch, states, positions]
   logits                    FP32 [batch, positions, vocab]
@@ -109,6 +112,8 @@ OUTPUT_DATATYPES = {
     "attention": "FP32",  # FP16 with attention_dtype=FP16
     "attention_indices": "INT32",
     "head_entropy": "FP32",
+    "attention_received": "FP32",
+    "attention_row_entropy": "FP32",
     "hidden_states": "FP32",
     "hidden_state_norms": "FP32",
     "logits": "FP32",
@@ -133,7 +138,9 @@ OUTPUT_DATATYPES = {
     "patching_clean": "FP32",
     "patching_corrupted": "FP32",
 }
-ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy")
+# the statistics only query blocks compute, returned only when named
+STATISTICS_OUTPUTS = ("attention_received", "attention_row_entropy")
+ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy", *STATISTICS_OUTPUTS)
 HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
 PREDICTION_OUTPUTS = (
     "logits",
@@ -293,6 +300,8 @@ def _options(
     if "attention" in groups:
         values["attention"] |= {
             "head_entropy": "head_entropy" in asked,
+            "row_entropy": "attention_row_entropy" in asked,
+            "received": "attention_received" in asked,
             "omit_weights": "attention" not in asked,
         }
         if "attention_indices" in asked and not values["attention"].get("top_k"):
@@ -395,7 +404,8 @@ def _requested_outputs(request: InferRequest, params: dict[str, object]) -> list
         return [
             n
             for n in OUTPUT_DATATYPES
-            if n not in READOUT_OUTPUTS and (n != "attention_indices" or "top_k" in params)
+            if n not in READOUT_OUTPUTS + STATISTICS_OUTPUTS
+            and (n != "attention_indices" or "top_k" in params)
         ]
     names = [o.name for o in request.outputs]
     for i, name in enumerate(names):
@@ -442,6 +452,7 @@ def output_rows(name: str, plan: EncodePlan, results: list[SequenceResult]) -> l
         features = [getattr(r.readouts, "features", None) for r in results]
         return [getattr(f, name.removeprefix("sae_"))[0] for f in features]
     fields = {"attention": "weights", "attention_indices": "indices", "head_entropy": "entropy"}
+    fields |= {"attention_received": "received", "attention_row_entropy": "row_entropy"}
     return [getattr(r.attention, fields[name]) for r in results]
 
 
