@@ -69,6 +69,10 @@ class Encoding:
     rows: list[int] = field(default_factory=list)  # attention's rows: absolute positions
     indices: np.ndarray | None = None  # int32, attention's shape: top_k key positions
     head_entropy: np.ndarray | None = None  # float32 (layers, heads), nats
+    # float32 (layers, heads, rows): each row's entropy, nats
+    attention_row_entropy: np.ndarray | None = None
+    # float32 (layers, heads, T): each key's attention summed over the rows
+    attention_received: np.ndarray | None = None
     hidden_states: np.ndarray | None = None  # float32 (layers, positions, d_model)
     hidden_state_norms: np.ndarray | None = None  # float32 (layers, positions)
     hidden_state_layers: list[int] = field(default_factory=list)
@@ -187,6 +191,9 @@ def build_request(
     top_k: int = 0,
     head_entropy: bool = False,
     omit_weights: bool = False,
+    row_entropy: bool = False,
+    received: bool = False,
+    keys: tuple[int, int] | None = None,
     pooling: str = "none",
     token_embeddings: bool = True,
     truncate: bool = False,
@@ -208,8 +215,10 @@ def build_request(
 
     Attention is returned when `attention` or any attention option is set: `layers`,
     `heads` (empty: all), `rows` (query positions, negative from the end), a
-    `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, and
-    `omit_weights` to get only the summaries (see AttentionRequest in the .proto).
+    `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, `row_entropy`,
+    `received` (each key's attention over the rows), `keys` (a tile: keys (start, end) of
+    each row; end 0: T), and `omit_weights` to get only the summaries (see AttentionRequest
+    in the .proto).
     `hidden_states`, `predictions`, `logit_lens`: True, or the fields of the .proto's
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
     [-1], "top_k": 3, "lens_norm": "own"}`). `attribution`: the fields of
@@ -244,6 +253,7 @@ def build_request(
     options.truncation = pb.TRUNCATION_RIGHT if truncate else pb.TRUNCATION_NONE
     options.return_tokens = return_tokens
     wanted = (layers, heads, rows, rollout, top_k, head_entropy, omit_weights)
+    wanted += (row_entropy, received, keys)
     if attention or any(wanted) or head_reduction != "none":
         a = options.attention
         a.layers.extend(layers)
@@ -259,6 +269,9 @@ def build_request(
         a.top_k = top_k
         a.head_entropy = head_entropy
         a.omit_weights = omit_weights
+        a.row_entropy = row_entropy
+        a.received = received
+        a.key_start, a.key_end = keys or (0, 0)
     for name, value in (
         ("hidden_states", hidden_states),
         ("predictions", predictions),
@@ -453,6 +466,8 @@ def decode_response(
                 rows=list(result.attention_rows),
                 indices=tensors.optional("attention_indices"),
                 head_entropy=tensors.optional("head_entropy"),
+                attention_row_entropy=tensors.optional("attention_row_entropy"),
+                attention_received=tensors.optional("attention_received"),
                 hidden_states=tensors.optional("hidden_states"),
                 hidden_state_norms=tensors.optional("hidden_state_norms"),
                 hidden_state_layers=list(result.hidden_state_layers),

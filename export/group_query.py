@@ -6,7 +6,8 @@ it took 4.0 s and 2.3 GB where com.microsoft's GroupQueryAttention took 0.6 s an
 (research/long-attention). That op attends a few rows of one head at a time, causally, with
 grouped key/value heads, a sliding window and a scale of its own, so the queries graph, which
 long texts run, has its Attention nodes replaced by it. Layers with a soft-cap never reach
-the Attention op (the fused kernel has none): their attention stays as traced.
+the Attention op (the fused kernel has none), and the op takes heads of a multiple of 8
+dimensions only: there the attention stays as traced (T x T per layer at run time).
 
 The other graphs keep the Attention op: GroupQueryAttention's CUDA kernel takes float16 only
 (float32 nodes of it fall back to the CPU there), and the export checks this graph's parity
@@ -29,8 +30,8 @@ def as_group_query_attention(model: ir.Model, config: ModelConfig) -> None:
     """Replace each layer's Attention node (4-D, causal, as traced) of `model` in place."""
     graph = model.graph
     layers = [node for node in graph if node.op_type == "Attention"]  # in layer order
-    if not layers:
-        return  # every layer soft-capped: attention as traced
+    if not layers or config.head_dim % 8:
+        return  # soft-capped, or heads the op does not take: attention as traced
     if len(layers) != config.n_layers:
         raise ValueError(f"expected {config.n_layers} Attention nodes, found {len(layers)}")
     tape = ir.tape.Tape()
