@@ -17,6 +17,7 @@ from attnserve.model.artifacts import (
     FUSED_ONNX_FILENAME,
     LENS_ONNX_FILENAME,
     ONNX_FILENAME,
+    QUERIES_ONNX_FILENAME,
     READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
@@ -89,6 +90,7 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     # table, and its norms come before its sublayers
     fp32_graphs |= {READOUTS_ONNX_FILENAME, LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME}
     fp32_graphs.add(DECODE_ONNX_FILENAME)  # generation's, where there is an unembedding
+    fp32_graphs.add(QUERIES_ONNX_FILENAME)  # long texts' queries and keys
     # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
     assert report["precisions"] == ["fp32"]
     assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}
@@ -124,9 +126,16 @@ def test_default_export_writes_a_checked_model_directory(default_export):
         external = onnx.TensorProto.EXTERNAL
         return {i.name for i in graph.initializer if i.data_location == external}
 
-    held = set().union(*(stored(name) for name in fp32_graphs - {DECODE_ONNX_FILENAME}))
-    read = stored(DECODE_ONNX_FILENAME)
-    assert "tok_emb.weight" in read and read <= held
+    own = {DECODE_ONNX_FILENAME, QUERIES_ONNX_FILENAME}
+    held = set().union(*(stored(name) for name in fp32_graphs - own))
+    for name in own:
+        read = stored(name)
+        assert "tok_emb.weight" in read and read <= held
+    # the queries graph attends through GroupQueryAttention (no T x T buffer on CPU)
+    queries = onnx.load(str(out / QUERIES_ONNX_FILENAME), load_external_data=False)
+    ops = [n.op_type for n in queries.graph.node]
+    assert ops.count("GroupQueryAttention") == ModelConfig().n_layers
+    assert "Attention" not in ops and "Softmax" not in ops
 
 
 def _io(model: onnx.ModelProto) -> list[tuple[str, int]]:

@@ -21,7 +21,7 @@ import pytest
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.oip.wire import pack_bytes
-from attnserve.service.oip.tensors import OUTPUT_DATATYPES, READOUT_OUTPUTS
+from attnserve.service.oip.tensors import OUTPUT_DATATYPES, READOUT_OUTPUTS, STATISTICS_OUTPUTS
 from tests.conftest import SMALL_CONFIG
 
 MODEL = SMALL_CONFIG.name
@@ -115,9 +115,10 @@ def test_without_outputs_every_output_is_returned(http):
     """ "outputs" : ... Optional, if not specified all outputs produced by the model will be
     returned using default $request_output settings.
 
-    What the model produces unasked: attention_indices only with top_k, and the readouts
-    (hidden states, logits, predictions, the lens: another graph) only when named."""
-    unasked = [n for n in OUTPUT_DATATYPES if n not in READOUT_OUTPUTS]
+    What the model produces unasked: attention_indices only with top_k, and the attention
+    statistics by query blocks and the readouts (hidden states, logits, predictions, the
+    lens: other graphs) only when named."""
+    unasked = [n for n in OUTPUT_DATATYPES if n not in READOUT_OUTPUTS + STATISTICS_OUTPUTS]
     response = infer(http, {"inputs": [ids_input()]})
     names = [o["name"] for o in response.json()["outputs"]]
     assert names == [n for n in unasked if n != "attention_indices"]

@@ -28,6 +28,7 @@ from attnserve.service.oip.tensors import (
     OPTION_GROUPS,
     OUTPUT_DATATYPES,
     READOUT_OUTPUTS,
+    STATISTICS_OUTPUTS,
     output_rows,
     stack_into,
     stacked_shape,
@@ -57,7 +58,9 @@ def test_ragged_rows_become_one_input_each():
     # "Optional, if not specified all outputs produced by the model will be returned"
     # (attention_indices only with top_k, the readouts only when named)
     assert plan.outputs == [
-        n for n in OUTPUT_DATATYPES if n != "attention_indices" and n not in READOUT_OUTPUTS
+        n
+        for n in OUTPUT_DATATYPES
+        if n != "attention_indices" and n not in READOUT_OUTPUTS + STATISTICS_OUTPUTS
     ]
 
 

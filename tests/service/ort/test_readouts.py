@@ -143,7 +143,7 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
-    readable = {"stream", "changes", "lens", "attribution", "decode"}  # each precision's
+    readable = {"stream", "changes", "lens", "attribution", "decode", "queries"}  # each precision's
     assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).readouts == readable
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
