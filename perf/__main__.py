@@ -1,6 +1,6 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-features, interventions, generate, repository, ray, containers, report), from the repository's root
-with attnserve installed (`make install`): `make benchmarks` runs `report`."""
+features, interventions, generate, long, repository, ray, containers, report), from the
+repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations
 
@@ -93,6 +93,12 @@ def parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--repeats", type=int, default=3, help="runs per engine (medians)")
     generate.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
+    long = commands.add_parser(
+        "long",
+        help="Llama-3.2-1B's shape at 1k-8k tokens: the embeddings alone, the attention "
+        "statistics by query blocks, transformers' eager attention where it fits",
+    )
+    long.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
     interventions = commands.add_parser(
         "interventions",
         help="GPT-2 small's shape: activation patching grids in one call against "
@@ -175,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         from perf.generate import run_generate
 
         run_generate(args.out, args.ref, args.repeats, args.quick, progress)
+        return 0
+    if args.command == "long":
+        from perf.long import run_long
+
+        run_long(args.out, args.quick, progress)
         return 0
     if args.command == "interventions":
         from perf.interventions import run_interventions
