@@ -67,6 +67,9 @@ CPU_EP = "CPUExecutionProvider"
 CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
 _ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
 _ORT_WARNING = 2  # ORT's default log severity
+# Embeddings whose graph would hold more attention scores than this at once come from the
+# queries graph on CPU (a 32-head model from 725 tokens on, 16 heads 1,024)
+LONG_EMBEDDINGS_BYTES = 64 * 2**20
 
 
 class OrtRuntime:
@@ -261,8 +264,21 @@ class OrtRuntime:
         return values
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
-        """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is."""
-        return self._run(self.embeddings_session, [self.config.embeddings_name], input_ids)[0]
+        """input_ids int64 (B, T) -> embeddings (B, T, D), on the fastest graph there is; a
+        long text's on CPU through the queries graph, whose attention holds no T x T scores
+        (the embeddings graph's Attention kernel holds a layer's, the one graph every
+        layer's)."""
+        session = self.embeddings_session
+        c, t = self.config, input_ids.shape[1]
+        # the full graph (or the one graph) holds every layer's scores, the embeddings one a layer's
+        squares = c.n_heads * (c.n_layers if session is self.session else 1)
+        if (
+            self.provider == "cpu"
+            and QUERIES in self.readout_graphs.available
+            and squares * t * t * 4 > LONG_EMBEDDINGS_BYTES
+        ):
+            session = self.readout_graphs.session(QUERIES)
+        return self._run(session, [c.embeddings_name], input_ids)[0]
 
     @property
     def readouts(self) -> frozenset[str]:
