@@ -570,3 +570,64 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     assert page.text_content("#steered-text") == texts[0]
     assert page.text_content("#plain-text") == texts[1]
     assert page.elsewhere == []
+
+
+LONG_TEXT = "In the beginning the cat sat on the mat, and then the dog came. " * 4  # 256 tokens
+
+
+def test_a_long_text_shows_received_attention_top_keys_and_exact_tiles(page, server, client):
+    """The long view never asks for a map: each token shaded by the attention it receives,
+    a row's top keys on hover, and tiles of the map that are the API's full weights there
+    (this model's maps fit, so the test can hold the whole map against them)."""
+    layer, head = 1, 2
+    page.goto(f"{server.http_url}/?text={quote(LONG_TEXT)}&view=long&layer={layer}&head={head}")
+    page.locator('#long-tokens[data-ready="true"]').wait_for()
+    page.locator('#long-tile[data-ready="true"]').wait_for()
+    assert page.locator("#maps").is_hidden()
+    (stats,) = client.encode(
+        LONG_TEXT, layers=[layer], heads=[head], top_k=8, received=True, row_entropy=True
+    )
+    (full,) = client.encode(LONG_TEXT, layers=[layer], heads=[head])
+    t = len(stats.token_ids)
+    spans = page.locator("#long-tokens span")
+    assert spans.count() == t >= 256
+    shown = np.array([float(spans.nth(i).get_attribute("data-received")) for i in range(t)])
+    assert np.abs(shown - stats.attention_received[0, 0]).max() <= 1e-6
+    assert np.abs(shown - full.attention[0, 0].sum(0)).max() <= 1e-4  # the map's column sums
+    for row in (0, 100, t - 1):
+        spans.nth(row).hover()
+        info = page.locator(f'#long-top[data-row="{row}"]')
+        info.wait_for()
+        keys = [int(k) for k in info.get_attribute("data-keys").split(",")]
+        assert keys == [int(k) for k in stats.indices[0, 0, row] if k >= 0]
+        assert page.locator("#long-tokens span.key").count() == len(set(keys))
+
+    def hover_tile(i: int, j: int) -> tuple[int, int, float]:
+        canvas = page.locator("#long-tile")
+        canvas.scroll_into_view_if_needed()
+        box = canvas.bounding_box()
+        cell = box["width"] / 128
+        page.mouse.move(box["x"] + (j + 0.5) * cell, box["y"] + (i + 0.5) * cell)
+        info = page.locator("#long-tile-info")
+        r0, k0 = (int(canvas.get_attribute(f"data-{k}")) for k in ("r0", "k0"))
+        page.locator(f'#long-tile-info[data-row="{r0 + i}"][data-key="{k0 + j}"]').wait_for()
+        return r0 + i, k0 + j, float(info.get_attribute("data-value"))
+
+    # the first tile: the last 128 rows against the first 128 keys
+    assert page.locator("#long-tile").get_attribute("data-r0") == str(t - 128)
+    for i, j in ((0, 0), (5, 100), (127, 127)):
+        row, key, value = hover_tile(i, j)
+        assert value == pytest.approx(full.attention[0, 0, row, key], abs=1e-6)
+    # a click on the overview zooms there: rows and keys around the point, clamped
+    overview = page.locator("#long-overview")
+    overview.scroll_into_view_if_needed()
+    box = overview.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.7)
+    page.locator('#long-tile[data-ready="true"]:not([data-k0="0"])').wait_for()
+    tile = page.locator("#long-tile")
+    r0, k0 = (int(tile.get_attribute(f"data-{k}")) for k in ("r0", "k0"))
+    assert abs(r0 - (int(0.7 * t) - 64)) <= 1 and abs(k0 - (int(0.6 * t) - 64)) <= 1
+    for i, j in ((0, 0), (40, 60), (127, 127)):
+        row, key, value = hover_tile(i, j)
+        assert value == pytest.approx(full.attention[0, 0, row, key], abs=1e-6)
+    assert not page.elsewhere

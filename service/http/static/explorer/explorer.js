@@ -386,6 +386,10 @@ function showCompareInputs() {
 
 function update() {
   saveUrl();
+  if (longMode() !== Boolean(state.long) || (longMode() && state.long && !sameHead())) {
+    show();  // a view of the other kind, or another head of a long text: asked afresh
+    return;
+  }
   draw();
   drawHeads();
   markSelected();
@@ -458,6 +462,11 @@ async function loadModelInfo() {
     $("model").textContent = info.name;
     $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
       (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
+    if (!state.panes.a) {  // the long view asks for one head: the model's, before any map
+      const params = new URLSearchParams(location.search);
+      fillSelect("layer", info.nLayers, params.get("layer"));
+      fillSelect("head", info.nHeads, params.get("head"));
+    }
     if (state.panes.a) fillSelect("head", state.panes.a.packed.shape[1]);
     if (state.panes.a) drawEntropy();
   } catch (_) { /* the page still works without the name */ }
@@ -962,7 +971,9 @@ async function show(event) {
   if (!text) return;
   $("status").className = "";
   $("status").textContent = "encoding...";
+  showLongMode();
   try {
+    if (longMode()) return await showLong($("model-a").value, text);
     const how = $("compare").value;
     const second = how === "model" ? [$("model-b").value, text]
       : how === "text" ? [$("model-a").value, $("text-b").value] : null;
@@ -995,6 +1006,157 @@ async function show(event) {
   }
 }
 
+// ---- long texts: statistics by query blocks and tiles, never the T x T map ----
+
+const TOP_K = 8;
+const TILE = 128;  // a zoomed tile's rows and keys
+
+function longMode() {
+  return $("view").value === "long";
+}
+
+function sameHead() {
+  return state.long.layer === Number($("layer").value) && state.long.head === Number($("head").value);
+}
+
+// The long view's elements, or the maps', as the view says.
+function showLongMode() {
+  const long = longMode();
+  $("long").hidden = !long;
+  $("maps").hidden = long;
+  $("heads-strip").hidden = long;
+  if (long) $("scale").hidden = true;
+  else state.long = null;
+}
+
+// One head's statistics of the whole text: each row's top keys, each key's received
+// attention and each row's entropy (one request; the server keeps the text's queries and
+// keys for the tiles asked next).
+async function showLong(model, text) {
+  const layer = Number($("layer").value) || 0, head = Number($("head").value) || 0;
+  const options = {
+    skipTokenEmbeddings: true, returnTokens: true, truncation: "TRUNCATION_RIGHT",
+    attention: { layers: [layer], heads: [head], topK: TOP_K, received: true, rowEntropy: true },
+  };
+  const answer = await post("/v1/encode", { model, inputs: [{ text }], options });
+  const r = answer.results[0];
+  state.long = {
+    model, text, layer, head, tokens: r.tokens,
+    values: decodeNumbers(r.attention), indices: decodeNumbers(r.attentionIndices),
+    received: decodeNumbers(r.attentionReceived), entropy: decodeNumbers(r.attentionRowEntropy),
+  };
+  state.panes = { a: null, b: null };
+  const ms = Number(answer.timings.totalNs) / 1e6;
+  $("status").textContent = `${r.tokens.length} tokens, layer ${layer} head ${head}, server ${ms.toFixed(1)} ms`;
+  drawReceived();
+  drawOverview();
+  await zoom(Math.max(0, r.tokens.length - TILE), 0);
+}
+
+function drawReceived() {
+  const { tokens, received } = state.long;
+  const peak = Math.max(1e-9, ...received.slice(1));
+  const box = $("long-tokens");
+  box.innerHTML = "";
+  tokens.forEach((token, i) => {
+    const span = document.createElement("span");
+    span.textContent = token;
+    span.style.background = colour(received[i] / peak);
+    span.dataset.position = String(i);
+    span.dataset.received = String(received[i]);
+    span.title = `token ${i}: receives ${received[i].toFixed(3)}`;
+    span.addEventListener("mouseenter", () => showTopKeys(i));
+    box.append(span);
+  });
+  box.dataset.ready = "true";
+}
+
+// Row i's top keys, listed and outlined in the text.
+function showTopKeys(row) {
+  const { tokens, values, indices, entropy } = state.long;
+  const keys = [];
+  for (let k = 0; k < TOP_K; k++) {
+    const j = indices[row * TOP_K + k];
+    if (j >= 0) keys.push([j, values[row * TOP_K + k]]);
+  }
+  for (const span of $("long-tokens").querySelectorAll("span.key")) span.classList.remove("key");
+  const spans = $("long-tokens").children;
+  for (const [j] of keys) spans[j].classList.add("key");
+  const info = $("long-top");
+  info.textContent = `token ${row} ${JSON.stringify(tokens[row])} (entropy ${entropy[row].toFixed(3)} nats) attends most to: ` +
+    keys.map(([j, v]) => `${j} ${JSON.stringify(tokens[j])} ${v.toFixed(3)}`).join(", ");
+  info.dataset.row = String(row);
+  info.dataset.keys = keys.map(([j]) => j).join(",");
+}
+
+// The whole map as each row's top keys: exact where drawn, blank elsewhere.
+function drawOverview() {
+  const { tokens, values, indices } = state.long;
+  const t = tokens.length, canvas = $("long-overview"), size = canvas.width;
+  const ctx = canvas.getContext("2d");
+  const image = ctx.createImageData(size, size);
+  const peak = new Float32Array(size * size);
+  for (let i = 0; i < t; i++) {
+    for (let k = 0; k < TOP_K; k++) {
+      const j = indices[i * TOP_K + k];
+      if (j < 0) continue;
+      const cell = Math.floor(i * size / t) * size + Math.floor(j * size / t);
+      peak[cell] = Math.max(peak[cell], values[i * TOP_K + k]);
+    }
+  }
+  for (let c = 0; c < peak.length; c++) {
+    const x = Math.min(1, peak[c]);
+    image.data.set([255 - 215 * x, 255 - 170 * x, 255 - 60 * x, 255], 4 * c);
+  }
+  ctx.putImageData(image, 0, 0);
+}
+
+// Rows r0.. and keys k0.. of the head, TILE of each (fewer at the text's end), exactly.
+async function zoom(r0, k0) {
+  const { model, text, layer, head, tokens } = state.long;
+  const t = tokens.length, n = Math.min(TILE, t);
+  r0 = Math.max(0, Math.min(r0, t - n));
+  k0 = Math.max(0, Math.min(k0, t - n));
+  const rows = Array.from({ length: n }, (_, i) => r0 + i);
+  const options = {
+    skipTokenEmbeddings: true, truncation: "TRUNCATION_RIGHT",
+    attention: { layers: [layer], heads: [head], queryPositions: rows, keyStart: k0, keyEnd: k0 + n },
+  };
+  const answer = await post("/v1/encode", { model, inputs: [{ text }], options });
+  const weights = decodeNumbers(answer.results[0].attention);  // (1, 1, n, n)
+  const canvas = $("long-tile"), cell = canvas.width / n, ctx = canvas.getContext("2d");
+  const peak = Math.max(1e-9, ...weights);
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    ctx.fillStyle = colour(weights[i * n + j] / peak);
+    ctx.fillRect(j * cell, i * cell, Math.ceil(cell), Math.ceil(cell));
+  }
+  state.tile = { r0, k0, n, cell, weights };
+  $("long-tile-caption").textContent = `rows ${r0}..${r0 + n - 1}, keys ${k0}..${k0 + n - 1} (colours to the tile's largest, ${peak.toFixed(3)})`;
+  Object.assign(canvas.dataset, { r0: String(r0), k0: String(k0), ready: "true" });
+}
+
+function hoverTile(event) {
+  const tile = state.tile;
+  if (!tile) return;
+  const rect = event.target.getBoundingClientRect();
+  const i = Math.floor((event.clientY - rect.top) / tile.cell), j = Math.floor((event.clientX - rect.left) / tile.cell);
+  if (i < 0 || j < 0 || i >= tile.n || j >= tile.n) return;
+  const row = tile.r0 + i, key = tile.k0 + j, w = tile.weights[i * tile.n + j];
+  const { tokens } = state.long;
+  const info = $("long-tile-info");
+  info.textContent = `query ${row} ${JSON.stringify(tokens[row])} -> key ${key} ${JSON.stringify(tokens[key])}: ${w.toFixed(4)}`;
+  Object.assign(info.dataset, { row: String(row), key: String(key), value: String(w) });
+}
+
+function zoomAt(event) {
+  const rect = event.target.getBoundingClientRect(), t = state.long.tokens.length;
+  const row = Math.floor((event.clientY - rect.top) / rect.height * t);
+  const key = Math.floor((event.clientX - rect.left) / rect.width * t);
+  $("long-tile").dataset.ready = "false";
+  zoom(row - TILE / 2, key - TILE / 2).catch((error) => { $("long-tile-info").textContent = error.message; });
+}
+
 async function init() {
   const params = new URLSearchParams(location.search);
   for (const [id, name] of Object.entries(URL_PARAMS))
@@ -1017,6 +1179,8 @@ async function init() {
     $(id).addEventListener("mousemove", (event) => hover(event, which));
     $(id).addEventListener("mouseleave", () => draw());
   }
+  $("long-overview").addEventListener("click", zoomAt);
+  $("long-tile").addEventListener("mousemove", hoverTile);
   $("auth").addEventListener("submit", useToken);
   $("patch-form").addEventListener("submit", showPatching);
   $("steer-form").addEventListener("submit", showSteering);
