@@ -18,6 +18,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,9 +74,43 @@ def _eager_child(hf_dir: str, t: int, mode: str) -> None:
     print(json.dumps({"forward_s": round(seconds, 2)}))
 
 
+def _memory(pid: int) -> dict[str, int]:
+    """The process's resident memory now: private (RssAnon) and file-backed (RssFile)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return {
+        key: int(status.split(f"{key}:")[1].split()[0]) * 1024 for key in ("RssAnon", "RssFile")
+    }
+
+
+class PeakMemory:
+    """Samples a process's private and file-backed resident memory every 50 ms while in use:
+    their peaks (the kernel keeps only the total's, VmHWM)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, {"RssAnon": 0, "RssFile": 0}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            for key, value in _memory(self.pid).items():
+                self.peak[key] = max(self.peak[key], value)
+            if self._done.wait(0.05):
+                return
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def timed_requests(model_dir: Path, lengths: tuple[int, ...], statistics: bool, log) -> dict:
-    """One server: one request per length, ascending; each one's seconds and the server's
-    peak resident memory after it (VmHWM)."""
+    """One server: one request per length, ascending; each one's seconds, the server's peak
+    resident memory after it (VmHWM), and its private memory's peak during it (RssAnon: the
+    weights' file pages, RssFile, are the page cache's, shared and reclaimable)."""
     server = spawn_server(
         model_dir, "--provider", "cpu", "--max-message-bytes", str(MESSAGE_BYTES), timeout=900
     )
@@ -85,19 +120,32 @@ def timed_requests(model_dir: Path, lengths: tuple[int, ...], statistics: bool, 
         with EncoderClient(server.address, options) as client:
             info = client.model_info()
             vocab = int(info["vocab_size"])
+            warm = _memory(server.process.pid)
             rows["warm_rss_gib"] = round(peak_rss(server.process.pid) / GiB, 2)
+            rows["warm_private_gib"] = round(warm["RssAnon"] / GiB, 2)
+            rows["warm_file_gib"] = round(warm["RssFile"] / GiB, 2)
             for t in lengths:
                 ids = np.random.default_rng(t).integers(3, vocab, t).tolist()
                 asked = dict(top_k=TOP_K, received=True, row_entropy=True) if statistics else {}
-                start = time.perf_counter()
-                (got,) = client.encode([ids], **asked)
-                seconds = time.perf_counter() - start
+                with PeakMemory(server.process.pid) as sampled:
+                    start = time.perf_counter()
+                    (got,) = client.encode([ids], **asked)
+                    seconds = time.perf_counter() - start
                 if statistics:
                     assert got.attention_received is not None and got.indices is not None
                     assert got.attention.shape[2:] == (t, TOP_K)
                 peak = peak_rss(server.process.pid)
-                rows[str(t)] = {"seconds": round(seconds, 3), "peak_rss_gib": round(peak / GiB, 2)}
-                log(f"    T={t}: {seconds:.1f} s, server peak {peak / GiB:.2f} GiB")
+                private = sampled.peak["RssAnon"]
+                rows[str(t)] = {
+                    "seconds": round(seconds, 3),
+                    "peak_rss_gib": round(peak / GiB, 2),
+                    "peak_private_gib": round(private / GiB, 2),
+                    "peak_file_gib": round(sampled.peak["RssFile"] / GiB, 2),
+                }
+                log(
+                    f"    T={t}: {seconds:.1f} s, server peak {peak / GiB:.2f} GiB "
+                    f"({private / GiB:.2f} GiB private)"
+                )
     finally:
         server.process.terminate()
         server.process.wait(120)
@@ -134,9 +182,11 @@ def run_long(out: Path, quick: bool = False, log=print) -> dict:
                     result[mode][str(t)] = eager(work / "hf", t, keep)
     longest = str(max(lengths))
     stats, alone = result["statistics"][longest], result["embeddings"][longest]
+    limit = result["weights_gib"] + HEADROOM / GiB
     result["targets"] = {
-        "memory_limit_gib": round(result["weights_gib"] + HEADROOM / GiB, 2),
-        "memory_met": stats["peak_rss_gib"] <= result["weights_gib"] + HEADROOM / GiB,
+        "memory_limit_gib": round(limit, 2),
+        "memory_met": stats["peak_private_gib"] <= limit,
+        "rss_met": stats["peak_rss_gib"] <= limit,
         "time_ratio": round(stats["seconds"] / alone["seconds"], 2),
         "time_met": stats["seconds"] <= 2 * alone["seconds"],
     }
@@ -154,7 +204,8 @@ def table(result: dict, lengths: tuple[int, ...]) -> str:
     lines = [
         f"Long texts, {result['shape']}'s shape (random float32 weights, "
         f"{result['weights_gib']} GiB): one request per length, each kind on a server of its "
-        "own (seconds, the server's peak resident memory)",
+        "own (seconds; the server's peak resident memory and, in brackets, its private part: "
+        "the rest is the weights file's pages, shared and reclaimable)",
         "",
         "| T | embeddings alone | statistics (top-8, received, row entropy) | ratio "
         "| transformers eager forward | eager, every map kept |",
@@ -162,8 +213,8 @@ def table(result: dict, lengths: tuple[int, ...]) -> str:
     ]
     for t in map(str, lengths):
         alone, stats = result["embeddings"][t], result["statistics"][t]
-        cells = [f"{alone['seconds']:.1f} s, {alone['peak_rss_gib']} GiB"]
-        cells.append(f"{stats['seconds']:.1f} s, {stats['peak_rss_gib']} GiB")
+        cells = [f"{r['seconds']:.1f} s, {r['peak_rss_gib']} ({r['peak_private_gib']}) GiB"
+                 for r in (alone, stats)]  # fmt: skip
         cells.append(f"{stats['seconds'] / alone['seconds']:.2f}x")
         for mode in ("eager_forward", "eager_maps"):
             run = result[mode].get(t)
@@ -171,13 +222,16 @@ def table(result: dict, lengths: tuple[int, ...]) -> str:
                 f"{run['forward_s']:.1f} s, {run['peak_gib']} GiB" if run else "does not fit"
             )
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
-    targets = result["targets"]
+    targets, stats = result["targets"], result["statistics"][str(max(lengths))]
     lines += [
         "",
-        f"At T = {max(lengths)}: the statistics' server peaked at "
-        f"{result['statistics'][str(max(lengths))]['peak_rss_gib']} GiB against the target's "
-        f"{targets['memory_limit_gib']} GiB (weights + 3 GiB): "
-        f"{'met' if targets['memory_met'] else 'missed'}; {targets['time_ratio']}x the "
+        f"Warm, before any request: {result['statistics']['warm_rss_gib']} GiB resident, "
+        f"{result['statistics']['warm_private_gib']} GiB private. At T = {max(lengths)}: "
+        f"the statistics' server's private memory peaked at {stats['peak_private_gib']} GiB "
+        f"against the target's {targets['memory_limit_gib']} GiB (weights + 3 GiB): "
+        f"{'met' if targets['memory_met'] else 'missed'} (resident, file pages included, "
+        f"{stats['peak_rss_gib']} GiB: {'met' if targets['rss_met'] else 'missed'}); "
+        f"{targets['time_ratio']}x the "
         f"embeddings alone's time (target <= 2x): {'met' if targets['time_met'] else 'missed'}.",
     ]
     return "\n".join(lines)

@@ -94,6 +94,29 @@ INVALID = {
         "options.attention.head_entropy, options.attention.row_entropy, "
         "options.attention.received or options.attention.top_k too",
     ),
+    "a tile past the text": (
+        with_attention(key_start=2, key_end=9),
+        "options.attention.key_start/key_end: [2, 9) is not a tile of inputs[0]'s keys: "
+        "0 <= key_start < key_end <= 4",
+    ),
+    "an empty tile": (
+        with_attention(key_start=3, key_end=3),
+        "options.attention.key_start/key_end: [3, 3) is not a tile",
+    ),
+    "a tile's top_k": (
+        with_attention(key_end=2, top_k=1),
+        "options.attention.key_start/key_end: a tile holds every weight of its keys",
+    ),
+    "received rollout": (
+        with_attention(received=True, rollout=True),
+        "options.attention: received, row_entropy and key_start/key_end are per row of each "
+        "head; leave options.attention.rollout unset",
+    ),
+    "received under changes": (
+        build_request("abc", received=True, hidden_states=True),
+        "options.attention: received, row_entropy and key_start/key_end are computed from "
+        "the model as it is",
+    ),
     "bad pooling": (
         raw_request(inputs=[pb.Input(text="x")], options=pb.EncodeOptions(pooling=5)),
         "options.pooling: 5 is not one of",
