@@ -111,11 +111,10 @@ class _QueriesGraph(Encoder):
     layer's queries and keys as its scores read them (artifacts.query_key_sites)."""
 
     def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
-        sites = query_key_sites(self.config)
-        with captured(self, [site for names in sites.values() for site in names]) as values:
+        sites = list(query_key_sites(self.config).values())
+        with captured(self, sites) as values:
             embeddings = Encoder.forward(self, input_ids, need_weights=False)[0]
-        stacks = [torch.stack([values[site] for site in names], 1) for names in sites.values()]
-        return embeddings, *stacks  # (B, T, D), (B, L, T, H, dh), (B, L, T, H_kv, dh)
+        return embeddings, *(values[site] for site in sites)  # (B, T, D), (B, T, H or H_kv, dh)
 
 
 class _LensGraph(Encoder):

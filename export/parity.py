@@ -121,13 +121,12 @@ def reference_outputs(
     for batch, seq_len in shapes or default_shapes(config):
         ids = rng.integers(0, config.vocab_size, size=(batch, seq_len), dtype=np.int64)
         sites, queries = readout_sites(config), query_key_sites(config)
-        reads = [site for names in (sites | queries).values() for site in names]
+        reads = [site for names in sites.values() for site in names] + list(queries.values())
         with torch.inference_mode(), captured(model, reads) as values:
             embeddings, attentions = model(torch.from_numpy(ids))
         assert attentions is not None
         readouts = {name: value.numpy() for name, value in stacked(values, sites).items()}
-        for name, names in queries.items():  # (B, L, T, heads, dh)
-            readouts[name] = torch.stack([values[site] for site in names], 1).numpy()
+        readouts |= {name: values[site].numpy() for name, site in queries.items()}
         inputs = {config.input_name: ids} | unchanged(config)
         outputs = {
             config.embeddings_name: embeddings.numpy(),

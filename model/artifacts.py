@@ -172,22 +172,23 @@ VERSIONS_METADATA_KEY = "attnserve.versions"  # ONNX metadata_props: exporter ve
 DECODE_ONNX_FILENAME = "model_decode.onnx"
 DECODE_INPUTS = ("input_ids", "past_mask")
 # Long texts: the embeddings and what each layer's scores are made of, its queries and keys
-# after their norms and rotation (hook_rot_q, hook_rot_k), float32 [batch, layers, seq,
-# heads, head_dim] and [batch, layers, seq, kv_heads, head_dim]; its attention is ONNX
+# after their norms and rotation (hook_rot_q, hook_rot_k), `attention_queries.{layer}` float32
+# [batch, seq, heads, head_dim] and `attention_keys.{layer}` [batch, seq, kv_heads, head_dim]
+# (an output per layer: stacked, they would be held twice at the graph's end); its attention is ONNX
 # Runtime's GroupQueryAttention, which never holds a layer's T x T scores on CPU
 # (export/group_query.py). The attention statistics are computed from these by query blocks.
 QUERIES_ONNX_FILENAME = "model_queries.onnx"
 QUERIES_NAME, KEYS_NAME = "attention_queries", "attention_keys"
 
 
-def query_key_sites(config: ModelConfig) -> dict[str, list[str]]:
-    """The queries graph's outputs beside the embeddings: each layer's hook_rot_q, and
-    hook_rot_k, stacked on axis 1."""
-    layers = range(config.n_layers)
-    return {
-        QUERIES_NAME: [hooks.ROT_Q.format(layer=layer) for layer in layers],
-        KEYS_NAME: [hooks.ROT_K.format(layer=layer) for layer in layers],
-    }
+def query_key_sites(config: ModelConfig) -> dict[str, str]:
+    """The queries graph's outputs beside the embeddings, layer by layer, each its hook site:
+    `attention_queries.{layer}` hook_rot_q, `attention_keys.{layer}` hook_rot_k."""
+    sites = {}
+    for layer in range(config.n_layers):
+        sites[f"{QUERIES_NAME}.{layer}"] = hooks.ROT_Q.format(layer=layer)
+        sites[f"{KEYS_NAME}.{layer}"] = hooks.ROT_K.format(layer=layer)
+    return sites
 
 
 def cache_names(config: ModelConfig, prefix: str) -> list[str]:

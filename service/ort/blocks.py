@@ -1,6 +1,6 @@
 """A long sequence's attention statistics, a block of query rows at a time.
 
-The queries graph gives each layer's queries and keys (model/artifacts.py QUERIES_NAME); for
+The queries graph gives each layer's queries and keys (model/artifacts.py query_key_sites); for
 each selected layer, `BlockStatistics` runs the graph of service/ort/block_graph.py over
 blocks of the selected rows and puts the blocks' answers together: weights (whole rows, a
 tile, or the top k), row entropy and received attention. A block holds at most
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -53,13 +54,13 @@ class BlockStatistics:
 
     def __call__(
         self,
-        queries: np.ndarray,
-        keys: np.ndarray,
+        queries: Sequence[np.ndarray],
+        keys: Sequence[np.ndarray],
         length: int,
         selection: AttentionSelection,
     ) -> AttentionOutput:
-        """queries (L, Tm, H, dh) and keys (L, Tm, H_kv, dh): one sequence's, of which the
-        first `length` positions are its own -> what `selection` asks of them."""
+        """queries (Tm, H, dh) and keys (Tm, H_kv, dh) of each layer: one sequence's, of which
+        the first `length` positions are its own -> what `selection` asks of them."""
         c, s = self.config, selection
         rows = np.arange(length) if s.rows is None else np.asarray(s.rows, dtype=np.int64)
         heads = np.asarray(s.heads, dtype=np.int64)
@@ -91,11 +92,12 @@ class BlockStatistics:
         }
         for i, layer in enumerate(s.layers):
             feeds["window"] = np.array([c.window(layer) or 0], np.int64)
+            # (H_kv, T, dh) once per layer: each block reads a contiguous run of it
+            feeds["keys"] = np.ascontiguousarray(keys[layer][:length].transpose(1, 0, 2))
             for first in range(0, R, step):
                 block = rows[first : first + step]
                 seen = int(block.max()) + 1  # the keys any row of the block sees
-                feeds["queries"] = queries[layer, block][:, heads]  # (R', H', dh)
-                feeds["keys"] = keys[layer, :seen]  # (S, H_kv, dh): a view, not a copy
+                feeds["queries"] = queries[layer][block][:, heads]  # (R', H', dh)
                 feeds["rows"] = block
                 feeds["key_range"] = np.array([start, min(end, seen)], np.int64)
                 ran = session.run(names, {name: feeds[name] for name in recipe.inputs})

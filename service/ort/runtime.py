@@ -22,13 +22,12 @@ from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
     HEAD_MASK_NAME,
     HEAD_MEANS_NAME,
-    KEYS_NAME,
     PARTS_NAMES,
-    QUERIES_NAME,
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     ModelDirectory,
     change_inputs,
+    query_key_sites,
     readout_filename,
 )
 from attnserve.model.config import ConfigError, ModelConfig
@@ -154,7 +153,7 @@ class OrtRuntime:
         )
         # the last single text's embeddings, queries and keys: the tiles of its map the
         # explorer asks for next need no second run
-        self._last_queries: tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._last_queries: tuple | None = None
 
         # The readouts (residual stream, head mask, logit lens), opened when first asked for.
         self.readout_graphs = ReadoutGraphs(
@@ -237,7 +236,8 @@ class OrtRuntime:
                 embeddings, queries, keys = self._queries_and_keys(input_ids)
                 for row in blocked:
                     selection, n = selections[row], lengths[row]
-                    outputs[row] = self.blocks(queries[row], keys[row], n, selection)
+                    row_queries, row_keys = [q[row] for q in queries], [k[row] for k in keys]
+                    outputs[row] = self.blocks(row_queries, row_keys, n, selection)
             if rest:
                 embeddings, attentions = self.run(input_ids)
                 for row in rest:
@@ -248,17 +248,19 @@ class OrtRuntime:
             raise InferenceError(f"ONNX Runtime failed on the attention options: {exc}") from exc
         return embeddings, outputs  # type: ignore[return-value]
 
-    def _queries_and_keys(self, input_ids: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The queries graph's embeddings, queries and keys of `input_ids`; a single text's
-        are kept until the next, for the tiles of its map the explorer asks for next."""
+    def _queries_and_keys(self, input_ids: np.ndarray) -> tuple:
+        """The queries graph's embeddings and each layer's queries and keys of `input_ids`
+        ((B, T, H or H_kv, dh) each); a single text's are kept until the next, for the tiles of
+        its map the explorer asks for next."""
         key = input_ids.tobytes() if len(input_ids) == 1 else b""
         last = self._last_queries
         if key and last is not None and last[0] == key:
             return last[1:]
         self._last_queries = None  # its memory goes before the next run's is taken
         c = self.config
-        names = [c.embeddings_name, QUERIES_NAME, KEYS_NAME]
-        values = tuple(self._run(self.readout_graphs.session(QUERIES), names, input_ids))
+        names = [c.embeddings_name, *query_key_sites(c)]
+        embeddings, *layers = self._run(self.readout_graphs.session(QUERIES), names, input_ids)
+        values = (embeddings, layers[::2], layers[1::2])
         if key:
             self._last_queries = (key, *values)
         return values
