@@ -166,6 +166,15 @@ SECTIONS = [
         "python -m perf generate",
     ),
     (
+        "long",
+        "Long texts: attention statistics by query blocks",
+        "Llama-3.2-1B's shape (random, float32) imported with `--max-seq-len 8192` and served; "
+        "at each length one request for the embeddings alone and one for every layer's and "
+        "head's top-8 keys per row, received attention and row entropy, each kind on a server "
+        "of its own; transformers' eager attention in a process of its own where it fits.",
+        "python -m perf long",
+    ),
+    (
         "repository",
         "Several models, and reloads",
         "A server of a repository (`--model-repository`) with the default model alone, and one "

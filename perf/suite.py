@@ -16,6 +16,7 @@ from perf.containers import run_containers
 from perf.families import run_families, run_second_round
 from perf.features import run_features, run_llama_scope
 from perf.generate import run_generate
+from perf.long import run_long
 from perf.interventions import run_interventions
 from perf.oip import run_oip
 from perf.peer_env import PEERS_VENV
@@ -50,5 +51,6 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_llama_scope(out, log=progress)
         run_interventions(out, log=progress)
         run_generate(out, log=progress)
+        run_long(out, log=progress)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)
