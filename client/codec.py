@@ -252,8 +252,8 @@ def build_request(
     options.skip_token_embeddings = not token_embeddings
     options.truncation = pb.TRUNCATION_RIGHT if truncate else pb.TRUNCATION_NONE
     options.return_tokens = return_tokens
-    wanted = (layers, heads, rows, rollout, top_k, head_entropy, omit_weights)
-    wanted += (row_entropy, received, keys)
+    wanted = [layers, heads, rows, rollout, top_k, head_entropy, omit_weights]
+    wanted += [row_entropy, received, keys]
     if attention or any(wanted) or head_reduction != "none":
         a = options.attention
         a.layers.extend(layers)

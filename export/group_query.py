@@ -44,7 +44,7 @@ def as_group_query_attention(model: ir.Model, config: ModelConfig) -> None:
     seqlens_k = tape.op("Expand", [last, batch])  # (B,) int32: T - 1
     total = tape.op("Cast", [tape.op("Squeeze", [seq])], {"to": ir.DataType.INT32})  # () T
     graph.insert_before(layers[0], tape.nodes)
-    flat, split = _ints(None, [0, 0, -1]), _ints(None, [0, 0, config.n_heads, config.head_dim])
+    flat, split = _tensor([0, 0, -1]), _tensor([0, 0, config.n_heads, config.head_dim])
     for layer, node in enumerate(layers):
         tape = ir.tape.Tape()
         flat_shape = tape.op("Constant", [], {"value": flat})
@@ -77,7 +77,11 @@ def as_group_query_attention(model: ir.Model, config: ModelConfig) -> None:
     ir.passes.common.RemoveUnusedNodesPass()(model)  # the windows' masks
 
 
-def _ints(tape: ir.tape.Tape | None, values: list[int]) -> ir.Value | ir.Tensor:
-    """A constant int64 vector: a node's output on `tape`, or the tensor itself (None)."""
-    tensor = ir.tensor(np.array(values, dtype=np.int64))
-    return tensor if tape is None else tape.op("Constant", [], {"value": tensor})
+def _tensor(values: list[int]) -> ir.TensorProtocol:
+    """A constant int64 vector."""
+    return ir.tensor(np.array(values, dtype=np.int64))
+
+
+def _ints(tape: ir.tape.Tape, values: list[int]) -> ir.Value:
+    """A constant int64 vector, a node's output on `tape`."""
+    return tape.op("Constant", [], {"value": _tensor(values)})

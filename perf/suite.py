@@ -16,8 +16,8 @@ from perf.containers import run_containers
 from perf.families import run_families, run_second_round
 from perf.features import run_features, run_llama_scope
 from perf.generate import run_generate
-from perf.long import run_long
 from perf.interventions import run_interventions
+from perf.long import run_long
 from perf.oip import run_oip
 from perf.peer_env import PEERS_VENV
 from perf.peers import run_peers

@@ -99,7 +99,7 @@ def plan_request(
         options, config, sequences, attention, readable, saes or {}, source, direction
     )
     if readouts and attention and any(s.blocked for s in attention):
-        if _statistics(options.attention):
+        if options.attention is not None and _statistics(options.attention):
             raise InvalidInputError(
                 "options.attention: received, row_entropy and key_start/key_end are computed "
                 "from the model as it is; ask for them in a request without hidden states, "

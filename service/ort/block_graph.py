@@ -23,15 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
-from attnserve.service.ort.reducer_graph import IR_VERSION, OPSET, _Builder
+from attnserve.service.ort.reducer_graph import GraphBuilder
 
 # An unseen key's score: far below any seen one's, finite (see build_block_graph).
 _UNSEEN = -1e30
 INPUTS = ("queries", "keys", "kv_heads", "rows", "window", "k", "key_range")
 _FLOAT_INPUTS = ("queries", "keys")
-_RANKS = {"queries": 3, "keys": 3}
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class BlockRecipe:
 def build_block_graph(recipe: BlockRecipe) -> onnx.ModelProto:
     """The ONNX model of `recipe`; outputs weights, values and indices (int32), entropy
     (H', R) and received (H' or 1, S) as asked."""
-    b = _Builder()
+    b = GraphBuilder()
     # the keys any row of the block sees: 0 .. max(rows), a copy of contiguous runs
     size = b.op("Add", b.reduce("max", "rows", axis=0, keepdims=1), b.ints(1))  # (1,) = [S]
     keys = b.op("Slice", "keys", b.ints(0), size, b.ints(1))  # (H_kv, S, dh)
@@ -90,19 +89,19 @@ def build_block_graph(recipe: BlockRecipe) -> onnx.ModelProto:
     floor = b.op("Where", seen, b.float(0.0), b.float(_UNSEEN))  # (R, S), once per block
     masked = b.op("Add", scores, floor)  # (H', R, S)
     p = b.op("Softmax", masked, axis=-1)  # one fused pass per row
-    outputs: dict[str, tuple[str, int, int]] = {}  # name -> (value, rank, dtype)
+    outputs: dict[str, tuple[str, int, int]] = {}  # name -> (value, dtype, rank)
     if recipe.entropy:
         # H = -sum p ln p = lse - sum p s, and lse = s_max - ln p_max (p_max = exp(s_max -
         # lse)): no exponential beyond the softmax's
         top = b.reduce("max", masked, axis=2, keepdims=0)  # (H', R)
         lse = b.op("Sub", top, b.op("Log", b.reduce("max", p, axis=2, keepdims=0)))
         expected = b.reduce("sum", b.op("Mul", p, masked), axis=2, keepdims=0)
-        outputs["entropy"] = (b.op("Sub", lse, expected), 2, TensorProto.FLOAT)
+        outputs["entropy"] = (b.op("Sub", lse, expected), TensorProto.FLOAT, 2)
     y = p
     if recipe.reduction != "none":
         y = b.reduce(recipe.reduction, p, axis=0, keepdims=1)  # (1, R, S)
     if recipe.received:
-        outputs["received"] = (b.reduce("sum", y, axis=1, keepdims=0), 2, TensorProto.FLOAT)
+        outputs["received"] = (b.reduce("sum", y, axis=1, keepdims=0), TensorProto.FLOAT, 2)
     if recipe.weights:
         tile = b.op(
             "Slice",
@@ -111,7 +110,7 @@ def build_block_graph(recipe: BlockRecipe) -> onnx.ModelProto:
             b.op("Slice", "key_range", b.ints(1), b.ints(2)),
             b.ints(2),
         )
-        outputs["weights"] = (tile, 3, TensorProto.FLOAT)
+        outputs["weights"] = (tile, TensorProto.FLOAT, 3)
     if recipe.top_k:
         kk = b.op("Min", "k", size)
         values, indices = b.multi("TopK", y, kk, axis=-1, largest=1, sorted=1, outputs=2)
@@ -119,24 +118,11 @@ def build_block_graph(recipe: BlockRecipe) -> onnx.ModelProto:
         valid = b.op("And", b.op("LessOrEqual", indices, row), b.op("Greater", indices, first))
         indices = b.op("Where", valid, indices, b.ints(-1))
         values = b.op("Where", valid, values, b.float(0.0))
-        outputs["values"] = (values, 3, TensorProto.FLOAT)
-        outputs["indices"] = (b.op("Cast", indices, to=TensorProto.INT32), 3, TensorProto.INT32)
+        outputs["values"] = (values, TensorProto.FLOAT, 3)
+        outputs["indices"] = (b.op("Cast", indices, to=TensorProto.INT32), TensorProto.INT32, 3)
 
-    graph_outputs = []
-    for name, (value, rank, dtype) in outputs.items():
-        b.nodes.append(helper.make_node("Identity", [value], [name]))
-        graph_outputs.append(helper.make_tensor_value_info(name, dtype, [None] * rank))
-    inputs = [
-        helper.make_tensor_value_info(
-            name,
-            TensorProto.FLOAT if name in _FLOAT_INPUTS else TensorProto.INT64,
-            [None] * _RANKS.get(name, 1),
-        )
+    inputs = {
+        name: (TensorProto.FLOAT, 3) if name in _FLOAT_INPUTS else (TensorProto.INT64, 1)
         for name in recipe.inputs
-    ]
-    graph = helper.make_graph(b.nodes, "attention_block", inputs, graph_outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
-    )
-    onnx.checker.check_model(model)
-    return model
+    }
+    return b.model("attention_block", inputs, outputs)

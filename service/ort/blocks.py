@@ -11,8 +11,6 @@ text grows.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +20,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.service.core.backend import AttentionOutput, AttentionSelection
 from attnserve.service.core.budget import ATTENTION_BLOCK_BYTES
 from attnserve.service.ort.block_graph import BlockRecipe, build_block_graph
+from attnserve.service.ort.reducer import RecipeSessions
 
 # A block's scores (H x rows x keys float32) and the few tensors made of them at once.
 TENSORS_PER_BLOCK = 8
@@ -44,13 +43,9 @@ class BlockStatistics:
         block_bytes: int = ATTENTION_BLOCK_BYTES,
         max_sessions: int = 16,
     ) -> None:
-        self._providers = providers
-        self._session_options = session_options
         self.config = config
         self.block_bytes = block_bytes
-        self._max_sessions = max_sessions
-        self._sessions: OrderedDict[BlockRecipe, ort.InferenceSession] = OrderedDict()
-        self._lock = threading.Lock()
+        self._sessions = RecipeSessions(build_block_graph, providers, session_options, max_sessions)
 
     def __call__(
         self,
@@ -75,7 +70,7 @@ class BlockStatistics:
             entropy=s.entropy or s.row_entropy,
             received=s.received,
         )
-        session = self._session(recipe)
+        session = self._sessions(recipe)
         names = [o.name for o in session.get_outputs()]
         start, end = s.key_range or (0, length)
         L, H, R = len(s.layers), len(heads), len(rows)
@@ -126,20 +121,4 @@ class BlockStatistics:
         )
 
     def close_sessions(self) -> None:
-        with self._lock:
-            self._sessions.clear()
-
-    def _session(self, recipe: BlockRecipe) -> ort.InferenceSession:
-        with self._lock:
-            session = self._sessions.get(recipe)
-            if session is None:
-                session = ort.InferenceSession(
-                    build_block_graph(recipe).SerializeToString(),
-                    self._session_options,
-                    providers=self._providers,
-                )
-                self._sessions[recipe] = session
-                if len(self._sessions) > self._max_sessions:
-                    self._sessions.popitem(last=False)
-            self._sessions.move_to_end(recipe)
-            return session
+        self._sessions.clear()

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from attnserve.model.packing import pack_causal
 from attnserve.service.core.backend import AttentionOutput, AttentionSelection
 from attnserve.service.ort.reducer_graph import Recipe, build_graph
+
+R = TypeVar("R")  # a graph's recipe: frozen, hashable
 
 
 class AttentionReducer:
@@ -30,13 +35,9 @@ class AttentionReducer:
         n_heads: int,
         max_sessions: int = 32,
     ) -> None:
-        self._providers = providers
-        self._session_options = session_options
         self._all_layers = tuple(range(n_layers))
         self._all_heads = tuple(range(n_heads))
-        self._max_sessions = max_sessions
-        self._sessions: OrderedDict[Recipe, ort.InferenceSession] = OrderedDict()
-        self._lock = threading.Lock()
+        self._sessions = RecipeSessions(build_graph, providers, session_options, max_sessions)
 
     def __call__(
         self, attention: np.ndarray, length: int, selection: AttentionSelection
@@ -68,7 +69,7 @@ class AttentionReducer:
         if recipe == Recipe():  # nothing to compute: the weights as the model wrote them
             out = {"weights": attention}
         else:
-            session = self._session(recipe)
+            session = self._sessions(recipe)
             names = [o.name for o in session.get_outputs()]
             values = session.run(names, {name: feeds[name] for name in recipe.inputs})
             out = dict(zip(names, values, strict=True))
@@ -78,15 +79,31 @@ class AttentionReducer:
         return AttentionOutput(rows, weights, out.get("indices"), out.get("entropy"))
 
     def close_sessions(self) -> None:
-        with self._lock:
-            self._sessions.clear()
+        self._sessions.clear()
 
-    def _session(self, recipe: Recipe) -> ort.InferenceSession:
+
+class RecipeSessions(Generic[R]):
+    """One ORT session per recipe of a small graph (`build(recipe)`), the most recently used
+    `max_sessions` kept; safe across threads."""
+
+    def __init__(
+        self,
+        build: Callable[[R], onnx.ModelProto],
+        providers: list,
+        session_options: ort.SessionOptions,
+        max_sessions: int,
+    ) -> None:
+        self._build, self._providers = build, providers
+        self._session_options, self._max_sessions = session_options, max_sessions
+        self._sessions: OrderedDict[R, ort.InferenceSession] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, recipe: R) -> ort.InferenceSession:
         with self._lock:
             session = self._sessions.get(recipe)
             if session is None:
                 session = ort.InferenceSession(
-                    build_graph(recipe).SerializeToString(),
+                    self._build(recipe).SerializeToString(),
                     self._session_options,
                     providers=self._providers,
                 )
@@ -95,3 +112,7 @@ class AttentionReducer:
                     self._sessions.popitem(last=False)
             self._sessions.move_to_end(recipe)
             return session
+
+    def clear(self) -> None:
+        with self._lock:
+            self._sessions.clear()

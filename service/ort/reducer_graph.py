@@ -12,6 +12,7 @@ layers, heads, rows, k, the sequence's length) are inputs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -52,7 +53,7 @@ class Recipe:
         return [name for name, needed in needs.items() if needed]
 
 
-class _Builder:
+class GraphBuilder:
     """Appends nodes with fresh output names; a thin layer over onnx.helper."""
 
     def __init__(self) -> None:
@@ -85,12 +86,36 @@ class _Builder:
         op_type = {"mean": "ReduceMean", "max": "ReduceMax", "sum": "ReduceSum"}[kind]
         return self.op(op_type, x, self.ints(axis), keepdims=keepdims)
 
+    def model(
+        self,
+        name: str,
+        inputs: Mapping[str, tuple[int, int]],
+        outputs: Mapping[str, tuple[str, int, int]],
+    ) -> onnx.ModelProto:
+        """The checked model of the nodes so far: `inputs` name -> (dtype, rank), `outputs`
+        name -> (the value it is, dtype, rank); every axis dynamic."""
+        values = []
+        for output, (value, dtype, rank) in outputs.items():
+            self.nodes.append(helper.make_node("Identity", [value], [output]))
+            values.append(helper.make_tensor_value_info(output, dtype, [None] * rank))
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info(n, t, [None] * r) for n, (t, r) in inputs.items()],
+            values,
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
+        )
+        onnx.checker.check_model(model)
+        return model
+
 
 def build_graph(recipe: Recipe) -> onnx.ModelProto:
     """The ONNX model for `recipe`; outputs `weights`, `indices` (int32), `entropy` as asked."""
     if recipe.reduction not in ("none", "mean", "max"):
         raise ValueError(f"reduction must be none, mean or max, got {recipe.reduction!r}")
-    b = _Builder()
+    b = GraphBuilder()
     x = "attention"  # (L, H, Tm, Tm)
     if recipe.trim:
         x = b.op("Slice", x, b.ints(0, 0), b.op("Concat", "length", "length", axis=0), b.ints(2, 3))
@@ -100,11 +125,13 @@ def build_graph(recipe: Recipe) -> onnx.ModelProto:
         x = b.op("Gather", x, "heads", axis=1)  # (L', H', T, T)
     rows_of_x = b.op("Gather", x, "rows", axis=2) if recipe.pick_rows else x  # (L', H', R, T)
 
-    outputs: dict[str, tuple[str, int]] = {}
+    float16 = TensorProto.FLOAT16 if recipe.float16 else TensorProto.FLOAT
+    outputs: dict[str, tuple[str, int, int]] = {}  # name -> (value, dtype, rank)
     if recipe.entropy:
         p_ln_p = b.op("Mul", rows_of_x, b.op("Log", b.op("Max", rows_of_x, b.float(_TINY))))
         per_row = b.reduce("sum", p_ln_p, axis=3, keepdims=0)  # (L', H', R)
-        outputs["entropy"] = (b.op("Neg", b.reduce("mean", per_row, axis=2, keepdims=0)), 2)
+        entropy = b.op("Neg", b.reduce("mean", per_row, axis=2, keepdims=0))
+        outputs["entropy"] = (entropy, TensorProto.FLOAT, 2)
 
     if recipe.rollout_layers:
         y = _rollout(b, x, recipe)  # (1, 1, R, T)
@@ -115,39 +142,19 @@ def build_graph(recipe: Recipe) -> onnx.ModelProto:
 
     if recipe.top_k:
         y, indices = _top_k(b, y)
-        outputs["indices"] = (b.op("Cast", indices, to=TensorProto.INT32), 4)
+        outputs["indices"] = (b.op("Cast", indices, to=TensorProto.INT32), TensorProto.INT32, 4)
     if recipe.weights:
         if recipe.float16:
             y = b.op("Cast", y, to=TensorProto.FLOAT16)
-        outputs["weights"] = (b.op("Identity", y), 4)
-
-    graph_outputs = []
-    for name, (value, rank) in outputs.items():
-        b.nodes.append(helper.make_node("Identity", [value], [name]))
-        dtype = {
-            "weights": TensorProto.FLOAT16 if recipe.float16 else TensorProto.FLOAT,
-            "indices": TensorProto.INT32,
-            "entropy": TensorProto.FLOAT,
-        }[name]
-        graph_outputs.append(helper.make_tensor_value_info(name, dtype, [None] * rank))
-    ranks = {"attention": 4}
-    inputs = [
-        helper.make_tensor_value_info(
-            name,
-            TensorProto.FLOAT if name == "attention" else TensorProto.INT64,
-            [None] * ranks.get(name, 1),
-        )
+        outputs["weights"] = (b.op("Identity", y), float16, 4)
+    inputs = {
+        name: (TensorProto.FLOAT, 4) if name == "attention" else (TensorProto.INT64, 1)
         for name in recipe.inputs
-    ]
-    graph = helper.make_graph(b.nodes, "attention_summary", inputs, graph_outputs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
-    )
-    onnx.checker.check_model(model)
-    return model
+    }
+    return b.model("attention_summary", inputs, outputs)
 
 
-def _rollout(b: _Builder, x: str, recipe: Recipe) -> str:
+def _rollout(b: GraphBuilder, x: str, recipe: Recipe) -> str:
     """(L', H', T, T) -> (1, 1, R, T): R = A'_last ... A'_first on the requested rows.
 
     Multiplied from the left, starting with the last layer's requested rows: R x T
@@ -180,7 +187,7 @@ def _rollout(b: _Builder, x: str, recipe: Recipe) -> str:
     return b.op("Unsqueeze", r, b.ints(0, 1))
 
 
-def _lower_matmul(b: _Builder, x: str, y: str, blocks: int = 4) -> str:
+def _lower_matmul(b: GraphBuilder, x: str, y: str, blocks: int = 4) -> str:
     """x @ y for lower triangular (T, T) x and y, in `blocks` column blocks of width w.
 
     Column block j of the product is nonzero only from row j w down, and there it is
@@ -206,7 +213,7 @@ def _lower_matmul(b: _Builder, x: str, y: str, blocks: int = 4) -> str:
     return b.op("Concat", *columns, axis=1)  # (T, T)
 
 
-def _top_k(b: _Builder, y: str) -> tuple[str, str]:
+def _top_k(b: GraphBuilder, y: str) -> tuple[str, str]:
     """(..., R, T) -> values, indices (..., R, k): keys past a row's own position
     (no weight by causality) become index -1 and value 0, and so does the padding
     of a sequence shorter than k."""
