@@ -99,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
         "statistics by query blocks, transformers' eager attention where it fits",
     )
     long.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
+    long.add_argument("--lengths", type=int, nargs="+", help="instead of 1k, 2k, 4k and 8k")
+    long.add_argument("--no-eager", action="store_true", help="without transformers' runs")
     interventions = commands.add_parser(
         "interventions",
         help="GPT-2 small's shape: activation patching grids in one call against "
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "long":
         from perf.long import run_long
 
-        run_long(args.out, args.quick, progress)
+        lengths = tuple(args.lengths) if args.lengths else None
+        run_long(args.out, args.quick, progress, lengths, not args.no_eager)
         return 0
     if args.command == "interventions":
         from perf.interventions import run_interventions

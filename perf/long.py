@@ -152,9 +152,18 @@ def timed_requests(model_dir: Path, lengths: tuple[int, ...], statistics: bool, 
     return rows
 
 
-def run_long(out: Path, quick: bool = False, log=print) -> dict:
-    shape, lengths = (QUICK, QUICK_LENGTHS) if quick else (LLAMA32_1B, LENGTHS)
+def run_long(
+    out: Path,
+    quick: bool = False,
+    log=print,
+    lengths: tuple[int, ...] | None = None,
+    eager_runs: bool = True,
+) -> dict:
+    shape, lengths = (
+        (QUICK, lengths or QUICK_LENGTHS) if quick else (LLAMA32_1B, lengths or LENGTHS)
+    )
     result: dict = {"shape": "a two-layer Llama" if quick else "Llama-3.2-1B", "top_k": TOP_K}
+    result["eager_runs"] = eager_runs
     out.mkdir(parents=True, exist_ok=True)  # its scratch goes beside `out`
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out.parent))).resolve()
@@ -177,7 +186,7 @@ def run_long(out: Path, quick: bool = False, log=print) -> dict:
         for mode, keep in (("eager_forward", False), ("eager_maps", True)):
             result[mode] = {}
             for t in lengths:
-                if eager_fits(shape, t, keep, available):
+                if eager_runs and eager_fits(shape, t, keep, available):
                     log(f"  transformers eager ({mode}) at T={t}...")
                     result[mode][str(t)] = eager(work / "hf", t, keep)
     longest = str(max(lengths))
@@ -219,7 +228,9 @@ def table(result: dict, lengths: tuple[int, ...]) -> str:
         for mode in ("eager_forward", "eager_maps"):
             run = result[mode].get(t)
             cells.append(
-                f"{run['forward_s']:.1f} s, {run['peak_gib']} GiB" if run else "does not fit"
+                f"{run['forward_s']:.1f} s, {run['peak_gib']} GiB"
+                if run
+                else ("does not fit" if result["eager_runs"] else "not run")
             )
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     targets, stats = result["targets"], result["statistics"][str(max(lengths))]

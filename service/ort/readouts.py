@@ -403,6 +403,8 @@ class ReadoutGraphs:
             so = self._options()
             if not (self.packed_decode if kind == DECODE else self.prepack):
                 so.add_session_config_entry("session.disable_prepacking", "1")
+            if kind == QUERIES:  # long texts' tensors, few and large: the arena's
+                so.enable_cpu_mem_arena = False  # power-of-two growth would hold up to twice
             session = self._open_session(str(path), so)
             if output not in {o.name for o in session.get_outputs()}:
                 raise UnsupportedError(
