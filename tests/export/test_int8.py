@@ -29,6 +29,7 @@ from attnserve.model.artifacts import (
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
+from attnserve.service.core.backend import AttentionSelection
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import head_changes
@@ -128,7 +129,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
 
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
-    assert runtime.readouts == {"stream", "changes", "lens", "attribution", "decode"}
+    assert runtime.readouts == {"stream", "changes", "lens", "attribution", "decode", "queries"}
     for name in READOUT_GRAPHS:  # the lens too: it unembeds with the 8-bit token table
         proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
         assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), name
@@ -156,6 +157,15 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
     with torch.inference_mode():
         want_next = model.logits(torch.from_numpy(ids[:1]))[0, -1].numpy()
     assert 1e-5 < scaled_diff(next_logits, want_next, bounded=False) <= INT8_TOLERANCE
+    # long texts' statistics, by query blocks of the 8-bit queries graph
+    every = dict(layers=tuple(range(CONFIG.n_layers)), heads=tuple(range(CONFIG.n_heads)))
+    selection = AttentionSelection(**every, top_k=3, received=True, blocked=True)
+    _, (out,) = runtime.attend(ids[:1], [ids.shape[1]], [selection])
+    with torch.inference_mode():
+        want_attention = model(torch.from_numpy(ids[:1]))[1][0].numpy()  # (L, H, T, T)
+    want_top = -np.sort(-want_attention, axis=-1)[..., :3]
+    assert 1e-6 < np.abs(out.weights - want_top).max() <= INT8_TOLERANCE
+    assert np.abs(out.received - want_attention.sum(2)).max() <= INT8_TOLERANCE * ids.shape[1]
     fidelity = runtime.weights_info.output_fidelity  # the export's, over its parity cases
     assert {RESIDUAL_STREAM_NAME, *PARTS_NAMES, "logits", "head_attribution"} <= set(fidelity)
     assert 1e-5 < fidelity[RESIDUAL_STREAM_NAME] <= INT8_TOLERANCE  # 8 bits', not float32's
