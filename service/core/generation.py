@@ -191,12 +191,15 @@ class Generator:
             self._wake.set()
 
     async def stop(self, reason: str) -> None:
-        """Stop the loop; the texts still being made end with NotReadyError(reason)."""
+        """Stop the loop; the texts still being made end with NotReadyError(reason). Once
+        stopped, stopping again does nothing."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for text in (*self._running, *self._waiting):
             text.queue.put_nowait(NotReadyError(reason))
+        self._running.clear()
+        self._waiting.clear()
         self._executor.shutdown(wait=True)
 
     async def _loop(self) -> None:
@@ -233,12 +236,17 @@ class Generator:
             self.on_token()
 
     async def _leave(self) -> None:
-        """Take the texts that ended out of the batch."""
+        """Take the texts that ended out of the batch.
+
+        Clients go away at any await, this one included: only the rows taken out of the
+        batch leave the running list, so a text that ends meanwhile keeps its row until the
+        next turn (dropping it from the list alone would shift every later row's cache)."""
         ended = [row for row, text in enumerate(self._running) if text.ended]
         if ended:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._remove, ended)
-            self._running = [text for text in self._running if not text.ended]
+            gone = set(ended)
+            self._running = [text for row, text in enumerate(self._running) if row not in gone]
 
     # On the worker thread:
 

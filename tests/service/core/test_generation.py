@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 
 import numpy as np
 
@@ -134,3 +135,43 @@ def test_half_a_character_waits_for_the_rest():
     out = released("aé!", n=4)
     assert [text for text, _ in out] == ["a", "", "é", "!"]
     assert released("ab", n=2)[-1] == ("b", "length")
+
+
+class GatedRemoveBatch(CountingBatch):
+    """A CountingBatch whose first remove() waits until the test lets it go."""
+
+    def __init__(self, calls: list[tuple[str, int]]) -> None:
+        super().__init__(calls)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def remove(self, row: int) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        super().remove(row)
+
+
+def test_a_text_that_leaves_while_another_is_removed_keeps_its_row_until_it_goes():
+    backend = FakeBackend()
+    batch = GatedRemoveBatch(backend.calls)
+    backend.decode_batch = lambda: batch  # type: ignore[method-assign]
+
+    async def run() -> list[int]:
+        generator = Generator(backend, ByteTokenizer(CONFIG))
+        a, b, c = (generator.generate(plan(first, 20)) for first in (10, 40, 70))
+        for stream in (a, b, c):  # all three joined, rows 0, 1, 2
+            await anext(stream)
+        await a.aclose()  # row 0 goes ...
+        await asyncio.to_thread(batch.entered.wait, 30)
+        await b.aclose()  # ... and row 1's client leaves while it does
+        batch.release.set()
+        rest = [t.token_id async for t in c]
+        while generator.running:
+            await asyncio.sleep(0)
+        await generator.stop("done")
+        return rest
+
+    rest = asyncio.run(run())
+    assert rest == list(range(72, 91))  # the third text's own tokens, to its end
+    assert batch.rows == 0  # every row went with its text
+    removed = [row for call, row in backend.calls if call == "remove"]
+    assert removed[0] == 0 and len(removed) == 3
