@@ -43,6 +43,12 @@ SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
 ENCODE, ENCODE_LAYERS = f"/{SERVICE}/Encode", f"/{SERVICE}/EncodeLayers"
 # Targets that already name gRPC's resolver, e.g. "ipv4:10.0.0.1:50051,10.0.0.2:50051".
 RESOLVER_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
+# Round robin over the ready replicas that the standard health service reports SERVING
+# (gRPC's client-side health checking): a draining replica leaves the pick list as soon as it
+# reports NOT_SERVING, and one warming up joins once it is warm.
+ROUND_ROBIN_CONFIG = json.dumps(
+    {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class ClientOptions:
             ("grpc.max_receive_message_length", self.max_message_bytes),
         ]
         if self.round_robin:
-            args.append(("grpc.lb_policy_name", "round_robin"))
+            args.append(("grpc.service_config", ROUND_ROBIN_CONFIG))
         return args
 
     def credentials(self) -> grpc.ChannelCredentials | None:

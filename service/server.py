@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+# Draining ends when no request has come for this long (clients have moved on).
+DRAIN_QUIET_S = 0.5
+# Past the grace period: how long the streams of texts ended by the stop get to send their
+# last message before the transports close.
+STREAM_END_S = 2.0
 
 
 @dataclass
@@ -103,17 +108,29 @@ class RunningServer:
         """Graceful: NOT_SERVING, new requests refused, in-flight ones get `grace` seconds.
 
         We drain before closing the transport so that new requests meet our own
-        UNAVAILABLE ("shutting down", retry elsewhere) rather than a torn connection.
+        UNAVAILABLE ("shutting down", retry elsewhere) rather than a torn connection, and
+        close it only once no request has come for DRAIN_QUIET_S: closing a gRPC server
+        answers CANCELLED to the calls it has received but not yet started
+        (grpc/grpc#41785), so it must close when none are on their way. Clients that watch
+        the health service (attnserve's round robin does) stop sending at NOT_SERVING; an
+        idle server closes at once.
+        Past the grace period, texts being generated end first, with an error their
+        stream carries (UNAVAILABLE; an error event on HTTP), then the rest is cancelled.
         """
         log.info("draining: refusing new requests, %.1fs for in-flight ones", grace)
         if self.ready_file:
             self.ready_file.unlink(missing_ok=True)
         self.repository.start_draining()
         await self.health.enter_graceful_shutdown()
-        start = time.monotonic()
-        if not await self.repository.wait_idle(grace):
+        end = time.monotonic() + grace
+        if await self.repository.wait_idle(grace):
+            if not await self.repository.wait_quiet(DRAIN_QUIET_S, end - time.monotonic()):
+                log.warning("grace period over with requests still arriving; closing")
+        else:
             log.warning("grace period over with requests still in flight; cancelling them")
-        await self.server.stop(max(0.0, grace - (time.monotonic() - start)))
+            await self.repository.stop_generating()
+            await self.repository.wait_idle(STREAM_END_S)  # their last messages go out
+        await self.server.stop(max(0.0, end - time.monotonic()))
         if self.http:
             await self.http.stop()
         await self.repository.stop()

@@ -81,6 +81,7 @@ class DataPlane:
         # Why new work is refused (UNAVAILABLE), or None while serving.
         self.refusal: str | None = WARMING_UP
         self._in_flight = 0  # requests between admission and answer
+        self.last_call = 0.0  # time.monotonic() of the last request, admitted or refused
         self._idle = asyncio.Event()
         self._idle.set()
         self.generator: Generator | None = None  # made at the first generation
@@ -106,6 +107,11 @@ class DataPlane:
         """Finish what was admitted, then stop the batcher and its workers."""
         self._cancel_release()
         await self.batcher.stop()
+        await self.stop_generating()
+
+    async def stop_generating(self) -> None:
+        """End the texts being generated, each with NotReadyError (the server is stopping):
+        their streams then end as their protocol ends a failure, not cut."""
         if self.generator is not None:
             await self.generator.stop(SHUTTING_DOWN)
 
@@ -193,6 +199,7 @@ class DataPlane:
     def _admitted(self) -> Iterator[None]:
         """A request between admission and answer (or a refusal while not serving): what
         draining waits for."""
+        self.last_call = time.monotonic()
         if self.refusal:
             raise NotReadyError(self.refusal)
         self._in_flight += 1

@@ -250,6 +250,25 @@ class ModelRepository:
                 return False
         return True
 
+    async def wait_quiet(self, quiet: float, timeout: float) -> bool:
+        """Wait until no request has come to any model for `quiet` seconds, so clients have
+        moved to other replicas (those that watch the health service do at once) and the
+        calls already on their way have come and been refused; False if `timeout` ran out
+        first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            last = max((d.last_call for d in self.served.values()), default=0.0)
+            now = time.monotonic()
+            if now >= last + quiet:
+                return True
+            if now >= deadline:
+                return False
+            await asyncio.sleep(min(last + quiet, deadline) - now)
+
+    async def stop_generating(self) -> None:
+        for dataplane in list(self.served.values()):
+            await dataplane.stop_generating()
+
     async def stop(self) -> None:
         for dataplane in list(self.served.values()):
             await dataplane.stop()
