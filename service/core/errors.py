@@ -1,8 +1,18 @@
 """Every error the service raises on purpose, typed, in one module.
 
 service/core/status.py maps these classes to gRPC status codes in one place;
-everything else raises them with a message that names the field and the limit.
+everything else raises them with a message that names the field and the limit, the field
+first ("options.attention.layers: 7 is outside [0, 4)", "inputs[1] has 1101 tokens, ...").
 """
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# The field a message names first: a path of names and indices, then ":" or " has ".
+_FIELD = re.compile(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*)(?::| has )")
 
 
 class AttnserveError(Exception):
@@ -55,3 +65,31 @@ class ModelLoadError(AttnserveError):
 
 class ProviderUnavailableError(AttnserveError):
     """The execution provider asked for cannot start on this machine (startup)."""
+
+
+def field_of(error: BaseException) -> str | None:
+    """The request field an error names first, by this module's message convention; None
+    where it names none."""
+    match = _FIELD.match(str(error))
+    return match.group(1) if match else None
+
+
+def word(name: str) -> re.Pattern[str]:
+    """`name` as a whole field name in a message (not inside a longer one)."""
+    return re.compile(r"(?<![\w.])" + re.escape(name) + r"(?!\w)")
+
+
+@contextmanager
+def renamed(*renames: tuple[re.Pattern[str], str]) -> Iterator[None]:
+    """Errors raised inside name fields as the request named them: each pattern of
+    `renames` in their messages replaced by its name (an API whose request says
+    "interventions[0].hook" where the plan says "options.interventions[0].hook")."""
+    try:
+        yield
+    except AttnserveError as exc:
+        message = str(exc)
+        for pattern, name in renames:
+            message = pattern.sub(name, message)
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from exc

@@ -19,6 +19,7 @@ from attnserve.service.core.request import EncodeOptions, Input, Intervention
 from attnserve.service.core.sampling import MAX_LOGPROBS, Sampling
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+DEFAULT_MAX_TOKENS = 16  # OpenAI's, where the request sets none (and the context has room)
 MAX_TEMPERATURE = 100.0
 
 
@@ -27,7 +28,7 @@ class GenerateOptions:
     """What a client asks of one generation (OpenAI's completion parameters, vLLM's
     `ignore_eos`, attnserve's interventions)."""
 
-    max_tokens: int = 16
+    max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS, or the context's room if less
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -55,8 +56,16 @@ def plan_generation(
             f"prompt: {len(prompt)} tokens leave no room to generate in the model's context "
             f"(max_seq_len={config.max_seq_len})"
         )
-    if options.max_tokens < 1:
-        raise InvalidInputError(f"max_tokens: {options.max_tokens} is not >= 1")
+    # the prompt's last token needs no position of its own: its successor is the first made
+    room = config.max_seq_len - len(prompt) + 1
+    max_tokens = min(DEFAULT_MAX_TOKENS, room) if options.max_tokens is None else options.max_tokens
+    if max_tokens < 1:
+        raise InvalidInputError(f"max_tokens: {max_tokens} is not >= 1")
+    if max_tokens > room:
+        raise InvalidInputError(
+            f"max_tokens: {max_tokens} is more than the {room} tokens the model's context "
+            f"(max_seq_len={config.max_seq_len}) leaves after the prompt's {len(prompt)}"
+        )
     if not (0.0 <= options.temperature <= MAX_TEMPERATURE):  # NaN fails too
         raise InvalidInputError(
             f"temperature: {options.temperature} is outside [0, {MAX_TEMPERATURE:g}]"
@@ -93,7 +102,7 @@ def plan_generation(
     )
     return GenerationPlan(
         prompt=prompt,
-        max_tokens=options.max_tokens,
+        max_tokens=max_tokens,
         sampling=Sampling(options.temperature, options.top_p, options.seed, options.logprobs),
         stop=options.stop,
         stop_ids=frozenset(stop_ids),

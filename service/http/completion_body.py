@@ -5,27 +5,56 @@ and the tokens made into choices and stream chunks."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.chat import ChatTemplate
-from attnserve.service.core.errors import InvalidInputError, UnsupportedError
+from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.generation import Token
 from attnserve.service.core.generation_plan import GenerateOptions
 from attnserve.service.core.request import Input, Intervention
-from attnserve.service.http.openai_inputs import openai_inputs
+from attnserve.service.http.openai_inputs import fitted, openai_inputs
 
 
-class FeatureBody(BaseModel):
+class OpenAIBody(BaseModel):
+    """A part of an OpenAI API body: a value of the wrong type is refused, not coerced ("5"
+    is not a number, "yes" not a boolean), and so is a field it does not have."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RequestBody(OpenAIBody):
+    """A whole request body: its unknown parameters refused by name, with the known one
+    each may have meant (OpenAI's API refuses them too, where ignoring `max_token` would
+    answer 16 sampled tokens and a 200)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                raise InvalidInputError("; ".join(cls._unknown(key) for key in unknown))
+        return data
+
+    @classmethod
+    def _unknown(cls, key: str) -> str:
+        meant = difflib.get_close_matches(key, cls.model_fields, n=1)
+        hint = f"; did you mean {meant[0]}?" if meant else ""
+        return f"{key}: not a parameter of this endpoint{hint}"
+
+
+class FeatureBody(OpenAIBody):
     sae: str = Field(description="an SAE the model serves (GET /v1/model-info's saes)")
     feature_id: int
 
 
-class InterventionBody(BaseModel):
+class InterventionBody(OpenAIBody):
     """attnserve's change of a hook site, as attnserve.v1's Intervention in JSON: `values` a
     list of floats (one vector, or one per position)."""
 
@@ -40,16 +69,16 @@ class InterventionBody(BaseModel):
     feature: FeatureBody | None = Field(None, description="steer along an SAE feature's decoder")
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(OpenAIBody):
     include_usage: bool = False
 
 
-class SamplingBody(BaseModel):
+class SamplingBody(RequestBody):
     """What OpenAI's completions and chat completions share (the parameters this server
     honours; `n`, the penalties and `logit_bias` only at their defaults)."""
 
     model: str | None = Field(None, description="the served model's name (GET /v1/models)")
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, description="at most this many (default 16)")
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
@@ -62,6 +91,9 @@ class SamplingBody(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # vLLM's
+    truncate_prompt_tokens: int | None = Field(
+        None, description="keep only the prompt's last k tokens (its BOS kept)"
+    )
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     return_token_ids: bool = False
@@ -98,9 +130,20 @@ class CompletionRequest(SamplingBody):
         }
 
 
-class ChatMessage(BaseModel):
-    role: str
-    content: str | list[dict] = ""  # a text, or parts of which the "text" ones are read
+class ContentPart(OpenAIBody):
+    type: Literal["text"]  # this server's models read text only
+    text: str
+
+
+class ChatMessage(OpenAIBody):
+    """One message of the conversation, as OpenAI's chat API takes it; the chat template
+    reads every field (tool calls and results included)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None  # None only for an assistant's tool calls
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatRequest(SamplingBody):
@@ -111,6 +154,12 @@ class ChatRequest(SamplingBody):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="the functions the template shows the model, as OpenAI's API lists them"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="vLLM's: more variables for the chat template"
+    )
 
 
 def generate_options(body: SamplingBody, logprobs: int | None) -> GenerateOptions:
@@ -125,7 +174,7 @@ def generate_options(body: SamplingBody, logprobs: int | None) -> GenerateOption
     if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
     return GenerateOptions(
-        max_tokens=GenerateOptions.max_tokens if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
@@ -154,30 +203,48 @@ def choices(
     return chosen
 
 
-def completion_choices(body: CompletionRequest) -> list[tuple[Input, GenerateOptions]]:
-    return choices(body, openai_inputs("prompt", body.prompt), body.logprobs)
+def completion_choices(
+    body: CompletionRequest, tokenizer: Tokenizer, context: int
+) -> list[tuple[Input, GenerateOptions]]:
+    """Each prompt's choices; a prompt must leave the model's context (`context` tokens)
+    room for one token."""
+    prompts = openai_inputs("prompt", body.prompt)
+    room = (context - 1, f"max_seq_len={context} less one position to generate in")
+    ids = fitted("prompt", prompts, tokenizer, body.truncate_prompt_tokens, room)
+    return choices(body, list(ids), body.logprobs)
 
 
 def chat_choices(
-    body: ChatRequest, chat: ChatTemplate | None, tokenizer: Tokenizer, model: str
+    body: ChatRequest, chat: ChatTemplate | None, tokenizer: Tokenizer, model: str, context: int
 ) -> list[tuple[Input, GenerateOptions]]:
     """The conversation as its model's prompt (ids: the template writes the special tokens)."""
     if chat is None:
-        raise UnsupportedError(
-            f"{model} has no chat template (its checkpoint had none); use /v1/completions"
+        raise InvalidInputError(
+            f"model: {model} has no chat template (its checkpoint had none); use /v1/completions"
         )
     if not body.messages:
         raise InvalidInputError("messages: at least one message is required")
-    messages = [{"role": m.role, "content": _text(m.content)} for m in body.messages]
-    ids = np.asarray(tokenizer.token_ids(chat.render(messages)), dtype=np.int64)
+    messages = [_message(f"messages[{i}]", m) for i, m in enumerate(body.messages)]
+    text = chat.render(messages, body.tools, body.chat_template_kwargs)
+    room = (context - 1, f"max_seq_len={context} less one position to generate in")
+    prompt = np.asarray(tokenizer.token_ids(text), dtype=np.int64)
+    (ids,) = fitted("messages", [prompt], tokenizer, body.truncate_prompt_tokens, room)
     top = (body.top_logprobs or 0) if body.logprobs else None
     return choices(body, [ids], top)
 
 
-def _text(content: str | list[dict]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+def _message(field: str, message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it (transformers passes OpenAI's fields through):
+    only the fields given, a content of text parts joined into one text."""
+    if message.content is None and not (message.role == "assistant" and message.tool_calls):
+        raise InvalidInputError(
+            f"{field}.content: required (only an assistant's message with tool_calls may "
+            "leave it out)"
+        )
+    out = message.model_dump(exclude_none=True)
+    if isinstance(message.content, list):
+        out["content"] = "".join(part.text for part in message.content)
+    return out
 
 
 def _intervention(field: str, entry: InterventionBody) -> Intervention:

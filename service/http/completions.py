@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.errors import renamed, word
 from attnserve.service.core.generation import Token
 from attnserve.service.core.generation_plan import GenerateOptions
 from attnserve.service.core.request import Input
@@ -30,6 +31,9 @@ from attnserve.service.http.completion_body import (
 from attnserve.service.http.errors import ErrorRoute, error_response
 from attnserve.service.http.state import authorized, deadline, state
 
+# The plan's names of what these bodies name otherwise.
+OPENAI_NAMES = ((word("options.interventions"), "interventions"),)
+
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
 )
@@ -38,9 +42,12 @@ router = APIRouter(
 @router.post("/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> dict | StreamingResponse:
     """Each prompt continued (a choice each; two with `compare`: the interventions' first)."""
-    with state(request).repository.observed("POST /v1/completions") as find:
+    with (
+        state(request).repository.observed("POST /v1/completions") as find,
+        renamed(*OPENAI_NAMES),
+    ):
         plane = find(body.model or "")
-        chosen = completion_choices(body)
+        chosen = completion_choices(body, plane.tokenizer, plane.backend.config.max_seq_len)
         answers = [
             Completion(i, plane.tokenizer, body.logprobs is not None, body.return_token_ids)
             for i in range(len(chosen))
@@ -51,9 +58,17 @@ async def completions(body: CompletionRequest, request: Request) -> dict | Strea
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(body: ChatRequest, request: Request) -> dict | StreamingResponse:
     """The assistant's reply to the conversation (two with `compare`)."""
-    with state(request).repository.observed("POST /v1/chat/completions") as find:
+    # chat names the plan's logprobs top_logprobs, and its prompt the messages
+    names = [*OPENAI_NAMES, (word("logprobs"), "top_logprobs"), (word("prompt"), "messages")]
+    if body.max_completion_tokens is not None:
+        names.append((word("max_tokens"), "max_completion_tokens"))
+    with (
+        state(request).repository.observed("POST /v1/chat/completions") as find,
+        renamed(*names),
+    ):
         plane = find(body.model or "")
-        chosen = chat_choices(body, plane.chat, plane.tokenizer, plane.name)
+        context = plane.backend.config.max_seq_len
+        chosen = chat_choices(body, plane.chat, plane.tokenizer, plane.name, context)
         answers: list[Completion] = [
             ChatCompletion(i, plane.tokenizer, body.logprobs, body.return_token_ids)
             for i in range(len(chosen))
@@ -110,12 +125,6 @@ async def _events(
     if body.stream_options and body.stream_options.include_usage:
         yield _event({**head, "choices": [], "usage": _usage(lengths, answers, body)})
     yield "data: [DONE]\n\n"
-
-
-def request_path(head: dict) -> str:
-    return (
-        "POST /v1/chat/completions" if head["object"].startswith("chat") else "POST /v1/completions"
-    )
 
 
 def _event(data: dict) -> str:

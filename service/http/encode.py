@@ -1,13 +1,16 @@
 """attnserve.v1 in JSON: POST /v1/encode and GET /v1/model-info, protobuf's JSON mapping of
-the gRPC API's messages (the same data plane answers both)."""
+the gRPC API's messages (the same data plane answers both), taking also what the OpenAI
+endpoints take: an enum by its word ("add", "mean"), a float tensor as a plain list."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Request
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from attnserve.service.core.errors import InvalidInputError
@@ -16,7 +19,7 @@ from attnserve.service.http.state import authorized, deadline, state
 from attnserve.service.v1.encode import encode as encode_v1
 from attnserve.service.v1.encode import model_info as model_info_v1
 from attnserve.v1 import encoder_service_pb2 as pb
-from attnserve.v1.wire import from_tensor
+from attnserve.v1.wire import fill_tensor, from_tensor
 
 router = APIRouter(
     prefix="/v1", tags=["attnserve"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
@@ -62,10 +65,85 @@ def _encode_request(body: dict[str, Any]) -> tuple[pb.EncodeRequest, bool]:
     if tensor_format not in ("base64", "list"):
         raise InvalidInputError(f"tensor_format: {tensor_format!r} is not 'base64' or 'list'")
     try:
-        request = json_format.ParseDict(body, pb.EncodeRequest())
+        request = json_format.ParseDict(
+            _lenient(body, pb.EncodeRequest.DESCRIPTOR), pb.EncodeRequest()
+        )
     except json_format.ParseError as exc:
-        raise InvalidInputError(f"not an attnserve.v1.EncodeRequest: {exc}") from None
+        raise InvalidInputError(_parse_error(str(exc))) from None
     return request, tensor_format == "list"
+
+
+def _lenient(value: Any, descriptor: Descriptor, path: str = "") -> Any:
+    """`value`, the JSON of a `descriptor` message, with each enum given by its word made
+    its name ("add": INTERVENTION_OP_ADD) and each float Tensor given as a list of numbers
+    (one vector, or one row per position) made a Tensor's JSON."""
+    if not isinstance(value, dict):
+        return value
+    fields = {f.name: f for f in descriptor.fields} | {f.json_name: f for f in descriptor.fields}
+    out = dict(value)
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        where = f"{path}.{field.name}" if path else field.name
+        if field.is_repeated and isinstance(item, list):
+            out[key] = [_lenient_field(field, x, f"{where}[{i}]") for i, x in enumerate(item)]
+        else:
+            out[key] = _lenient_field(field, item, where)
+    return out
+
+
+def _lenient_field(field: FieldDescriptor, item: Any, path: str) -> Any:
+    if field.enum_type is not None and isinstance(item, str):
+        return _enum_name(field.enum_type, item, path)
+    if field.message_type is pb.Tensor.DESCRIPTOR and isinstance(item, list):
+        try:
+            array = np.asarray(item, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"{path}: a list of numbers, or of rows of numbers of one length"
+            ) from None
+        tensor = pb.Tensor()
+        fill_tensor(tensor, array)
+        return json_format.MessageToDict(tensor)
+    if field.message_type is not None and not field.message_type.GetOptions().map_entry:
+        return _lenient(item, field.message_type, path)
+    return item
+
+
+def _enum_name(enum: EnumDescriptor, word: str, path: str) -> str:
+    """An enum value's name from its name or its word (the name's end, any case)."""
+    if word in enum.values_by_name:
+        return word
+    prefix = enum.values[0].name.removesuffix("UNSPECIFIED")  # STANDARD lint's zero value
+    if prefix + word.upper() in enum.values_by_name:
+        return prefix + word.upper()
+    words = [v.name.removeprefix(prefix).lower() for v in enum.values[1:]]
+    raise InvalidInputError(f"{path}: {word!r} is not one of {', '.join(words)}")
+
+
+def _parse_error(message: str) -> str:
+    """protobuf's ParseError led by the field it is about, as every other refusal here:
+    "options.interventions[0].op: Invalid enum value ...", not "Failed to parse options
+    field: Failed to parse interventions field: ... at EncodeRequest.options....". The
+    chain of "Failed to parse X field" names the fields, the trailing "at" their indices."""
+    chain = re.findall(r"Failed to parse (\w+) field: ", message)
+    detail = re.sub(r"^(Failed to parse \w+ field: )+", "", message)
+    at = re.search(r' at "?EncodeRequest\.?([\w.\[\]]*?)"?\.*(\n|$)', detail)
+    path = at.group(1) if at else ".".join(chain)
+    if at:
+        detail = detail[: at.start()]
+    if chain and path.rsplit(".", 1)[-1].split("[")[0] != chain[-1]:
+        path += f".{chain[-1]}"
+    unknown = re.match(r'Message type "([\w.]+)" has no field named "(\w+)"', detail)
+    if unknown:
+        path, detail = (
+            f"{path}.{unknown.group(2)}".lstrip("."),
+            f"not a field of {unknown.group(1)}",
+        )
+    return (
+        f"{path}: {detail.rstrip('.')}" if path else f"not an attnserve.v1.EncodeRequest: {detail}"
+    )
 
 
 def _encode_response(response: pb.EncodeResponse, as_lists: bool) -> dict:

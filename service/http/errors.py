@@ -10,6 +10,7 @@ handlers (`add_error_handlers`) answer the framework's own refusals alike.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
@@ -25,6 +26,7 @@ from attnserve.service.core.errors import (
     InvalidInputError,
     ModelNotFoundError,
     RequestTooLargeError,
+    field_of,
 )
 from attnserve.service.core.status import http_status_for, log_unexpected
 
@@ -69,7 +71,7 @@ def error_response(path: str, exc: BaseException) -> JSONResponse:
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(status.value, "server_error"),
-            "param": None,
+            "param": field_of(exc),
             "code": code,
         }
     }
@@ -105,11 +107,17 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        return error_response(request.url.path, InvalidInputError(problems))
+        kind = request.headers.get("content-type", "")
+        if kind and "json" not in kind:  # FastAPI reads no body of another type
+            message = f"the body must be JSON, with Content-Type: application/json (not {kind!r})"
+            return error_response(request.url.path, InvalidInputError(message))
+        problems: dict[str, list[str]] = {}  # a union's members fail at one path each
+        for error in exc.errors():
+            said = problems.setdefault(_path(error["loc"]), [])
+            if _problem(error) not in said:
+                said.append(_problem(error))
+        message = "; ".join(f"{path}: {' | '.join(said)}" for path, said in problems.items())
+        return error_response(request.url.path, InvalidInputError(message))
 
     @app.exception_handler(HTTPException)
     async def framework_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -122,6 +130,31 @@ def add_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 400:
             return error_response(request.url.path, InvalidInputError(message))
         return error_response(request.url.path, FrameworkError(exc.status_code, message))
+
+
+def _path(loc: tuple) -> str:
+    """A validation error's location as the body names it (interventions[0].values), the
+    members of a union it names left out (prompt, not prompt.list[int])."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _UNION_MEMBER.fullmatch(part):
+            path += f".{part}" if path else part
+    return path or "body"
+
+
+# How pydantic names a union's member in a location: str, list[int], function-after[...].
+_UNION_MEMBER = re.compile(r"(str|int|float|bool|none|list|dict|[\w-]+\[.*\])")
+
+
+def _problem(error: dict) -> str:
+    if error["type"] == "extra_forbidden":
+        return "not a field here"
+    given = error.get("input")
+    if error["type"].endswith("_type") and isinstance(given, str | int | float | bool):
+        return f"{error['msg']} (got {given!r})"
+    return error["msg"]
 
 
 class BodyLimit:

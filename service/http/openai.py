@@ -7,13 +7,14 @@ import base64
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import pooled
 from attnserve.service.core.request import EncodeOptions, Input, Pooling
+from attnserve.service.http.completion_body import RequestBody
 from attnserve.service.http.errors import ErrorRoute
-from attnserve.service.http.openai_inputs import openai_inputs
+from attnserve.service.http.openai_inputs import fitted, openai_inputs
 from attnserve.service.http.state import authorized, deadline, state
 
 router = APIRouter(
@@ -21,8 +22,9 @@ router = APIRouter(
 )
 
 
-class EmbeddingsRequest(BaseModel):
-    """OpenAI's embeddings request, as its official SDK sends it."""
+class EmbeddingsRequest(RequestBody):
+    """OpenAI's embeddings request, as its official SDK sends it, and vLLM's
+    `truncate_prompt_tokens`."""
 
     input: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, a list of texts, a token array or a list of token arrays"
@@ -31,6 +33,9 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, description="if given, the model's embedding width")
     user: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, description="keep only each input's last k tokens (its BOS kept)"
+    )
 
 
 @router.get("/models")
@@ -53,6 +58,9 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
         dataplane = find(body.model or "")
         config = dataplane.backend.config
         inputs = _inputs(body, config.embedding_dim)
+        limit = (config.max_seq_len, f"max_seq_len={config.max_seq_len}")
+        keep = body.truncate_prompt_tokens
+        inputs = list(fitted("input", inputs, dataplane.tokenizer, keep, limit))
         options = EncodeOptions(
             pooling=Pooling(s.settings.embeddings_pooling), token_embeddings=False
         )
@@ -77,4 +85,4 @@ def _inputs(body: EmbeddingsRequest, d_model: int) -> list[Input]:
             f"dimensions: this model's embeddings have {d_model} dimensions, "
             f"{body.dimensions} were asked for"
         )
-    return openai_inputs("input", body.input)
+    return openai_inputs("input", body.input, empty_text=False)

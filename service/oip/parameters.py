@@ -5,14 +5,14 @@ never converted; unknown ones refused, the ones clients send on their own ignore
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from attnserve.oip.wire import Parameter
-from attnserve.service.core.errors import AttnserveError, InvalidInputError
+from attnserve.service.core.errors import InvalidInputError, renamed
 from attnserve.service.core.request import HeadReduction, Layout, LensNorm, Pooling
 
 # Parameters that clients of the protocol send on their own (Triton reserves the prefix
@@ -118,20 +118,11 @@ _PARAMETER_OF = {
 } | {re.compile(re.escape("options.interventions[0].values")): "inputs.steering"}
 
 
-@contextmanager
-def parameter_names() -> Iterator[None]:
+def parameter_names() -> AbstractContextManager[None]:
     """Errors raised inside name the V2 parameter a client sent where they named the option
     it set ("parameters.lens_layers: 7 is outside ..." rather than
     "options.logit_lens.layers: ...")."""
-    try:
-        yield
-    except AttnserveError as exc:
-        message = str(exc)
-        for field, parameter in _PARAMETER_OF.items():
-            message = field.sub(parameter, message)
-        if message == str(exc):
-            raise
-        raise type(exc)(message) from exc
+    return renamed(*_PARAMETER_OF.items())
 
 
 def checked_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def choices_of(request: pb.GenerateRequest) -> list[tuple[Input, GenerateOptions
     """The prompt and its options; with compare, the plain text's choice after."""
     given = request.options
     options = GenerateOptions(
-        max_tokens=given.max_tokens or GenerateOptions.max_tokens,
+        max_tokens=given.max_tokens or None,
         temperature=given.temperature if given.HasField("temperature") else 1.0,
         top_p=given.top_p if given.HasField("top_p") else 1.0,
         seed=given.seed if given.HasField("seed") else None,

@@ -100,11 +100,22 @@ def test_stop_strings_and_ids_end_the_text(server):
     assert by_id["token_ids"] == ids[: ids.index(ids[5]) + 1]  # the stop id is the last
 
 
-def test_the_models_context_ends_a_text_that_would_pass_it(server):
+def test_max_tokens_past_the_context_is_refused_and_the_default_fits_it(server):
     prompt = [5] * (SMALL_CONFIG.max_seq_len - 5)
-    out = complete(server, prompt=prompt, max_tokens=50, temperature=0, ignore_eos=True)
+    room = 6  # the last token needs no position of its own
+    out = complete(server, prompt=prompt, max_tokens=room, temperature=0, ignore_eos=True)
     assert out["choices"][0]["finish_reason"] == "length"
-    assert out["usage"]["completion_tokens"] == 6  # the last needs no position of its own
+    assert out["usage"]["completion_tokens"] == room
+    body = {"prompt": prompt, "max_tokens": room + 1, "ignore_eos": True}
+    answer = httpx.post(f"{server.http_url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert f"more than the {room} tokens" in error["message"]
+    assert f"max_seq_len={SMALL_CONFIG.max_seq_len}" in error["message"]
+    # unset: OpenAI's 16, or the room where it is less
+    out = complete(server, prompt=prompt, temperature=0, ignore_eos=True)
+    assert out["usage"]["completion_tokens"] == room
 
 
 def test_interventions_steer_and_compare_answers_both(server):
@@ -170,7 +181,122 @@ async def _wait(condition, timeout: float = 60.0) -> None:
 
 
 def test_chat_completions_without_a_chat_template_are_refused_by_name(server):
+    """400, not 501: OpenAI's SDK retries a 5xx three times, and the request is what is
+    wrong for this model."""
     body = {"messages": [{"role": "user", "content": "hi"}]}
     answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=60)
-    assert answer.status_code == 501, answer.text
-    assert "has no chat template" in answer.json()["error"]["message"]
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert "has no chat template" in error["message"] and error["param"] == "model"
+
+
+LONG = "x" * (SMALL_CONFIG.max_seq_len + 10)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("completions", {"max_token": 5}, "max_token", "did you mean max_tokens?"),
+        ("completions", {"temprature": 0}, "temprature", "did you mean temperature?"),
+        ("completions", {"max_tokens": "5"}, "max_tokens", "valid integer (got '5')"),
+        ("completions", {"stream": "yes"}, "stream", "valid boolean (got 'yes')"),
+        ("completions", {"max_tokens": 10**9}, "max_tokens", "is more than the"),
+        ("completions", {"interventions": [{"hook": "blocks.9.hook_resid_pre", "values": [1]}]},
+         "interventions[0].hook", "is not a hook site"),
+        ("completions", {"interventions": [{"hook": "blocks.0.hook_resid_pre", "opp": "add"}]},
+         "interventions[0].opp", "not a field here"),
+        ("completions", {"prompt": LONG}, "prompt", "set truncate_prompt_tokens"),
+        ("completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "is not >= 1"),
+        ("embeddings", {"input": ""}, "input", "the text is empty"),
+        ("embeddings", {"input": ["a", ""]}, "input[1]", "the text is empty"),
+        ("embeddings", {"input": "x", "dimension": 3}, "dimension", "did you mean dimensions?"),
+        ("embeddings", {"input": ["a", LONG]}, "input[1]", "set truncate_prompt_tokens"),
+        ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]},
+         "messages[0].role", "Input should be"),
+    ],
+)  # fmt: skip
+def test_openai_bodies_are_refused_by_the_field_as_sent(server, path, body, param, message):
+    """As OpenAI's API refuses them: unknown parameters (not ignored), wrong types (not
+    coerced), limits, each naming the field as the body named it, in `param` too."""
+    if path == "completions":
+        body = {"prompt": "The cat", **body}
+    answer = httpx.post(f"{server.http_url}/v1/{path}", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_after_the_bos(server):
+    """vLLM's truncate_prompt_tokens: a text cut to its last k tokens, its BOS kept, gives
+    what those tokens give."""
+    text = "The cat sat on the mat. " * 20
+    keep = 12
+    kept = [SMALL_CONFIG.bos_id, *text.encode()[-(keep - 1) :]]
+    cut = complete(server, prompt=text, truncate_prompt_tokens=keep, max_tokens=4,
+                   temperature=0, ignore_eos=True, return_token_ids=True)  # fmt: skip
+    assert cut["usage"]["prompt_tokens"] == keep
+    assert cut["choices"][0]["token_ids"] == greedy(server, kept, n=4)["token_ids"]
+    body = {"input": [text], "truncate_prompt_tokens": keep}
+    vectors = httpx.post(f"{server.http_url}/v1/embeddings", json=body, timeout=60).json()
+    want = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": [kept]}, timeout=60)
+    np.testing.assert_allclose(
+        vectors["data"][0]["embedding"], want.json()["data"][0]["embedding"], atol=1e-6
+    )
+
+
+def _with_chat(small_model_dir, directory, templates: dict[str, str]):
+    """A server of the small model whose directory ships `templates` (byte tokens: the
+    template's text is the prompt's bytes)."""
+    import json
+
+    from tests.conftest import ServerThread, linked_copy
+
+    model = linked_copy(small_model_dir, directory)
+    shipped = {"templates": templates, "special_tokens": {"eos_token": "</s>"}}
+    (model / "chat_template.json").write_text(json.dumps(shipped))
+    return ServerThread(model)
+
+
+def test_chat_refusals_name_the_fields_as_the_chat_request_names_them(small_model_dir, tmp_path):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    server = _with_chat(small_model_dir, tmp_path / "model", {"default": template})
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "required"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "required"),
+        ({"messages": hi, "max_completion_tokens": 10**6}, "max_completion_tokens", "more than"),
+        ({"messages": hi, "max_tokens": 10**6}, "max_tokens", "more than"),
+        ({"messages": hi, "logprobs": True, "top_logprobs": 30}, "top_logprobs", "outside"),
+        ({"messages": [{"role": "user", "content": "x" * 400}]}, "messages", "truncate_prompt"),
+        ({"messages": hi, "chat_template_kwargs": {"messages": []}},
+         "chat_template_kwargs.messages", "set by the request"),
+    ]  # fmt: skip
+    try:
+        for body, param, message in cases:
+            answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=60)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["param"] == param and message in error["message"], error
+        body = {"messages": hi, "max_completion_tokens": 3, "temperature": 0}
+        answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == len(
+            "<user>hi<assistant>"
+        )
+    finally:
+        server.stop()
+
+
+def test_a_chat_template_that_does_not_compile_costs_chat_alone(small_model_dir, tmp_path):
+    """A checkpoint whose template jinja2 cannot compile: the server starts and serves
+    everything else; chat answers 400 saying why."""
+    server = _with_chat(small_model_dir, tmp_path / "model", {"default": "{% if %}"})
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(f"{server.http_url}/v1/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 400
+        error = answer.json()["error"]
+        assert error["param"] == "model" and "does not compile (line 1" in error["message"]
+        assert greedy(server, "The cat", n=2)["finish_reason"] == "length"
+    finally:
+        server.stop()

@@ -120,7 +120,7 @@ def test_encode_json_default_is_the_grpc_bytes(server, client):
         ("/v1/embeddings", {"model": MODEL}, 400, "input: Field required"),
         ("/v1/embeddings", {"input": "x", "dimensions": 3}, 400, "dimensions: this model's"),
         ("/v1/encode", {"inputs": [{"text": "x"}], "tensor_format": "csv"}, 400, "tensor_format"),
-        ("/v1/encode", {"inputz": []}, 400, "not an attnserve.v1.EncodeRequest"),
+        ("/v1/encode", {"inputz": []}, 400, "inputz: not a field of attnserve.v1.EncodeRequest"),
         ("/v1/encode", {"inputs": [{"text": "x"}], "options": {"attention": {"layers": [7]}}},
          400, "options.attention.layers: 7 is outside [-2, 2)"),
         ("/v1/embeddings", {"model": MODEL, "input": [[1, 2**63]]}, 400,
@@ -318,3 +318,32 @@ def test_http_calls_have_a_deadline(small_model_dir):
     finally:
         backend.gate.set()
         slow.stop()
+
+
+def test_encode_takes_the_interventions_the_completions_take(server):
+    """`op: "add"` and values as a plain list (as /v1/completions takes them) change the
+    run exactly as protobuf's own JSON (an enum name, a base64 Tensor) does; enums go by
+    their word elsewhere too ("pooling": "mean"); a word that is none is refused with
+    those it may be."""
+    rng = np.random.default_rng(3)
+    vector = rng.normal(0, 4.0, SMALL_CONFIG.d_model).astype(np.float32)
+    tensor = {"shape": [len(vector)], "dtype": "DTYPE_FLOAT32",
+              "data": base64.b64encode(vector.tobytes()).decode()}  # fmt: skip
+
+    def pooled(intervention: dict, pooling: str) -> np.ndarray:
+        options = {"pooling": pooling, "interventions": [intervention]}
+        body = {"inputs": [{"text": "The cat sat."}], "options": options, "tensor_format": "list"}
+        answer = httpx.post(f"{server.http_url}/v1/encode", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return np.array(answer.json()["results"][0]["pooled"]["values"])
+
+    hook = "blocks.1.hook_resid_pre"
+    protobuf = pooled({"hook": hook, "op": "INTERVENTION_OP_ADD", "values": tensor}, "POOLING_MEAN")
+    plain = pooled({"hook": hook, "op": "add", "values": vector.tolist()}, "mean")
+    np.testing.assert_allclose(plain, protobuf, atol=1e-6)
+    unchanged = pooled({"hook": hook, "op": "add", "values": [0.0] * len(vector)}, "mean")
+    assert np.abs(unchanged - plain).max() > 1e-3  # the vector changed the run
+    body = {"inputs": [{"text": "x"}], "options": {"interventions": [{"hook": hook, "op": "plus"}]}}
+    error = httpx.post(f"{server.http_url}/v1/encode", json=body, timeout=60).json()["error"]
+    assert error["param"] == "options.interventions[0].op"
+    assert error["message"].endswith("'plus' is not one of add, set, scale, clamp")
