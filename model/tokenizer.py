@@ -3,11 +3,17 @@
 "byte": UTF-8 bytes are the tokens (ids 0..255), a <bos> is prepended; no
 vocabulary file. "hf": the model directory's tokenizer.json, run by the
 Hugging Face `tokenizers` library exactly as transformers' fast tokenizers do.
+
+A text being generated is decoded by a stream primed with its prompt (`stream`): each
+token's characters as `decode(prompt + generated)` less `decode(prompt)` has them, in
+constant work per token. Decoding the generated ids alone would lose what a decoder does
+at a text's start: SentencePiece's decoders drop the first space ("isParis").
 """
 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnserve.model.artifacts import ModelDirectory
@@ -62,6 +68,10 @@ class ByteTokenizer:
         """The ids of `text` alone, no special token added (a target token's text)."""
         return self.encode(text, add_bos=False)
 
+    def stream(self, prompt: Sequence[int]) -> ByteStream:
+        """A decoder of the tokens that follow `prompt`."""
+        return ByteStream(self, prompt)
+
     def token_strings(self, ids: list[int]) -> list[str]:
         """One printable label per id (for heatmap axes): specials by name, bytes as text."""
         labels = []
@@ -101,6 +111,10 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
 
+    def stream(self, prompt: Sequence[int]) -> HFStream:
+        """A decoder of the tokens that follow `prompt`."""
+        return HFStream(self._tokenizer, prompt)
+
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each token's own text (byte-level pieces decoded), spaces made visible; a piece
         that is part of a character (an emoji's four bytes, each its own token) shows its
@@ -115,6 +129,67 @@ class HFTokenizer:
         if self._byte_level and set(piece) <= _BYTE_OF.keys():
             return bytes(_BYTE_OF[c] for c in piece).decode("utf-8", errors=_BYTES_SHOWN)
         return piece  # e.g. a byte-fallback piece, "<0xF0>" already
+
+
+class ByteStream:
+    """The byte tokenizer's text as tokens come: UTF-8 decoded incrementally (a character
+    spelled over several tokens comes with its last byte), special ids writing nothing."""
+
+    def __init__(self, tokenizer: ByteTokenizer, prompt: Sequence[int]) -> None:
+        self._special = set(tokenizer._special)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._utf8.decode(self._bytes(prompt))  # a character the prompt began goes on
+
+    def step(self, token_id: int) -> str:
+        """The characters this token completes ("" while one is being spelled)."""
+        return self._utf8.decode(self._bytes([token_id]))
+
+    def rest(self) -> str:
+        """At the text's end: a character left half-spelled, as decode writes it."""
+        return self._utf8.decode(b"", final=True)
+
+    def _bytes(self, ids: Sequence[int]) -> bytes:
+        return bytes(i for i in ids if i < 256 and i not in self._special)
+
+
+# Tokens of context a decoder needs to write the next one as a whole text would (vLLM's
+# incremental detokenizer starts from 5).
+CONTEXT = 5
+
+
+class HFStream:
+    """A tokenizer.json's text as tokens come: `tokenizers`' DecodeStream primed with the
+    prompt (its decoders see each token in its context, in a window of a few tokens)."""
+
+    def __init__(self, tokenizer, prompt: Sequence[int]) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(ids=[int(i) for i in prompt], skip_special_tokens=True)
+        self._held: list[int] = []  # tokens whose characters are not complete yet
+        self._context = [int(i) for i in prompt[-CONTEXT:]]  # the tokens before them
+
+    def step(self, token_id: int) -> str:
+        """The characters this token completes ("" while one is being spelled)."""
+        text = self._stream.step(self._tokenizer, int(token_id))
+        if text is None:
+            self._held.append(int(token_id))
+            return ""
+        self._context = [*self._context, *self._held, int(token_id)][-CONTEXT:]
+        self._held.clear()
+        return text
+
+    def rest(self) -> str:
+        """At the text's end: what the tokens still held write, as decode writes them in
+        their context (a character left half-spelled as U+FFFD). Byte fallback's decoder
+        replaces every byte of a run that ends mid-character, characters completed before
+        it in the run included: those went out already, and the one left is one U+FFFD."""
+        if not self._held:
+            return ""
+        before = self._tokenizer.decode(self._context, skip_special_tokens=True)
+        after = self._tokenizer.decode(self._context + self._held, skip_special_tokens=True)
+        self._held.clear()
+        return after[len(before) :] if after.startswith(before) else "\ufffd"
 
 
 Tokenizer = ByteTokenizer | HFTokenizer

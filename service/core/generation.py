@@ -100,49 +100,52 @@ async def interleaved(streams: Sequence[AsyncIterator[Token]]) -> AsyncIterator[
 
 
 class _Text:
-    """A text being generated: its tokens, what of their decoded text is released, and the
-    queue its stream reads."""
+    """A text being generated: its tokens, their characters (decoded in the prompt's
+    context, as the tokenizer writes the whole text), what of them is not released yet,
+    and the queue its stream reads."""
 
     def __init__(self, plan: GenerationPlan, tokenizer: Tokenizer, context: int) -> None:
         self.plan = plan
-        self.tokenizer = tokenizer
         # the context bounds the text: its last token needs no position of its own
         self.limit = min(plan.max_tokens, context - len(plan.prompt) + 1)
         self.ids: list[int] = []
-        self.released = 0  # characters of the decoded text sent
+        self.decoder = tokenizer.stream(plan.prompt)
+        self.pending = ""  # characters decoded but not released: maybe a stop string's start
         self.rng = np.random.default_rng(plan.sampling.seed)
         self.queue: asyncio.Queue[Token | BaseException] = asyncio.Queue()
         self.ended = False  # its last token is out, or its client went away
 
     def take(self, choice: Choice) -> None:
-        """Queue the chosen token with the text it releases; end the text where it must."""
+        """Queue the chosen token with the text it releases; end the text where it must.
+        Stop strings are looked for in the characters not released yet only: a text's
+        work per token does not grow with its length."""
         self.ids.append(choice.token_id)
         stopped = choice.token_id in self.plan.stop_ids  # a stop id writes no text
-        text = self.tokenizer.decode(self.ids[:-1] if stopped else self.ids)
-        cut = min((i for s in self.plan.stop if (i := text.find(s)) >= 0), default=-1)
+        if not stopped:
+            self.pending += self.decoder.step(choice.token_id)
+        cut = min((i for s in self.plan.stop if (i := self.pending.find(s)) >= 0), default=-1)
         reason = None
-        if stopped or cut >= 0:
-            reason, text = "stop", text[:cut] if cut >= 0 else text
-        elif len(self.ids) >= self.limit:
-            reason = "length"
+        if cut >= 0:
+            reason, text = "stop", self.pending[:cut]
+        elif stopped or len(self.ids) >= self.limit:
+            reason, text = "stop" if stopped else "length", self.pending + self.decoder.rest()
+        else:
+            text = self._release()
         self.ended = reason is not None
-        new = self._release(text, final=self.ended)
-        self.queue.put_nowait(Token(choice.token_id, new, choice.logprob, choice.top, reason))
+        self.queue.put_nowait(Token(choice.token_id, text, choice.logprob, choice.top, reason))
 
-    def _release(self, text: str, final: bool) -> str:
-        """What of the text is new and may go: all of it at the end; before, not a character
-        still being spelled (U+FFFD) nor what may be the start of a stop string."""
-        end = len(text)
-        if not final:
-            end = len(text.rstrip("\ufffd"))
-            for stop in self.plan.stop:  # the longest end of the text a stop string begins with
-                for n in range(min(len(stop) - 1, end), 0, -1):
-                    if text[end - n : end] == stop[:n]:
-                        end -= n
-                        break
-        new = text[self.released : max(end, self.released)]
-        self.released = max(end, self.released)
-        return new
+    def _release(self) -> str:
+        """What of the pending characters may go: all but their longest end that a stop
+        string begins with."""
+        held = 0
+        for stop in self.plan.stop:
+            for n in range(min(len(stop) - 1, len(self.pending)), held, -1):
+                if self.pending.endswith(stop[:n]):
+                    held = n
+                    break
+        cut = len(self.pending) - held
+        released, self.pending = self.pending[:cut], self.pending[cut:]
+        return released
 
 
 class Generator:

@@ -4,6 +4,8 @@ stream on both sides (at the prompt's positions and every generated one); chat t
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -103,8 +105,6 @@ def test_chat_completions_render_the_checkpoints_template_as_transformers(tmp_pa
     """A checkpoint with a chat template: its import ships it, /v1/chat/completions
     renders a conversation into the ids transformers' apply_chat_template makes and answers
     transformers' greedy reply, whole and streamed by OpenAI's SDK."""
-    import json
-
     from openai import OpenAI
     from transformers import AutoTokenizer
 
@@ -143,5 +143,53 @@ def test_chat_completions_render_the_checkpoints_template_as_transformers(tmp_pa
         assert chunks[0].choices[0].delta.role == "assistant"
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert streamed == whole.choices[0].message.content
+    finally:
+        server.stop()
+
+
+def test_a_sentencepiece_checkpoint_continues_its_prompt_as_its_tokenizer_writes_it(tmp_path):
+    """Llama 2's tokenizer (byte fallback, a decoder that strips a decode's first space):
+    the served continuation, whole and streamed, is decode(prompt + generated) less
+    decode(prompt), so "... is" continues " Paris", not "Paris". The prompt is one whose
+    first greedy token begins with "▁", the case that decoding it alone gets wrong."""
+    from tokenizers import Tokenizer
+
+    from perf.hf_checkpoints import build_checkpoint
+    from tests.conftest import run_cli
+    from tests.tokenizer_styles import TEXTS, save
+
+    source = tmp_path / "llama"
+    tokenizer_file = save("llama2", tmp_path / "tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    shape = {**FAMILY_SHAPES["llama"], "vocab_size": tokenizer.get_vocab_size()}
+    reference = build_checkpoint("llama", source, **shape)
+    (source / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    words = " ".join(TEXTS).split()
+    prompts = [" ".join(words[:k]) for k in range(1, len(words))]
+    with torch.no_grad():
+        first = [
+            int(reference(torch.tensor([tokenizer.encode(p).ids])).logits[0, -1].argmax())
+            for p in prompts
+        ]
+    prompt = next(
+        p for p, t in zip(prompts, first, strict=True) if tokenizer.id_to_token(t)[0] == "▁"
+    )
+    out = tmp_path / "model"
+    result = run_cli("export", "--from-hf", str(source), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    server = ServerThread(out)
+    try:
+        body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        url = f"{server.http_url}/v1/completions"
+        whole = httpx.post(url, json=body | {"return_token_ids": True}, timeout=120).json()
+        choice = whole["choices"][0]
+        prompt_ids = tokenizer.encode(prompt).ids
+        want = tokenizer.decode(prompt_ids + choice["token_ids"])[
+            len(tokenizer.decode(prompt_ids)) :
+        ]
+        assert want.startswith(" ") and choice["text"] == want
+        with httpx.stream("POST", url, json=body | {"stream": True}, timeout=120) as answer:
+            events = [line[6:] for line in answer.iter_lines() if line.startswith("data: {")]
+        assert "".join(json.loads(e)["choices"][0]["text"] for e in events) == want
     finally:
         server.stop()
