@@ -109,7 +109,7 @@ class _Text:
         # the context bounds the text: its last token needs no position of its own
         self.limit = min(plan.max_tokens, context - len(plan.prompt) + 1)
         self.ids: list[int] = []
-        self.decoder = tokenizer.stream(plan.prompt)
+        self.decoder = tokenizer.stream(plan.prompt.tolist())
         self.pending = ""  # characters decoded but not released: maybe a stop string's start
         self.rng = np.random.default_rng(plan.sampling.seed)
         self.queue: asyncio.Queue[Token | BaseException] = asyncio.Queue()
