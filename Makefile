@@ -27,9 +27,11 @@ install: $(VENV)/.installed
 $(BUF):
 	npm install --silent --no-save --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
-# The default model: the committed trained checkpoint (re-exported when it changes).
+# The default model: the committed trained checkpoint and its SAE (re-exported when either
+# changes).
 DEFAULT_CHECKPOINT := model/pretrained/default.safetensors
-$(MODEL_DIR)/model.onnx: $(DEFAULT_CHECKPOINT) | $(VENV)/.installed
+DEFAULT_SAE := model/pretrained/default-sae/sae_weights.safetensors
+$(MODEL_DIR)/model.onnx: $(DEFAULT_CHECKPOINT) $(DEFAULT_SAE) | $(VENV)/.installed
 	$(VENV)/bin/attnserve export --out $(MODEL_DIR)
 
 export: $(MODEL_DIR)/model.onnx

@@ -23,6 +23,10 @@ from attnserve.model.config import ConfigError, ModelConfig
 DEFAULT_CHECKPOINT = Path(
     str(resources.files("attnserve.model") / "pretrained" / "default.safetensors")
 )
+# The default model's SAE (`attnserve sae train` made it): exported beside it, named as
+# Neuronpedia names SAEs (LAYER-SET: its site is blocks.2.hook_resid_pre).
+DEFAULT_SAE = Path(str(resources.files("attnserve.model") / "pretrained" / "default-sae"))
+DEFAULT_SAE_NAME = "2-res"
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -140,6 +144,13 @@ def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
     return build_encoder(config, seed=args.seed or 0), {}
 
 
+def _default_model(args: argparse.Namespace) -> bool:
+    """Whether the export is of the default model (what `make serve` serves)."""
+    if args.checkpoint:
+        return Path(args.checkpoint).resolve() == DEFAULT_CHECKPOINT.resolve()
+    return args.seed is None and not args.config and not args.from_hf
+
+
 def run_export(args: argparse.Namespace) -> int:
     if args.max_seq_len is not None and (not args.from_hf or args.max_seq_len < 1):
         print("error: --max-seq-len takes a positive integer, with --from-hf", file=sys.stderr)
@@ -162,6 +173,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     precisions = tuple(dict.fromkeys(args.precision or ["fp32"]))
     try:
+        default = _default_model(args)
         source, extra_files = build_source(args, precisions)
         if isinstance(source, HFCheckpoint):
             write_streamed_int8(
@@ -182,6 +194,10 @@ def run_export(args: argparse.Namespace) -> int:
                 release_weights=True,  # not used after: freed before the checks
                 int8_arithmetic=args.int8_arithmetic,
             )
+        if default:  # served with its SAE, so that features and steering by them work
+            from attnserve.export.sae import add_sae
+
+            add_sae(args.out, DEFAULT_SAE, name=DEFAULT_SAE_NAME)
     except (ConfigError, CheckpointError, HFImportError, FootprintError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -208,11 +208,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             keywords = {"changes": changes}
             dynamic_shapes["changes"] = dict.fromkeys(changes)  # static: freed after the trace
     inputs, outputs = names[kind]
-    # The dynamo exporter logs missing optional torchvision ops at WARNING, and the graph
-    # passes each rewrite at INFO (hundreds of lines for a 1B model): irrelevant here.
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    for passes in ("onnxscript", "onnx_ir"):
-        logging.getLogger(passes).setLevel(logging.WARNING)
+    quiet_exporter()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
         # Two inputs share an axis (batch, rows): the exporter says it names it once.
@@ -301,6 +297,14 @@ def _as_float32(tensors: Mapping[str, torch.Tensor], value: ir.Value) -> ir.Tens
 
     assert value.shape is not None  # traced initializers have their shapes
     return ir.LazyTensor(load, ir.DataType.FLOAT, value.shape, name=name)
+
+
+def quiet_exporter() -> None:
+    """The dynamo exporter logs missing optional torchvision ops at WARNING, and the graph
+    passes each rewrite at INFO (hundreds of lines for a 1B model): irrelevant to a user."""
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    for passes in ("onnxscript", "onnx_ir"):
+        logging.getLogger(passes).setLevel(logging.WARNING)
 
 
 def export_onnx(

@@ -27,7 +27,7 @@ import onnxruntime as ort
 import torch
 
 from attnserve.export.int8 import convert_to_int8
-from attnserve.export.onnx_export import ONNX_OPSET
+from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.sae_sources import SAEError, read_sae
 from attnserve.export.scratch import scratch_beside
@@ -176,6 +176,7 @@ def export_sae(sae: SparseAutoencoder, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=1)
     example = torch.zeros(2, 3, sae.config.d_in)
+    quiet_exporter()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         program = torch.onnx.export(

@@ -8,6 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+TRAIN_FLAGS = {"hook": str, "d_sae": int, "k": int, "steps": int, "batch": int, "seed": int}
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -40,6 +42,24 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="int8: its matrices in 8 bits, a quarter of the memory (wide SAEs)",
     )
     add.set_defaults(run=run_add)
+    train = actions.add_parser(
+        "train",
+        help="train a TopK SAE on a model's own activations (what made the default SAE)",
+        description="Train a TopK SAE on a checkpoint's activations at one site, over the "
+        "corpus the default model was trained on, and write it in SAELens' format (cfg.json, "
+        "sae_weights.safetensors, report.json) to OUT. Deterministic from --seed. Unset, "
+        "each flag is the default SAE's (model/sae_train.py: blocks.2.hook_resid_pre, 2048 "
+        "features, k 32, 2000 steps of 4096 positions, seed 0).",
+    )
+    train.add_argument(
+        "--out", type=Path, required=True, help="model/pretrained/default-sae for the default's"
+    )
+    train.add_argument(
+        "--checkpoint", type=Path, default=None, help="the model (default: the default model's)"
+    )
+    for name, kind in TRAIN_FLAGS.items():
+        train.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    train.set_defaults(run=run_train)
     listing = actions.add_parser("list", help="the SAEs a model directory holds")
     listing.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     listing.set_defaults(run=run_list)
@@ -59,6 +79,24 @@ def run_add(args: argparse.Namespace) -> int:
     except ExportWriteError as exc:  # a full disk: the message says so
         print(f"error: {exc.strerror}", file=sys.stderr)
         return 1
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from attnserve.export.cli import DEFAULT_CHECKPOINT
+    from attnserve.model.checkpoint import load_checkpoint
+    from attnserve.model.sae_train import SAETrainConfig, train_sae
+
+    given = {name: v for name in TRAIN_FLAGS if (v := getattr(args, name)) is not None}
+    config = replace(SAETrainConfig(), **given)
+    model = load_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT)
+    try:
+        train_sae(model, args.out, config, log=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -152,6 +152,9 @@ def test_sae_add_and_list_on_the_command_line(model_dir, tmp_path):
     added = run_cli("sae", "add", str(model_dir), str(source), "--name", "resid")
     assert added.returncode == 0, added.stderr
     assert (model_dir / "saes" / "resid" / SAE_JSON).is_file()
+    # its own progress only: what it traces, checks and wrote (not the exporter's logging)
+    lines = (added.stdout + added.stderr).strip().splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["tracing", "checking:", "wrote"], lines
     listed = run_cli("sae", "list", str(model_dir))
     assert listed.stdout.strip() == f"resid: jumprelu, {D_SAE} features on {LAST} (d_in {D})"
     again = run_cli("sae", "add", str(model_dir), str(source), "--name", "resid")
