@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # much work came and went (not after every request: the next one would pay to fault it in
 # again, about a second per GiB on a virtual machine).
 TRIM_AFTER_BYTES = 256 * 1024 * 1024
+# How often a served model's directory is looked at for SAEs added (`attnserve sae add`).
+SAE_WATCH_S = 2.0
 WARMING_UP = "the model is warming up; retry shortly"
 SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
@@ -85,6 +87,7 @@ class DataPlane:
         self._idle = asyncio.Event()
         self._idle.set()
         self.generator: Generator | None = None  # made at the first generation
+        self._watching: asyncio.Task | None = None
         # Gauges read the state when scraped: nothing to update per request.
         metrics.in_flight.set_function(lambda: self._in_flight)
 
@@ -99,6 +102,17 @@ class DataPlane:
         if self.release_memory:  # what loading and warming up freed (0.3 GiB for TinyLlama),
             await asyncio.to_thread(give_back_memory)  # off the loop: other models may serve
         self.refusal = None
+        self._watching = asyncio.create_task(self._watch_saes(), name=f"saes of {self.name}")
+
+    async def _watch_saes(self) -> None:
+        """Serve SAEs added to the directory while it is served, without a restart (opened
+        off the loop: requests go on meanwhile)."""
+        while True:
+            await asyncio.sleep(SAE_WATCH_S)
+            try:
+                await asyncio.to_thread(self.backend.refresh_saes)
+            except Exception:  # what it cannot open it logs; the model serves on regardless
+                log.exception("%s: looking for new SAEs failed", self.name)
 
     def start_draining(self) -> None:
         self.refusal = SHUTTING_DOWN
@@ -106,6 +120,8 @@ class DataPlane:
     async def stop(self) -> None:
         """Finish what was admitted, then stop the batcher and its workers."""
         self._cancel_release()
+        if self._watching is not None:
+            self._watching.cancel()
         await self.batcher.stop()
         await self.stop_generating()
 

@@ -199,6 +199,7 @@ class ModelRepository:
     async def load(self, name: str) -> None:
         """Load a model, or reload it: the newest version on disk, built and warmed beside
         the one serving, then switched to; the old one drains and is freed."""
+        self._check_repository("load")
         async with self._lock(name):
             self._check_name(name)
             old = self.served.get(name)
@@ -228,6 +229,7 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         """Stop serving a model: no new requests, the admitted ones finish, then it is freed."""
+        self._check_repository("unload")
         async with self._lock(name):
             old = self.served.pop(name, None)
             if old is None:
@@ -279,13 +281,18 @@ class ModelRepository:
         assert self.root is not None
         return [f.name for f in sorted(self.root.iterdir()) if versions(f)]
 
-    def _check_name(self, name: str) -> None:
+    def _check_repository(self, action: str) -> None:
         if self.root is None:
-            if name not in self.served:
-                raise ModelNotFoundError(
-                    f"model: {name!r} is not this server's model; it serves {self.single}"
-                )
-        elif "/" in name or name.startswith(".") or not versions(self.root / name):
+            raise InvalidInputError(
+                f"model: a server of one model directory (--model {self.single}) does not "
+                f"{action} models; serve a repository (--model-repository DIR) for that. SAEs "
+                "added to its directory (attnserve sae add) are served within seconds, "
+                "without a reload"
+            )
+
+    def _check_name(self, name: str) -> None:
+        assert self.root is not None  # _check_repository first
+        if "/" in name or name.startswith(".") or not versions(self.root / name):
             raise ModelNotFoundError(
                 f"model: no model {name!r} in the repository {self.root} "
                 "(a folder <name>/<version>/ holding an exported model)"

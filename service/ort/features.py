@@ -4,11 +4,16 @@ readouts graph's run: each SAE's graph fed the hook site it reads, at the positi
 
 Their sessions open with the model (what a directory holds is what it serves), on its
 provider and with the readouts' prepacking policy, once: the model's instances share them
-(ONNX Runtime's sessions run concurrently), so an SAE costs its weights once.
+(ONNX Runtime's sessions run concurrently), so an SAE costs its weights once. An SAE added
+to the directory while it is served (`attnserve sae add` writes its folder whole, then
+renames it into place) opens at the next `refresh`; the tables a run reads are replaced by
+larger ones, never changed, so a run that began before sees what it planned with. A removed
+SAE leaves the list at once and its session at the next start.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
@@ -18,16 +23,20 @@ import onnxruntime as ort
 
 from attnserve.model.artifacts import (
     SAE_INPUTS,
+    SAE_JSON,
     SAE_ONNX,
     SAE_OUTPUTS,
     SAES_DIRNAME,
     ModelDirectory,
 )
 from attnserve.model.config import ModelConfig
+from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import Features, FeaturesSelection
 from attnserve.service.core.errors import InferenceError, ModelLoadError, UnsupportedError
 from attnserve.service.core.features import site_of
 from attnserve.service.ort.readouts import StreamRun
+
+log = logging.getLogger(__name__)
 
 _ACTIVATIONS = SAE_OUTPUTS[-1]  # every feature's activation, copied out only when asked
 _ERROR = SAE_OUTPUTS[3]  # the reconstruction error's norm: the decoder read only for it
@@ -48,40 +57,87 @@ class SAEGraphs:
     ) -> None:
         """`returned()`: the readouts graph's outputs (an SAE on a site it lacks is refused),
         asked only of a directory that holds SAEs."""
-        self.configs = model_dir.saes()
+        self._model_dir, self._config = model_dir, config
+        self._open_session, self._options, self._returned = open_session, options, returned
+        self._prepack = prepack
         self._folder = model_dir.path / SAES_DIRNAME
         self._decoders: dict[str, np.ndarray] = {}  # W_dec (d_sae, d_in), mapped when asked
-        outputs = returned() if self.configs else frozenset()
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
-        self.weight_bytes = model_dir.sae_bytes()  # what their sessions hold
-        for name, sae in self.configs.items():
-            folder = model_dir.path / SAES_DIRNAME / name
+        self._seen: dict[str, int] = {}  # each SAE folder's sae.json time, as last opened
+        self.configs: dict[str, SAEConfig] = {}
+        self.decoder_on_demand: frozenset[str] = frozenset()
+        self.weight_bytes = 0
+        self._open(model_dir.saes(), strict=True)
+
+    def refresh(self) -> bool:
+        """Open the SAEs added to the directory since (and forget the removed ones); whether
+        its SAEs changed. One that cannot be served is left out, saying why in the log."""
+        if self._listing() == self._seen:
+            return False
+        self._open(self._model_dir.saes(), strict=False)
+        return True
+
+    def _listing(self) -> dict[str, int]:
+        """What tells a change of the SAEs: each folder's sae.json's time, by name."""
+        if not self._folder.is_dir():
+            return {}
+        return {p.parent.name: p.stat().st_mtime_ns for p in self._folder.glob(f"*/{SAE_JSON}")}
+
+    def _open(self, configs: dict[str, SAEConfig], strict: bool) -> None:
+        """Open the sessions of `configs` not open yet (or rewritten since); `strict`:
+        ModelLoadError where one cannot be (at start), else it is logged and left out."""
+        listing, opened = self._listing(), self._seen
+        self._seen = listing
+        sessions, sites = dict(self._sessions), dict(self._sites)
+        outputs = self._returned() if configs else frozenset()
+        for name, sae in configs.items():
+            if name in sessions and opened.get(name) == listing.get(name):
+                continue
+            self._decoders.pop(name, None)
             try:
-                self._sites[name] = site_of(sae, config)
-            except UnsupportedError as exc:
-                raise ModelLoadError(f"{folder}: {exc}") from None
-            if self._sites[name][0] not in outputs:
-                raise ModelLoadError(
-                    f"{folder}: the SAE reads {sae.hook_name}, which this directory's "
-                    f"readouts graph does not return (written before attnserve returned "
-                    f"{self._sites[name][0]}): export the model again"
-                )
-            so = options()
-            if not prepack:
-                so.add_session_config_entry("session.disable_prepacking", "1")
-            session = open_session(str(folder / SAE_ONNX), so)
-            missing = set(SAE_OUTPUTS) - {o.name for o in session.get_outputs()}
-            if missing:
-                raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
-            self._sessions[name] = session
-        # the SAEs whose decoder a request can leave unread (added since 2026-11-28: the
-        # with_error_norm input); the others' always runs
+                sites[name], sessions[name] = self._session(name, sae, outputs)
+            except ModelLoadError as exc:
+                if strict:
+                    raise
+                log.error("SAE %s not served: %s", name, exc)
+        # larger tables, then the list: a run sees no name it cannot run
+        self._sites, self._sessions = sites, sessions
         self.decoder_on_demand = frozenset(
             name
-            for name, session in self._sessions.items()
+            for name, session in sessions.items()
             if SAE_INPUTS[2] in {i.name for i in session.get_inputs()}
         )
+        self.configs = {name: sae for name, sae in configs.items() if name in sessions}
+        self.weight_bytes = self._model_dir.sae_bytes()  # what their sessions hold
+        if not strict:
+            log.info("SAEs now served: %s", ", ".join(sorted(self.configs)) or "none")
+
+    def _session(
+        self, name: str, sae: SAEConfig, outputs: Collection[str]
+    ) -> tuple[tuple[str, int], ort.InferenceSession]:
+        folder = self._folder / name
+        try:
+            site = site_of(sae, self._config)
+        except UnsupportedError as exc:
+            raise ModelLoadError(f"{folder}: {exc}") from None
+        if site[0] not in outputs:
+            raise ModelLoadError(
+                f"{folder}: the SAE reads {sae.hook_name}, which this directory's "
+                f"readouts graph does not return (written before attnserve returned "
+                f"{site[0]}): export the model again"
+            )
+        so = self._options()
+        if not self._prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        try:
+            session = self._open_session(str(folder / SAE_ONNX), so)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise ModelLoadError(f"{folder / SAE_ONNX}: {exc}") from exc
+        missing = set(SAE_OUTPUTS) - {o.name for o in session.get_outputs()}
+        if missing:
+            raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
+        return site, session
 
     def direction(self, name: str, feature_id: int) -> np.ndarray:
         """Feature `feature_id`'s decoder row (d_in,) of SAE `name`: what a unit of its

@@ -290,6 +290,9 @@ class OrtRuntime:
     def saes(self) -> dict[str, SAEConfig]:
         return self.sae_graphs.configs if self.sae_graphs else {}
 
+    def refresh_saes(self) -> bool:
+        return self.sae_graphs.refresh() if self.sae_graphs else False
+
     def feature_direction(self, sae: str, feature_id: int) -> np.ndarray:
         assert self.sae_graphs is not None  # the plan names only SAEs in `saes`
         return self.sae_graphs.direction(sae, feature_id)

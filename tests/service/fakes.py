@@ -74,6 +74,9 @@ class FakeBackend:
     def warmup(self) -> None:
         pass
 
+    def refresh_saes(self) -> bool:
+        return False
+
     def release_memory(self) -> None:
         self.released.set()
 

@@ -292,6 +292,50 @@ def test_an_sae_added_to_a_served_model_is_served_after_its_reload(
         server.stop()
 
 
+def test_an_sae_added_to_a_served_directory_is_served_without_a_restart(tmp_path, small_model_dir):
+    """`attnserve sae add` into the directory a --model server serves, under load: the server
+    notices it and serves its features, and no request fails meanwhile. The repository's
+    calls on such a server are refused by name (400; they were a 500)."""
+    import threading
+    import time
+
+    model_dir = linked_copy(small_model_dir, tmp_path / "model")
+    server = ServerThread(model_dir)
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with EncoderClient(server.address, ClientOptions(timeout_s=60, retries=0)) as c:
+            while not stop.is_set():
+                try:
+                    c.encode(TEXT, hidden_states={"layers": [0]})
+                except grpc.RpcError as exc:
+                    failures.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
+            _, source = saelens_sae(tmp_path, "jumprelu", hook=SAES["resid"][1], threshold=2.0)
+            add_sae(model_dir, source, name="resid", log=lambda _: None)
+            deadline = time.monotonic() + 60  # the server looks every SAE_WATCH_S seconds
+            while not client.model_info()["saes"]:
+                assert time.monotonic() < deadline, "the SAE was never served"
+                time.sleep(0.1)
+            out = client.encode(TEXT, features={"saes": ["resid"]})
+            assert out[0].features.saes == ["resid"] and out[0].features.l0.max() > 0
+        answer = httpx.post(f"{server.http_url}/v2/repository/models/{NAME}/load", timeout=60)
+        assert answer.status_code == 400
+        assert "--model-repository" in answer.json()["error"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        server.stop()
+    assert failures == []
+
+
 def test_steering_by_a_feature_adds_its_decoder_row(sae_server, features_client, small_model):
     """A feature names its direction: SAELens' W_dec row times the strength, added at the
     SAE's own site (hook_z's row spans every head), as PyTorch makes it by hand."""
