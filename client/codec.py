@@ -38,6 +38,7 @@ class ActivationPatching:
     values: np.ndarray  # float32 (layers, positions), hook z: (layers, heads)
     clean: float  # the difference in the source's own run
     corrupted: float  # ... and in the input's
+    warning: str | None = None  # why `recovered` means little, when clean ~ corrupted
 
     def recovered(self) -> np.ndarray:
         """How much of the clean difference each place brings back: 0 as corrupted, 1 as
@@ -485,6 +486,7 @@ def decode_response(
                     tensors.child("patching").array("values"),
                     result.patching.clean,
                     result.patching.corrupted,
+                    result.patching.warning or None,
                 )
                 if result.HasField("patching")
                 else None,

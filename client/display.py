@@ -87,6 +87,8 @@ def _print_patching(p: ActivationPatching, tokens: list[str]) -> None:
         f"    patching {p.hook}: logit difference clean {p.clean:.4f}, corrupted "
         f"{p.corrupted:.4f}; recovered by each patched place (0 corrupted .. 1 clean):"
     )
+    if p.warning:
+        print(f"    warning: {p.warning}")
     recovered = p.recovered() if p.clean != p.corrupted else np.zeros_like(p.values)
     if p.hook == "z":
         columns = [f"H{head}" for head in range(p.values.shape[1])]
@@ -101,7 +103,13 @@ def _print_patching(p: ActivationPatching, tokens: list[str]) -> None:
 def _patching_json(p: ActivationPatching | None) -> dict | None:
     if p is None:
         return None
-    return {"hook": p.hook, "values": p.values.tolist(), "clean": p.clean, "corrupted": p.corrupted}
+    return {
+        "hook": p.hook,
+        "values": p.values.tolist(),
+        "clean": p.clean,
+        "corrupted": p.corrupted,
+        "warning": p.warning,
+    }
 
 
 def _print_features(f: SAEFeatures, tokens: list[str]) -> None:

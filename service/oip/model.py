@@ -275,6 +275,13 @@ class OipModel:
         s.sequences += len(results)
         s.last_ms = time.time_ns() // 1_000_000
         parameters: dict[str, Parameter] = {"queue_ns": queue_ns, "inference_ns": inference_ns}
+        warnings = [
+            f"row {row}: {r.readouts.patching.warning}"
+            for row, r in enumerate(results)
+            if r.readouts and r.readouts.patching and r.readouts.patching.warning
+        ]
+        if warnings:
+            parameters["patching_warning"] = "; ".join(warnings)
         return InferResponse(self.name, self.version, request.id, parameters, outputs)
 
     def _read_input(self, index: int, tensor: InputTensor) -> None:

@@ -180,6 +180,7 @@ def _fill_readouts(
         grid = message.patching
         grid.hook = selection.patching.kind
         grid.clean, grid.corrupted = readouts.patching.clean, readouts.patching.corrupted
+        grid.warning = readouts.patching.warning or ""
         out.put("patching.values", readouts.patching.values)
 
 

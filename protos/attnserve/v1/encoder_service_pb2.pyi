@@ -300,16 +300,18 @@ class PatchingRequest(_message.Message):
     def __init__(self, source: _Optional[_Union[Input, _Mapping]] = ..., hook: _Optional[str] = ..., target_id: _Optional[int] = ..., target: _Optional[str] = ..., contrast_id: _Optional[int] = ..., contrast: _Optional[str] = ...) -> None: ...
 
 class ActivationPatching(_message.Message):
-    __slots__ = ("hook", "values", "clean", "corrupted")
+    __slots__ = ("hook", "values", "clean", "corrupted", "warning")
     HOOK_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     CLEAN_FIELD_NUMBER: _ClassVar[int]
     CORRUPTED_FIELD_NUMBER: _ClassVar[int]
+    WARNING_FIELD_NUMBER: _ClassVar[int]
     hook: str
     values: Tensor
     clean: float
     corrupted: float
-    def __init__(self, hook: _Optional[str] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., clean: _Optional[float] = ..., corrupted: _Optional[float] = ...) -> None: ...
+    warning: str
+    def __init__(self, hook: _Optional[str] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., clean: _Optional[float] = ..., corrupted: _Optional[float] = ..., warning: _Optional[str] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
     __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution", "features", "interventions", "capture", "patching")
