@@ -1,6 +1,7 @@
-"""The README's tour and the Python client's and the Open Inference Protocol's examples in
-docs/api.md run as written against a server of the default model (what `make serve`
-serves), and every relative link of the README and docs/ points at a file."""
+"""The README's tour and the Python client's, generation's and the Open Inference Protocol's
+examples in docs/api.md run as written against a server of the default model (what `make
+serve` serves, its SAE included) and show their effect, and every relative link of the
+README and docs/ points at a file."""
 
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def test_each_tour_block_runs_as_written(served, index):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), "every block prints its answer"
+    # an example shows what it claims: the steered text differs from the plain one (the
+    # blocks assert it), and no answer comes with a warning (a patching pair that moves)
+    assert "warning:" not in result.stdout.lower(), result.stdout
     if code.lstrip().startswith("curl"):
         answer = json.loads(result.stdout)
         assert "error" not in answer and (answer.get("data") or answer.get("outputs"))

@@ -519,6 +519,9 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     page.goto(f"{server.http_url}/?text={quote(TEXT)}")
     page.locator('#ablation[data-ready="true"]').wait_for()
     page.fill("#patch-clean", clean)
+    page.fill("#patch-corrupted", TEXT)
+    page.fill("#patch-answer", "d")
+    page.fill("#patch-contrast", "c")
     for hook, columns in (("resid_pre", len(TEXT) + 1), ("z", SMALL_CONFIG.n_heads)):
         page.select_option("#patch-hook", hook)
         page.click("#patch-form button")
@@ -544,9 +547,9 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     page.click("#steer-form button")
     page.locator('#steering[data-ready="true"]').wait_for()
     hook = "blocks.1.hook_resid_pre"
-    plus, minus = (
-        client.encode(t, capture={"hooks": [hook], "positions": [-1]})[0].activations[hook][0]
-        for t in ("Love", "Hate")
+    plus, minus = (  # the two texts' mean residual stream
+        client.encode(page.input_value(box), capture=[hook])[0].activations[hook].mean(axis=0)
+        for box in ("#steer-plus", "#steer-minus")
     )
     steer = [{"hook": hook, "op": "add", "values": plus - minus, "scale": 3.0}]
     before, after = (
@@ -570,6 +573,36 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     assert page.text_content("#steered-text") == texts[0]
     assert page.text_content("#plain-text") == texts[1]
     assert page.elsewhere == []
+
+
+def test_the_defaults_steer_and_patch_the_default_model(browser, default_export, client):
+    """As a newcomer finds the page on the default model: Steer and Patch with nothing
+    changed. The steering moves the next-token distribution and the continued text; the
+    patching pair's answer moves (clean and corrupted 1.0 apart or more, no warning)."""
+    served = ServerThread(default_export[0])
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{served.http_url}/?text={quote('The cat sat on the mat.')}")
+        page.locator('#ablation[data-ready="true"]').wait_for()
+        assert page.input_value("#steer-layer") == "2"  # a middle layer of four
+        page.click("#steer-form button")
+        page.locator('#steering[data-ready="true"]').wait_for()
+        before = [float(x) for x in page.locator("#steering tr[data-id]").evaluate_all(
+            "rows => rows.map(r => r.dataset.before)")]  # fmt: skip
+        after = [float(x) for x in page.locator("#steering tr[data-id]").evaluate_all(
+            "rows => rows.map(r => r.dataset.after)")]  # fmt: skip
+        assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 0.01
+        page.locator('#continuations[data-ready="true"]').wait_for()
+        assert page.text_content("#steered-text") != page.text_content("#plain-text")
+        page.click("#patch-form button")
+        grid = page.locator('#patching[data-ready="true"]')
+        grid.wait_for()
+        clean, corrupted = (float(grid.get_attribute(f"data-{k}")) for k in ("clean", "corrupted"))
+        assert clean - corrupted >= 1.0 and grid.get_attribute("data-warning") == ""
+    finally:
+        context.close()
+        served.stop()
 
 
 LONG_TEXT = "In the beginning the cat sat on the mat, and then the dog came. " * 4  # 256 tokens

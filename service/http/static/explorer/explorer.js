@@ -704,7 +704,9 @@ async function showLens(model, text) {
   $("lens-note").hidden = true;
   $("lens-section").hidden = false;
   $("patching-section").hidden = false;
-  fillSelect("steer-layer", state.predictions.result.logitLens.layers.length - 1, $("steer-layer").value);
+  const layers = state.predictions.result.logitLens.layers.length - 1;
+  // a middle layer: the first ones hold little more than the tokens themselves
+  fillSelect("steer-layer", layers, $("steer-layer").value || Math.floor(layers / 2));
   drawLens(shown.result);
   drawSwitches(state.predictions.result.logitLens.layers.length - 1, state.panes.a.packed.shape[1]);
   drawAblation(state.predictions, shown, off);
@@ -725,7 +727,7 @@ async function showPatching(event) {
   const table = $("patching");
   table.dataset.ready = "false";
   $("patch-note").textContent = "";
-  const model = $("model-a").value, text = $("text").value, hook = $("patch-hook").value;
+  const model = $("model-a").value, text = $("patch-corrupted").value, hook = $("patch-hook").value;
   try {
     const options = {
       skipTokenEmbeddings: true,
@@ -760,8 +762,9 @@ async function showPatching(event) {
         Object.assign(td.dataset, { layer, column: c, value, recovered });
       }
     }
-    Object.assign(table.dataset, { hook, clean, corrupted, ready: "true" });
-    $("patch-note").textContent = `logit difference clean ${clean.toFixed(3)}, corrupted ${corrupted.toFixed(3)}`;
+    Object.assign(table.dataset, { hook, clean, corrupted, warning: grid.warning || "", ready: "true" });
+    $("patch-note").textContent = `logit difference clean ${clean.toFixed(3)}, corrupted ${corrupted.toFixed(3)}`
+      + (grid.warning ? `. Warning: ${grid.warning}` : "");
   } catch (error) {
     $("patch-note").textContent = error.message;
   }
@@ -785,13 +788,17 @@ function base64Floats(values) {  // float32 little-endian, as a Tensor's data
   return btoa(text);
 }
 
-// Activation addition: the two texts' residual streams at `hook`, last token, captured;
-// their difference times the strength, as an intervention at every token.
+// Activation addition: the two texts' residual streams at `hook`, captured and averaged
+// over their tokens; their difference times the strength, as an intervention at every token.
 async function textsDirection(model, hook, strength) {
   const captured = await Promise.all([$("steer-plus").value, $("steer-minus").value].map(async (t) => {
-    const options = { skipTokenEmbeddings: true, capture: { hooks: [hook], positions: [-1] } };
+    const options = { skipTokenEmbeddings: true, capture: { hooks: [hook] } };
     const result = (await post("/v1/encode", { model, inputs: [{ text: t }], options })).results[0];
-    return decodeNumbers(result.activations[hook]);
+    const values = decodeNumbers(result.activations[hook]);
+    const width = Number(result.activations[hook].shape[1]), rows = values.length / width;
+    const mean = new Array(width).fill(0);
+    for (let i = 0; i < values.length; i++) mean[i % width] += values[i] / rows;
+    return mean;
   }));
   const direction = captured[0].map((v, i) => v - captured[1][i]);
   const values = { shape: [direction.length], dtype: "DTYPE_FLOAT32", data: base64Floats(direction) };
