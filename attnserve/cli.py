@@ -8,6 +8,7 @@ service image, which has no torch, runs `attnserve serve` and `attnserve health`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from attnserve.bench import cli as bench_cli
@@ -33,9 +34,19 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+# What a command killed by SIGPIPE exits with (128 + 13), as `git log | head` leaves git.
+BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        # The reader went away (`attnserve encode --json | head`): stop without a traceback.
+        # Python's own advice: point stdout at devnull, or its flush at exit raises again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import socket
 import numpy as np
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
-from tests.conftest import run_cli
+from tests.conftest import REPO_ROOT, run_cli
 
 
 def test_subprocess_server_answers_all_three_rpcs(cli_server, small_runtime):
@@ -90,6 +90,24 @@ def test_errors_are_reported_with_their_status(cli_server):
     result = run_cli("encode", "--target", cli_server.address, "--ids", "1,999")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "token id 999" in result.stderr
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_without_a_traceback(cli_server):
+    """`attnserve encode --json | head -c 10`: the answer (far more than a pipe holds) stops
+    at the closed pipe with SIGPIPE's status, and nothing on stderr."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "attnserve", "encode", "--target", cli_server.address,
+               "--text", "hello there " * 20, "--attention", "--json"]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(10)
+    process.stdout.close()  # what head does once it has its bytes
+    assert process.wait(60) == 141
+    assert process.stderr.read() == b""
 
 
 def test_heatmap_writes_a_png(cli_server, tmp_path):
