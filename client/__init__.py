@@ -7,6 +7,7 @@ once, before its first call, so that each answer decodes into the pages the last
 
 from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
 from attnserve.client.codec import EncodeOutput, Encoding, build_request
+from attnserve.client.errors import RequestError
 from attnserve.client.oip import InferenceClient
 from attnserve.service.core.memory import give_back_memory, keep_freed_heap
 
@@ -17,6 +18,7 @@ __all__ = [
     "EncoderClient",
     "Encoding",
     "InferenceClient",
+    "RequestError",
     "build_request",
     "give_back_memory",
     "keep_freed_heap",

@@ -33,6 +33,7 @@ from attnserve.client.codec import (
     parse_layers,
     parse_response,
 )
+from attnserve.client.errors import request_error, request_errors
 from attnserve.client.generation import GeneratedToken, build_generate_request, parse_token
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -165,7 +166,8 @@ class EncoderClient:
         call = self._encode_layers(
             request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
         )
-        return parse_layers(call)
+        with request_errors():
+            return parse_layers(call)
 
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
@@ -173,9 +175,10 @@ class EncoderClient:
         """Send requests (see attnserve.client.codec.build_request) on one stream; answers
         come back in request order, while the server works on several at once."""
         stream = (pb.EncodeStreamRequest(request=r) for r in requests)
-        yield from self._stub.EncodeStream(
-            stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
-        )
+        with request_errors():
+            yield from self._stub.EncodeStream(
+                stream, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+            )
 
     def generate(
         self, prompt: Input, timeout: float | None = None, **options
@@ -189,8 +192,9 @@ class EncoderClient:
             request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
         )
         try:
-            for message in call:
-                yield parse_token(message)
+            with request_errors():
+                for message in call:
+                    yield parse_token(message)
         finally:
             call.cancel()
 
@@ -230,7 +234,8 @@ class EncoderClient:
             time.sleep(0.1)
 
     def _call(self, method, request, timeout: float | None):
-        return call_with_retries(self.options, method, request, timeout)
+        with request_errors():
+            return call_with_retries(self.options, method, request, timeout)
 
     def close(self) -> None:
         self.channel.close()
@@ -276,7 +281,8 @@ class AsyncEncoderClient:
         call = self._encode_layers(
             request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
         )
-        return parse_layers([part async for part in call])
+        with request_errors():
+            return parse_layers([part async for part in call])
 
     async def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
@@ -286,8 +292,9 @@ class AsyncEncoderClient:
             timeout=timeout or self.options.timeout_s,
             metadata=self.options.metadata(),
         )
-        async for response in call:
-            yield response
+        with request_errors():
+            async for response in call:
+                yield response
 
     async def generate(
         self, prompt: Input, timeout: float | None = None, **options
@@ -298,8 +305,9 @@ class AsyncEncoderClient:
             metadata=self.options.metadata(),
         )
         try:
-            async for message in call:
-                yield parse_token(message)
+            with request_errors():
+                async for message in call:
+                    yield parse_token(message)
         finally:
             call.cancel()
 
@@ -349,7 +357,7 @@ class AsyncEncoderClient:
             except grpc.RpcError as exc:
                 delay = _retry_delay(exc, self.options, delays, end)
                 if delay is None:
-                    raise
+                    raise request_error(exc) from exc
                 await asyncio.sleep(delay)
 
     async def close(self) -> None:

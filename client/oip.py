@@ -27,6 +27,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import ClientOptions, call_with_retries
+from attnserve.client.errors import request_errors
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.oip.wire import DATATYPES, from_bytes, pack_bytes, write_parameter
@@ -195,7 +196,8 @@ class InferenceClient:
             region.close()
 
     def _call(self, method, request, timeout: float | None):
-        return call_with_retries(self.options, method, request, timeout)
+        with request_errors():
+            return call_with_retries(self.options, method, request, timeout)
 
     def close(self) -> None:
         with contextlib.suppress(grpc.RpcError):  # a server that is gone: unlinked anyway

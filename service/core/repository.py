@@ -199,7 +199,7 @@ class ModelRepository:
     async def load(self, name: str) -> None:
         """Load a model, or reload it: the newest version on disk, built and warmed beside
         the one serving, then switched to; the old one drains and is freed."""
-        self._check_repository("load")
+        self._check_repository("load", name)
         async with self._lock(name):
             self._check_name(name)
             old = self.served.get(name)
@@ -229,7 +229,7 @@ class ModelRepository:
 
     async def unload(self, name: str) -> None:
         """Stop serving a model: no new requests, the admitted ones finish, then it is freed."""
-        self._check_repository("unload")
+        self._check_repository("unload", name)
         async with self._lock(name):
             old = self.served.pop(name, None)
             if old is None:
@@ -281,11 +281,12 @@ class ModelRepository:
         assert self.root is not None
         return [f.name for f in sorted(self.root.iterdir()) if versions(f)]
 
-    def _check_repository(self, action: str) -> None:
+    def _check_repository(self, action: str, name: str) -> None:
         if self.root is None:
             raise InvalidInputError(
-                f"model: a server of one model directory (--model {self.single}) does not "
-                f"{action} models; serve a repository (--model-repository DIR) for that. SAEs "
+                f"model: cannot {action} {name!r}: a server of one model directory (--model "
+                f"{self.single}) does not {action} models; serve a repository "
+                "(--model-repository DIR) for that. SAEs "
                 "added to its directory (attnserve sae add) are served within seconds, "
                 "without a reload"
             )

@@ -263,10 +263,15 @@ def test_encode_patch_prints_the_grid_with_token_labels(cli_server):
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if "patching resid_pre:" in line)
+    result = json.loads(run_cli(*args, *asked, "--json").stdout)["results"][0]["patching"]
+    if abs(result["clean"] - result["corrupted"]) < 1.0:  # a random model's pair: said so
+        assert lines[head + 1].split()[0] == "warning:" and result["warning"]
+        head += 1
+    else:
+        assert result["warning"] is None
     assert lines[head + 1].split() == ["<bos>", *"Mary\u2423gave\u2423it"]  # the tokens
     rows = lines[head + 2 : head + 4]
     assert [row.split()[0] for row in rows] == ["L0", "L1"]
-    result = json.loads(run_cli(*args, *asked, "--json").stdout)["results"][0]["patching"]
     with EncoderClient(cli_server.address, ClientOptions(timeout_s=60)) as c:
         want = c.encode(
             "Mary gave it",

@@ -383,12 +383,13 @@ def test_the_index_can_list_only_ready_models(http, stub):
 
 def test_a_failed_load_is_an_error_object(http, stub):
     """A failed load request must be indicated by an HTTP error status (typically 400). The
-    HTTP body must contain the $repository_load_error_response object."""
-    refused(http.post("/v2/repository/models/nope/load"), 404, "nope")
+    HTTP body must contain the $repository_load_error_response object. (This server serves
+    one directory, --model: it loads nothing, and says to serve a repository.)"""
+    refused(http.post("/v2/repository/models/nope/load"), 400, "cannot load 'nope'")
     grpc_refused(
         lambda: stub.RepositoryModelLoad(oip.RepositoryModelLoadRequest(model_name="nope")),
-        grpc.StatusCode.NOT_FOUND,
-        "nope",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "--model-repository",
     )
 
 
