@@ -18,7 +18,12 @@ from tests.service.ray.test_ray_serve import IDS, free_port, wait_for
 
 pytest.importorskip("ray", reason="the ray extra: `make install` has it")
 
-from attnserve.service.ray.app import GRPC_SERVICERS
+from attnserve.service.ray.app import (
+    GRACEFUL_SHUTDOWN_S,
+    GRPC_SERVICERS,
+    REPLICA_ENV,
+    actor_options,
+)
 
 SHIPPED = REPO_ROOT / "deploy" / "ray" / "serve.yaml"
 
@@ -26,6 +31,19 @@ SHIPPED = REPO_ROOT / "deploy" / "ray" / "serve.yaml"
 def test_the_shipped_config_registers_the_servicers_the_app_serves():
     config = yaml.safe_load(SHIPPED.read_text())
     assert config["grpc_options"]["grpc_servicer_functions"] == GRPC_SERVICERS
+
+
+def test_the_shipped_config_overrides_nothing_the_app_sets():
+    """Where the deployment in app.py sets an option, the YAML says nothing else (it once set
+    a 20 s graceful shutdown that undid the app's 60 s: long texts cut at a scale-down)."""
+    application = yaml.safe_load(SHIPPED.read_text())["applications"][0]
+    deployment = application["deployments"][0]
+    for key, value in application.get("runtime_env", {}).get("env_vars", {}).items():
+        assert REPLICA_ENV.get(key, value) == value, key
+    shutdown = deployment.get("graceful_shutdown_timeout_s", GRACEFUL_SHUTDOWN_S)
+    assert shutdown == GRACEFUL_SHUTDOWN_S
+    for key, value in deployment.get("ray_actor_options", {}).items():
+        assert actor_options().get(key, value) == value, key
 
 
 def test_serve_run_serves_the_shipped_config(tmp_path, small_model_dir, client):
