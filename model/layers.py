@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -104,7 +105,10 @@ class Rotary(nn.Module):
     The tables are computed once for max_seq_len positions the way transformers computes
     them (float32 inverse frequencies, scaled as the checkpoint says, position times
     frequency), so the exported graph only slices them; they are rebuilt from the config,
-    never stored in a checkpoint.
+    never stored in a checkpoint. Their cos and sin are taken in float64 and rounded once:
+    torch's float32 cos on two threads is now and then 1.5e-4 off in some processes
+    (research/rope-tables), and the export builds the model again in a child process, so
+    a graph's tables and its parity reference's must not depend on the process.
     """
 
     cos: torch.Tensor  # buffers, (max_seq_len, dims)
@@ -123,8 +127,15 @@ class Rotary(nn.Module):
         else:  # half-split: the first half of the dims pairs with the second
             angles = torch.cat((freqs, freqs), dim=-1)  # (max_seq_len, dims)
         # YaRN and LongRoPE scale cos and sin (and so every attention score) by a factor.
-        self.register_buffer("cos", angles.cos() * factor, persistent=False)
-        self.register_buffer("sin", angles.sin() * factor, persistent=False)
+        if angles.is_meta:  # a shape-only twin (tracing): the tables are made for real after
+            cos, sin = torch.empty_like(angles), torch.empty_like(angles)
+        else:
+            exact = angles.numpy().astype(np.float64)
+            cos, sin = (
+                torch.from_numpy((f(exact) * factor).astype(np.float32)) for f in (np.cos, np.sin)
+            )
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[:t], self.sin[:t]  # 2 x (T, dims)

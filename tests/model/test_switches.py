@@ -5,6 +5,9 @@ here the encoder alone: causality with windows, right padding with rotary positi
 fused kernel against the textbook path, and rotary's defining property for both layouts.
 """
 
+import hashlib
+
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from attnserve.model.encoder import Encoder, build_encoder
 from attnserve.model.footprint import parameter_count
 from attnserve.model.hook_points import head_ablation, hooked
 from attnserve.model.layers import Rotary, apply_rotary
+from attnserve.model.rope import frequencies
 
 WINDOW = 5
 # GQA 7:1, head_dim 10 apart from d_model 48 / 7, partial rotary, RMSNorm, SwiGLU, q/k/v
@@ -297,3 +301,31 @@ def test_the_footprint_counts_what_the_encoder_holds(name):
     with torch.device("meta"):
         model = Encoder(CONFIGS[name])
     assert parameter_count(CONFIGS[name]) == sum(p.numel() for p in model.parameters())
+
+
+ROPE_PROBE = """
+import hashlib, json
+from attnserve.model.config import ModelConfig
+from attnserve.model.layers import Rotary
+config = ModelConfig(positions="rotary", max_seq_len=4096, n_heads=2, d_model=256)
+r = Rotary(config)
+print(json.dumps([hashlib.sha256(t.numpy().tobytes()).hexdigest() for t in (r.cos, r.sin)]))
+"""
+
+
+def test_rotary_tables_are_the_correctly_rounded_values_in_every_process():
+    """The tables are cos and sin of transformers' float32 angles, rounded once from float64,
+    and a fresh process builds the same ones. torch's float32 cos on two threads is now and
+    then 1.5e-4 off in a process (research/rope-tables), and the export traces some graphs
+    in a child process: a checkpoint's parity gate then said one thing in one run of eight."""
+    from tests.conftest import run_probe
+
+    config = ModelConfig(positions="rotary", max_seq_len=4096, n_heads=2, d_model=256)
+    rotary = Rotary(config)
+    inv_freq, _ = frequencies(config.rotary_dims, config.rope_theta, None)
+    angles = torch.arange(config.max_seq_len, dtype=torch.float)[:, None] * inv_freq[None]
+    exact = torch.cat((angles, angles), dim=-1).double()
+    assert torch.equal(rotary.cos, torch.from_numpy(np.cos(exact.numpy()).astype(np.float32)))
+    assert torch.equal(rotary.sin, torch.from_numpy(np.sin(exact.numpy()).astype(np.float32)))
+    mine = [hashlib.sha256(t.numpy().tobytes()).hexdigest() for t in (rotary.cos, rotary.sin)]
+    assert all(run_probe(ROPE_PROBE) == mine for _ in range(3))
