@@ -31,19 +31,25 @@ def state(request: Request) -> AppState:
 
 
 def deadline(request: Request) -> float:
-    """Seconds this call may take: the server's --http-timeout-s, or less if the client's
-    Request-Timeout header says so (gRPC clients send their deadline the same way)."""
-    limit = state(request).settings.http_timeout_s
+    """Seconds this call may take: the client's Request-Timeout header (in seconds, as gRPC
+    clients send their deadline), up to --max-http-timeout-s; without one, the server's
+    --http-timeout-s."""
+    settings = state(request).settings
     given = request.headers.get("request-timeout")
     if given is None:
-        return limit
+        return settings.http_timeout_s
     try:
         seconds = float(given)
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
         raise InvalidInputError(f"Request-Timeout: {given!r} is not a positive number of seconds")
-    return min(seconds, limit)
+    if seconds > settings.max_http_timeout_s:
+        raise InvalidInputError(
+            f"Request-Timeout: {given} seconds is more than this server allows "
+            f"({settings.max_http_timeout_s:g}: --max-http-timeout-s)"
+        )
+    return seconds
 
 
 def authorized(request: Request) -> None:

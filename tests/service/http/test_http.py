@@ -296,9 +296,11 @@ def test_an_oversized_body_is_413_with_or_without_its_length(small_model_dir, sm
 
 
 def test_http_calls_have_a_deadline(small_model_dir):
-    """A call queued past its deadline is dropped unrun and answered 504, like gRPC's."""
+    """A call queued past its deadline is dropped unrun and answered 504, like gRPC's; a
+    client's Request-Timeout sets its own, longer than the server's default up to its
+    maximum (long texts' statistics take minutes)."""
     backend = FakeBackend()
-    slow = ServerThread(small_model_dir, backend)
+    slow = ServerThread(small_model_dir, backend, http_timeout_s=0.5, max_http_timeout_s=120)
     try:
         backend.gate.clear()  # the model is stuck: one request inside it, the next queued
         body = {"model": MODEL, "input": "hi"}
@@ -306,13 +308,16 @@ def test_http_calls_have_a_deadline(small_model_dir):
             httpx.Client(base_url=slow.http_url, timeout=60) as http,
             ThreadPoolExecutor(1) as pool,
         ):
-            running = pool.submit(http.post, "/v1/embeddings", json=body)
+            long = {"Request-Timeout": "60"}  # past the server's default of 0.5 s
+            running = pool.submit(http.post, "/v1/embeddings", json=body, headers=long)
             backend.wait_calls(1)
-            late = http.post("/v1/embeddings", json=body, headers={"Request-Timeout": "0.2"})
+            late = http.post("/v1/embeddings", json=body)  # the default: 0.5 s
             assert late.status_code == 504 and late.json()["error"]["type"] == "timeout"
             bad = http.post("/v1/embeddings", json=body, headers={"Request-Timeout": "soon"})
             assert bad.status_code == 400 and "Request-Timeout" in bad.json()["error"]["message"]
-            backend.gate.set()
+            over = http.post("/v1/embeddings", json=body, headers={"Request-Timeout": "121"})
+            assert over.status_code == 400 and "--max-http-timeout-s" in over.text
+            backend.gate.set()  # the long call, 0.5 s past the default's deadline, answers
             assert running.result().status_code == 200
             assert len(backend.calls) == 1  # the late one never ran
     finally:
