@@ -572,6 +572,10 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
         texts[token.choice] += token.text
     assert page.text_content("#steered-text") == texts[0]
     assert page.text_content("#plain-text") == texts[1]
+    # its whitespace marked as the lens marks it, the text unchanged
+    marks = page.locator("#plain-text .ws").evaluate_all("s => s.map(x => x.dataset.mark)")
+    blanks = [c for c in texts[1] if c in " \t\n"]
+    assert marks == [{" ": "\u2423", "\t": "\u21e5", "\n": "\u21b5"}[c] for c in blanks]
     assert page.elsewhere == []
 
 
@@ -594,7 +598,11 @@ def test_the_defaults_steer_and_patch_the_default_model(browser, default_export,
             "rows => rows.map(r => r.dataset.after)")]  # fmt: skip
         assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 0.01
         page.locator('#continuations[data-ready="true"]').wait_for()
-        assert page.text_content("#steered-text") != page.text_content("#plain-text")
+        plain = page.text_content("#plain-text")
+        assert page.text_content("#steered-text") != plain
+        # generated whitespace shows: a mark on each space, tab and line end
+        marks = page.locator("#plain-text .ws").evaluate_all("s => s.map(x => x.dataset.mark)")
+        assert len(marks) == sum(c in " \t\n" for c in plain) > 0
         page.click("#patch-form button")
         grid = page.locator('#patching[data-ready="true"]')
         grid.wait_for()
@@ -606,6 +614,24 @@ def test_the_defaults_steer_and_patch_the_default_model(browser, default_export,
 
 
 LONG_TEXT = "In the beginning the cat sat on the mat, and then the dog came. " * 4  # 256 tokens
+
+
+def test_the_long_view_says_where_the_context_cut_the_text_and_wraps_it(page, server):
+    """A text past the model's context: the long view says that it shows the first
+    max_seq_len tokens and where the text was cut; a run with no space in it wraps inside
+    the box instead of running off the page."""
+    text = "=" * 150 + " " + "x" * (SMALL_CONFIG.max_seq_len)
+    page.goto(f"{server.http_url}/?text={quote(text)}&view=long&layer=0&head=0")
+    page.locator('#long-tokens[data-ready="true"]').wait_for()
+    cut = page.locator("#long-cut")
+    assert cut.is_visible()
+    assert f"first {SMALL_CONFIG.max_seq_len} tokens" in cut.text_content()
+    assert page.locator("#long-tokens span").count() == SMALL_CONFIG.max_seq_len
+    overflow = page.locator("#long-tokens").evaluate("box => box.scrollWidth - box.clientWidth")
+    assert overflow <= 0
+    page.goto(f"{server.http_url}/?text={quote('short')}&view=long&layer=0&head=0")
+    page.locator('#long-tokens[data-ready="true"]').wait_for()
+    assert page.locator("#long-cut").is_hidden()
 
 
 def test_a_long_text_shows_received_attention_top_keys_and_exact_tiles(page, server, client):

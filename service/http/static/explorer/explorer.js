@@ -434,10 +434,12 @@ async function useToken(event) {
   await show();
 }
 
-async function post(path, body) {
+// `seconds`: the call's deadline (Request-Timeout), where the server's default is too short.
+async function post(path, body, seconds) {
+  const deadline = seconds ? { "Request-Timeout": String(seconds) } : {};
   const response = await fetch(path, {
     method: "POST",
-    headers: { "Content-Type": "application/json", ...authHeaders() },
+    headers: { "Content-Type": "application/json", ...deadline, ...authHeaders() },
     body: JSON.stringify(body),
   });
   const json = await response.json();
@@ -836,10 +838,28 @@ async function showContinuations(model, text, steer, tokens) {
       if (!event.startsWith("data: {")) continue;
       const chunk = JSON.parse(event.slice(6));
       if (chunk.error) throw new Error(chunk.error.message);
-      for (const choice of chunk.choices) shown[choice.index].textContent += choice.text;
+      for (const choice of chunk.choices) appendMarked(shown[choice.index], choice.text);
     }
   }
   box.dataset.ready = "true";
+}
+
+// Whitespace marks for generated text, as the lens shows tokens: each space, tab and line
+// end drawn with a mark over it (CSS ::before), the text itself (textContent) unchanged.
+const MARKS = { " ": "\u2423", "\t": "\u21e5", "\n": "\u21b5" };
+function appendMarked(pre, text) {
+  for (const part of text.split(/([ \t\n])/)) {
+    if (!part) continue;
+    if (!(part in MARKS)) {
+      pre.append(part);
+      continue;
+    }
+    const span = document.createElement("span");
+    span.className = "ws";
+    span.dataset.mark = MARKS[part];
+    span.textContent = part;
+    pre.append(span);
+  }
 }
 
 // The steering box: a direction (two texts' difference, or an SAE feature's decoder row at
@@ -1017,6 +1037,9 @@ async function show(event) {
 
 const TOP_K = 8;
 const TILE = 128;  // a zoomed tile's rows and keys
+// A long text's first request runs its whole forward pass: minutes at 8,192 tokens on a
+// CPU (about 3 for a 1B model here), past the server's default HTTP deadline of a minute.
+const LONG_DEADLINE_S = 900;
 
 function longMode() {
   return $("view").value === "long";
@@ -1045,8 +1068,13 @@ async function showLong(model, text) {
     skipTokenEmbeddings: true, returnTokens: true, truncation: "TRUNCATION_RIGHT",
     attention: { layers: [layer], heads: [head], topK: TOP_K, received: true, rowEntropy: true },
   };
-  const answer = await post("/v1/encode", { model, inputs: [{ text }], options });
+  const answer = await post("/v1/encode", { model, inputs: [{ text }], options }, LONG_DEADLINE_S);
   const r = answer.results[0];
+  const cut = $("long-cut");
+  cut.hidden = !r.truncated;  // the model's context ends the text: say where
+  cut.textContent = r.truncated
+    ? `The text is longer than the model's context: only its first ${r.tokens.length} tokens are shown (max_seq_len); it ended after "${r.tokens.slice(-8).join("")}".`
+    : "";
   state.long = {
     model, text, layer, head, tokens: r.tokens,
     values: decodeNumbers(r.attention), indices: decodeNumbers(r.attentionIndices),
@@ -1129,7 +1157,7 @@ async function zoom(r0, k0) {
     skipTokenEmbeddings: true, truncation: "TRUNCATION_RIGHT",
     attention: { layers: [layer], heads: [head], queryPositions: rows, keyStart: k0, keyEnd: k0 + n },
   };
-  const answer = await post("/v1/encode", { model, inputs: [{ text }], options });
+  const answer = await post("/v1/encode", { model, inputs: [{ text }], options }, LONG_DEADLINE_S);
   const weights = decodeNumbers(answer.results[0].attention);  // (1, 1, n, n)
   const canvas = $("long-tile"), cell = canvas.width / n, ctx = canvas.getContext("2d");
   const peak = Math.max(1e-9, ...weights);
