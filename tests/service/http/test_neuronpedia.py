@@ -162,3 +162,30 @@ def test_refusals_name_the_field_in_neuronpedias_error_shape(secured):
         url, json=body | {"model": "gpt2-small"}, headers=headers, timeout=60
     )
     assert unknown_model.status_code == 404 and "gpt2-small" in unknown_model.json()["error"]
+
+
+def test_the_default_model_serves_its_sae_to_neuronpedias_client(default_export):
+    """Out of the box: `make serve`'s directory holds the default SAE (2-res), and
+    Neuronpedia's client reads its features, each token's strongest as attnserve.v1 gives."""
+    server = ServerThread(default_export[0])
+    config = neuronpedia.Configuration(host=f"{server.http_url}/v1")
+    try:
+        with neuronpedia.ApiClient(config) as api_client:
+            api = neuronpedia.DefaultApi(api_client)
+            answer = api.activation_topk_by_token_post(
+                neuronpedia.ActivationTopkByTokenPostRequest(
+                    prompt=PROMPT,
+                    model="attnserve-encoder",
+                    source="2-res",
+                    top_k=3,
+                    ignore_bos=True,
+                )
+            )
+        with EncoderClient(server.address, ClientOptions(timeout_s=60)) as client:
+            features = client.encode(PROMPT, features={"saes": ["2-res"], "top_k": 3})[0].features
+        for result in answer.results:
+            want = features.top_ids[0, result.token_position].tolist()
+            assert [f.feature_index for f in result.top_features] == want
+        assert len(answer.results) == len(PROMPT)  # every token after the BOS, each 3 features
+    finally:
+        server.stop()

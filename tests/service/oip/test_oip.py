@@ -422,7 +422,8 @@ def test_patching_and_steering_through_tritonclient(triton, v2_server):
     asked = {"patching_source": clean, "patching_hook": "resid_pre"}
     asked |= {"patching_target_id": ord("M"), "patching_contrast_id": ord("J")}
     names = ["patching", "patching_clean", "patching_corrupted"]
-    outputs = triton.infer([text], outputs=names, parameters=asked)["outputs"]
+    answer = triton.infer([text], outputs=names, parameters=asked)
+    outputs = answer["outputs"]
     with EncoderClient(v2_server.address) as client:
         want = client.encode(
             corrupted,
@@ -439,6 +440,9 @@ def test_patching_and_steering_through_tritonclient(triton, v2_server):
     np.testing.assert_allclose(array(outputs["patching"])[0], want.values, atol=1e-6)
     assert array(outputs["patching_clean"])[0] == pytest.approx(want.clean, abs=1e-6)
     assert array(outputs["patching_corrupted"])[0] == pytest.approx(want.corrupted, abs=1e-6)
+    # the answer says when "recovered" means little (clean and corrupted < 1.0 apart)
+    assert want.warning is not None  # this random model's answer barely moves
+    assert answer["parameters"]["patching_warning"] == f"row 0: {want.warning}"
     steering = {
         "name": "steering",
         "datatype": "FP32",

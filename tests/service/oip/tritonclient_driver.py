@@ -71,7 +71,14 @@ def _infer(triton, client, spec: dict, region: tuple | None = None) -> dict:
             "shape": list(array.shape),
             "data": array.astype(np.float64).ravel().tolist(),
         }
-    return {"outputs": answer}
+    if isinstance(response, dict):
+        parameters = dict(response.get("parameters", {}))
+    else:  # gRPC: each an InferParameter, one of its fields set
+        parameters = {
+            key: getattr(value, value.WhichOneof("parameter_choice"))
+            for key, value in response.parameters.items()
+        }
+    return {"outputs": answer, "parameters": parameters}
 
 
 def handle(protocol: str, triton, client, command: dict) -> dict:
