@@ -48,7 +48,8 @@ GRPC_SERVICERS = [
 
 class RayContext:
     """What attnserve's servicers ask of a grpc.aio context, over a Ray Serve gRPC context:
-    an abort sets the status code and details that Ray's proxy answers with."""
+    an abort sets the status code, details and trailers (the rich status naming the field)
+    that Ray's proxy answers with."""
 
     def __init__(self, context: Any) -> None:
         self._context = context
@@ -56,9 +57,13 @@ class RayContext:
     def time_remaining(self) -> float | None:
         return None  # Ray's proxy holds the deadline (grpc_options.request_timeout_s)
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: tuple = ()
+    ) -> None:
         self._context.set_code(code)
         self._context.set_details(details)
+        if trailing_metadata:
+            self._context.set_trailing_metadata(trailing_metadata)
         raise grpc.aio.AbortError(details)
 
 

@@ -40,9 +40,10 @@ def test_a_client_that_keeps_its_freed_heap_decodes_into_warm_pages(server):
     # glibc's default maps the received answer afresh and unmaps it when it is freed: every
     # call faults its pages in again ...
     assert min(default) > ANSWER_PAGES
-    # ... kept, the first call faults them in once and the next calls reuse them (now and
-    # then one faults in a few hundred or thousand pages as the heap settles: a fraction of
-    # a call's).
+    # ... kept, the first call faults them in once and the next calls reuse them. The heap
+    # may settle over the second (seen: 7,173 pages of a 18,000-page call under the full
+    # suite, every later call 0 to 2): the five later calls together fault in less than one
+    # call does without it.
     assert keep[0] > ANSWER_PAGES
-    assert max(keep[1:]) < min(default) // 4
+    assert sum(keep[1:]) < min(default)
     assert statistics.median(keep[2:]) < ANSWER_PAGES // 10

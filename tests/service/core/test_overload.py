@@ -29,7 +29,7 @@ def test_a_burst_larger_than_the_queue(small_queue_server):
     async def one(client, ids):
         try:
             out = await client.encode([ids])
-        except grpc.aio.AioRpcError as exc:
+        except grpc.RpcError as exc:
             return exc.code(), exc.details()
         return out, None
 
@@ -66,7 +66,7 @@ def test_a_refusal_does_not_wait_for_the_model(small_model_dir):
                 queued = asyncio.ensure_future(client.encode([[3], [4]]))  # fills the queue
                 while server.running.batcher.depth < 2:
                     await asyncio.sleep(0.001)
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                with pytest.raises(grpc.RpcError) as refused:
                     await client.encode([[5]])
                 stuck = not backend.gate.is_set()
                 backend.gate.set()
@@ -92,7 +92,7 @@ def test_a_deadline_that_expires_in_the_queue_costs_no_model_work(small_model_di
                 busy = asyncio.ensure_future(client.encode([[1, 2, 3]]))
                 await asyncio.to_thread(backend.wait_calls, 1)  # `busy` is inside the model
                 # Queued behind the stuck model; its deadline passes before the model is free.
-                with pytest.raises(grpc.aio.AioRpcError) as late:
+                with pytest.raises(grpc.RpcError) as late:
                     await client.encode([[77, 78, 79]], timeout=0.2)
                 backend.gate.set()
                 await busy
