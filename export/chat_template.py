@@ -1,5 +1,5 @@
 """A checkpoint's chat templates, shipped beside its model directory's tokenizer: what
-`/v1/chat/completions` renders a conversation with (service/core/chat.py).
+`/v1/chat/completions` renders a conversation with (service/generate/chat.py).
 
 Read as transformers 5 finds them: chat_template.jinja (the default) and
 additional_chat_templates/NAME.jinja, else tokenizer_config.json's chat_template (a string,

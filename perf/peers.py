@@ -42,7 +42,8 @@ from attnserve.bench.load import LoadGenerator, RequestKind, summarize
 from attnserve.bench.results import save
 from attnserve.client import AsyncEncoderClient, ClientOptions, keep_freed_heap
 from attnserve.model.artifacts import ModelDirectory
-from attnserve.service.core.batcher import Batcher, BatcherOptions
+from attnserve.service.core.batching import BatcherOptions
+from attnserve.service.core.engine import Engine
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.models import model_instances
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
@@ -236,7 +237,7 @@ async def _in_process_batched(
 ) -> dict:
     """The same draws through the batcher and the instances, `CONCURRENCY` in flight."""
     metrics = Metrics().for_model(runtime.config.name, "1")
-    batcher = Batcher(runtime, BatcherOptions(max_queue=1024), metrics, instances=instances)
+    batcher = Engine(runtime, BatcherOptions(max_queue=1024), metrics, instances=instances)
     batcher.start()
     draws, tokens, requests = _draws(mixed), 0, 0
 

@@ -1,5 +1,5 @@
 """The models a server serves: each model directory built into a data plane (its ONNX
-Runtime sessions, instances, batcher and tokenizer) under the memory the machine has, and
+Runtime sessions, instances, engine and tokenizer) under the memory the machine has, and
 the repository that loads, reloads and unloads them. service/server.py composes them with
 the transports."""
 
@@ -15,13 +15,13 @@ from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.footprint import SERVE_BASE_BYTES, GiB, available_memory
 from attnserve.model.tokenizer import get_tokenizer
 from attnserve.service.core.backend import Backend
-from attnserve.service.core.batcher import Batcher
 from attnserve.service.core.budget import ByteBudget
-from attnserve.service.core.chat import load_chat_template
 from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.engine import Engine
 from attnserve.service.core.errors import ModelLoadError
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
+from attnserve.service.generate.chat import load_chat_template
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.runtime import OrtRuntime
@@ -69,7 +69,7 @@ def build_model(
     directory: Path,
     given: list[Backend],
 ) -> DataPlane:
-    """One model version with its own backend, instances and batcher, not yet started (on a
+    """One model version with its own backend, instances and engine, not yet started (on a
     worker thread: loading sessions blocks). `given`: a backend to use once instead of
     loading one (tests share one)."""
     model_dir = ModelDirectory(directory)
@@ -89,12 +89,12 @@ def build_model(
     name = name or backend.config.name
     tokenizer = get_tokenizer(backend.config, model_dir)
     model_metrics = metrics.for_model(name, version)
-    batcher = Batcher(backend, settings.batcher_options, model_metrics, instances=instances)
+    engine = Engine(backend, settings.batcher_options, model_metrics, instances=instances)
     return DataPlane(
         name,
         version,
         backend,
-        batcher,
+        engine,
         tokenizer,
         model_metrics,
         budget,

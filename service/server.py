@@ -4,7 +4,7 @@ Inference Protocol, health, reflection), the HTTP app and metrics. The one place
 Lifecycle: load the models -> listen (health NOT_SERVING) -> warm up -> SERVING
 (and the ready file, if asked for) -> on SIGTERM/SIGINT: NOT_SERVING, refuse
 new requests, let in-flight ones finish within the grace period, drain the
-batchers, exit.
+engines, exit.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.service.core.backend import Backend
-from attnserve.service.core.batcher import Batcher
 from attnserve.service.core.dataplane import DataPlane
+from attnserve.service.core.engine import Engine
 from attnserve.service.core.memory import keep_freed_heap
 from attnserve.service.core.metrics import Metrics
 from attnserve.service.core.repository import ModelRepository
@@ -82,8 +82,8 @@ class RunningServer:
         return self.repository.get()
 
     @property
-    def batcher(self) -> Batcher:
-        return self.dataplane.batcher
+    def engine(self) -> Engine:
+        return self.dataplane.engine
 
     @property
     def backend(self) -> Backend:

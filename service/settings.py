@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from attnserve.model.artifacts import PRECISIONS
-from attnserve.service.core.batcher import BatcherOptions
+from attnserve.service.core.batching import BatcherOptions
 from attnserve.service.ort.options import PROVIDERS, RuntimeOptions
 
 ENV_PREFIX = "ATTNSERVE_"

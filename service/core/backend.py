@@ -253,26 +253,33 @@ class WeightsInfo:
     fidelity_scope: str = ""  # "the whole model", or the first layers it was measured on
 
 
+class PromptRun(Protocol):
+    """A prompt being run through the decode graph chunk by chunk, before it joins the
+    batch (its keys and values grow with each chunk)."""
+
+    def advance(self, tokens: int) -> np.ndarray | None:
+        """Run the prompt's next `tokens` positions (fewer at its end) -> its next-token
+        logits float32 (V,) once the whole prompt has run, else None."""
+
+
 class DecodeBatch(Protocol):
     """The texts a model is generating, as one batch whose rows join and leave (one thread
-    uses it: the generator's worker)."""
+    uses it: the engine's worker)."""
 
     @property
     def rows(self) -> int:
-        """How many texts the batch holds; row i is the i-th added of those still in it."""
+        """How many texts the batch holds; row i is the i-th joined of those still in it."""
 
     @property
     def cache_bytes(self) -> int:
         """What the rows' keys and values hold now."""
 
-    def add(
-        self,
-        prompt: np.ndarray,
-        prompt_changes: Mapping[str, SiteChange],
-        step_changes: Mapping[str, SiteChange],
-    ) -> np.ndarray:
-        """Run a prompt, int64 (T,), under its changes, and add it as the last row (its
-        later positions changed by `step_changes`) -> its next-token logits float32 (V,)."""
+    def prefill(self, prompt: np.ndarray, changes: Mapping[str, SiteChange]) -> PromptRun:
+        """A prompt, int64 (T,), to run under its changes (of the prompt's positions)."""
+
+    def join(self, run: PromptRun, step_changes: Mapping[str, SiteChange]) -> None:
+        """Add a prompt that has run as the last row; `step_changes` change its later
+        positions."""
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         """Each row's next token -> each row's next-token logits float32 (rows, V)."""

@@ -7,7 +7,7 @@ unexpected errors, so every transport counts alike), turns its wire format into 
 EncodeOptions (core/request.py), enters `DataPlane.results`, builds its answer from the
 arrays, and maps the typed errors it raises (core/status.py). The data plane owns
 readiness and draining (so every transport refuses alike), plans the request once,
-reserves its room in the process's memory budget and hands the sequences to the batcher;
+reserves its room in the process's memory budget and hands the work to the engine;
 it never sees gRPC, HTTP or any API's messages.
 """
 
@@ -17,23 +17,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import Backend, WeightsInfo
-from attnserve.service.core.batcher import Batcher, SequenceResult
+from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
-from attnserve.service.core.chat import ChatTemplate
+from attnserve.service.core.engine import Engine
 from attnserve.service.core.errors import DeadlineExceededError, NotReadyError, UnsupportedError
-from attnserve.service.core.generation import Generator, Token, generation_bytes, interleaved
-from attnserve.service.core.generation_plan import GenerateOptions, plan_generation
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.metrics import ModelMetrics
 from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
 from attnserve.service.core.readouts import DECODE
-from attnserve.service.core.request import EncodeOptions, Input
+from attnserve.service.core.request import EncodeOptions, GenerateOptions, Input
+from attnserve.service.generate.chat import ChatTemplate
+from attnserve.service.generate.output import Token, detokenized, interleaved
+from attnserve.service.generate.plan import GenerationPlan, generation_bytes, plan_generation
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,14 @@ SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
 
 class DataPlane:
-    """One served model version: its backend, batcher and tokenizer, admission and drain."""
+    """One served model version: its backend, engine and tokenizer, admission and drain."""
 
     def __init__(
         self,
         name: str,
         version: str,
         backend: Backend,
-        batcher: Batcher,
+        engine: Engine,
         tokenizer: Tokenizer,
         metrics: ModelMetrics,
         budget: ByteBudget,
@@ -68,7 +69,7 @@ class DataPlane:
         self.name = name  # as the APIs name it: the repository's folder, or the config's name
         self.version = version  # the repository's version folder; "1" for --model
         self.backend = backend
-        self.batcher = batcher
+        self.engine = engine
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.budget = budget  # the process's: every model's requests count in it
@@ -86,7 +87,6 @@ class DataPlane:
         self.last_call = 0.0  # time.monotonic() of the last request, admitted or refused
         self._idle = asyncio.Event()
         self._idle.set()
-        self.generator: Generator | None = None  # made at the first generation
         self._watching: asyncio.Task | None = None
         # Gauges read the state when scraped: nothing to update per request.
         metrics.in_flight.set_function(lambda: self._in_flight)
@@ -96,9 +96,9 @@ class DataPlane:
         return version in ("", self.version, self.backend.version)
 
     async def start(self) -> None:
-        """Start the batcher, warm every backend up, then let requests in."""
-        self.batcher.start()
-        await self.batcher.warm_up()
+        """Start the engine, warm every backend up, then let requests in."""
+        self.engine.start()
+        await self.engine.warm_up()
         if self.release_memory:  # what loading and warming up freed (0.3 GiB for TinyLlama),
             await asyncio.to_thread(give_back_memory)  # off the loop: other models may serve
         self.refusal = None
@@ -118,18 +118,16 @@ class DataPlane:
         self.refusal = SHUTTING_DOWN
 
     async def stop(self) -> None:
-        """Finish what was admitted, then stop the batcher and its workers."""
+        """Finish what was admitted, then stop the engine and its workers."""
         self._cancel_release()
         if self._watching is not None:
             self._watching.cancel()
-        await self.batcher.stop()
-        await self.stop_generating()
+        await self.engine.stop(SHUTTING_DOWN)
 
     async def stop_generating(self) -> None:
         """End the texts being generated, each with NotReadyError (the server is stopping):
         their streams then end as their protocol ends a failure, not cut."""
-        if self.generator is not None:
-            await self.generator.stop(SHUTTING_DOWN)
+        self.engine.stop_generating(SHUTTING_DOWN)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight (draining); False if `timeout` ran out first."""
@@ -169,7 +167,7 @@ class DataPlane:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:  # gRPC cancels a call at its deadline; this does it for every transport
                     async with asyncio.timeout(left):
-                        results = await self.batcher.encode(plan.sequences, plan.selections, left)
+                        results = await self.engine.encode(plan.sequences, plan.selections, left)
                 except TimeoutError:
                     raise DeadlineExceededError(
                         f"the deadline ({timeout:g} s) passed before the answer was ready"
@@ -201,15 +199,17 @@ class DataPlane:
             ]
             reserved = sum(generation_bytes(plan, backend.config) for plan in plans)
             async with self._room(reserved, timeout), contextlib.AsyncExitStack() as stack:
-                if self.generator is None:
-                    self.generator = Generator(
-                        backend, self.tokenizer, on_token=self.metrics.generated_tokens.inc
-                    )
                 streams = [
-                    await stack.enter_async_context(contextlib.aclosing(self.generator.generate(p)))
-                    for p in plans
+                    await stack.enter_async_context(contextlib.aclosing(self._tokens(plan)))
+                    for plan in plans
                 ]
                 yield [len(plan.prompt) for plan in plans], interleaved(streams)
+
+    async def _tokens(self, plan: GenerationPlan) -> AsyncGenerator[Token, None]:
+        """One text's tokens: the engine's choices through the output processor."""
+        async with contextlib.aclosing(self.engine.generate(plan)) as made:
+            async for token in detokenized(made, plan, self.tokenizer):
+                yield token
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:
@@ -260,4 +260,4 @@ class DataPlane:
         self._release_timer = None
         self._released_since_trim = 0
         if self._releasing is None or self._releasing.done():
-            self._releasing = asyncio.ensure_future(self.batcher.release_memory())
+            self._releasing = asyncio.ensure_future(self.engine.release_memory())

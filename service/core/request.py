@@ -158,3 +158,21 @@ class EncodeOptions:
     interventions: tuple[Intervention, ...] = ()
     capture: CaptureOptions | None = None
     patching: PatchingOptions | None = None
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What a client asks of one generation (OpenAI's completion parameters, vLLM's
+    `ignore_eos`, attnserve's interventions); checked by service/generate/plan.py."""
+
+    max_tokens: int | None = None  # None: 16 (OpenAI's), or the context's room if less
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    # changes of the run: those with positions change the prompt's, the others every
+    # position, the prompt's and each generated one's
+    interventions: tuple[Intervention, ...] = ()

@@ -13,11 +13,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from attnserve.model.tokenizer import Tokenizer
-from attnserve.service.core.chat import ChatTemplate
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.generation import Token
-from attnserve.service.core.generation_plan import GenerateOptions
-from attnserve.service.core.request import Input, Intervention
+from attnserve.service.core.request import GenerateOptions, Input, Intervention
+from attnserve.service.generate.chat import ChatTemplate
+from attnserve.service.generate.output import Token
 from attnserve.service.http.openai_inputs import fitted, openai_inputs
 
 

@@ -15,10 +15,9 @@ from fastapi.responses import StreamingResponse
 
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import renamed, word
-from attnserve.service.core.generation import Token
-from attnserve.service.core.generation_plan import GenerateOptions
-from attnserve.service.core.request import Input
+from attnserve.service.core.request import GenerateOptions, Input
 from attnserve.service.core.status import log_unexpected
+from attnserve.service.generate.output import Token
 from attnserve.service.http.completion_body import (
     ChatCompletion,
     ChatRequest,

@@ -70,7 +70,7 @@ import numpy as np
 from attnserve.model.artifacts import ATTRIBUTION_PARTS
 from attnserve.model.config import ModelConfig
 from attnserve.oip.wire import BYTES
-from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan, pooled
 from attnserve.service.core.request import (

@@ -1,11 +1,12 @@
 """Generation in ONNX Runtime: the texts being generated as one running batch over the decode
 graph (model_decode.onnx, Encoder.decode), their KV caches stacked.
 
-A prompt runs alone (its past: one padding key, the graph's least) and its keys and values
-join the batch's, the shorter side padded in front (past_mask 0 there); each step then runs
+A prompt runs alone, whole or in chunks (its first past: one padding key, the graph's
+least), and its keys and values join the batch's, the shorter side padded in front
+(past_mask 0 there); each step then runs
 every text's next token at once, and the graph's keys and values of that step are the next
 one's past. A text that ends leaves the batch, and the columns no text uses any more go.
-Every call is from one thread (the generator's worker): the batch holds no lock.
+Every call is from one thread (the engine's worker): the batch holds no lock.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import onnxruntime as ort
 
 from attnserve.model.artifacts import DECODE_INPUTS, LOGITS_NAME, cache_names
 from attnserve.model.config import ModelConfig
-from attnserve.service.core.backend import SiteChange
+from attnserve.service.core.backend import PromptRun, SiteChange
 from attnserve.service.core.errors import InferenceError
 from attnserve.service.ort.readouts import change_feeds
 
@@ -28,7 +29,7 @@ class RunningBatch:
     def __init__(self, session: ort.InferenceSession, config: ModelConfig) -> None:
         self.session = session
         self.config = config
-        self._past = cache_names(config, "past_key_values")
+        self.past_names = cache_names(config, "past_key_values")
         self._present = cache_names(config, "present")
         self.cache: list[np.ndarray] = []  # each layer's keys, values: (B, H_kv, S, d_k)
         self.mask = np.zeros((0, 1), dtype=np.int64)  # (B, S): 1 where a key is the text's
@@ -42,39 +43,30 @@ class RunningBatch:
     def cache_bytes(self) -> int:
         return sum(x.nbytes for x in self.cache)
 
-    def add(
-        self,
-        prompt: np.ndarray,
-        prompt_changes: Mapping[str, SiteChange],
-        step_changes: Mapping[str, SiteChange],
-    ) -> np.ndarray:
-        """Run a prompt (T,) int64 under its changes and add it as the batch's last row,
-        changed by `step_changes` at every step after; -> its next-token logits (V,)."""
-        c = self.config
-        empty = np.zeros((1, c.kv_heads, 1, c.head_dim), dtype=np.float32)
-        feeds = dict.fromkeys(self._past, empty)
-        feeds |= change_feeds(c, False, [prompt_changes], len(prompt))
-        logits, cache = self._run(prompt[None], np.zeros((1, 1), dtype=np.int64), feeds)
-        mask = np.concatenate((np.zeros((1, 1), np.int64), np.ones((1, len(prompt)), np.int64)), 1)
+    def prefill(self, prompt: np.ndarray, changes: Mapping[str, SiteChange]) -> _PromptRun:
+        return _PromptRun(self, prompt, changes)
+
+    def join(self, run: PromptRun, step_changes: Mapping[str, SiteChange]) -> None:
+        """Add a prompt that has run (its keys and values) as the batch's last row."""
+        assert isinstance(run, _PromptRun) and run.done == len(run.prompt)
         if self.rows:  # the shorter side padded in front, then stacked
-            width = max(mask.shape[1], self.mask.shape[1])
+            width = max(run.mask.shape[1], self.mask.shape[1])
             self.cache = [
                 np.concatenate((_padded(old, width), _padded(new, width)))
-                for old, new in zip(self.cache, cache, strict=True)
+                for old, new in zip(self.cache, run.cache, strict=True)
             ]
-            self.mask = np.concatenate((_padded(self.mask, width), _padded(mask, width)))
+            self.mask = np.concatenate((_padded(self.mask, width), _padded(run.mask, width)))
         else:
-            self.cache, self.mask = cache, mask
+            self.cache, self.mask = run.cache, run.mask
         self._changes.append(step_changes)
-        return logits[0]
 
     def step(self, tokens: Sequence[int]) -> np.ndarray:
         """Each row's next token in -> each row's next-token logits (B, V)."""
         c = self.config
-        feeds = dict(zip(self._past, self.cache, strict=True))
+        feeds = dict(zip(self.past_names, self.cache, strict=True))
         feeds |= change_feeds(c, False, self._changes, 1)
         ids = np.asarray(tokens, dtype=np.int64)[:, None]  # (B, 1)
-        logits, self.cache = self._run(ids, self.mask, feeds)
+        logits, self.cache = self.run(ids, self.mask, feeds)
         self.mask = np.concatenate((self.mask, np.ones((self.rows, 1), np.int64)), axis=1)
         return logits
 
@@ -88,7 +80,7 @@ class RunningBatch:
         self.mask = self.mask[:, start:]
         self.cache = [np.ascontiguousarray(x[keep][:, :, start:]) for x in self.cache]
 
-    def _run(
+    def run(
         self, ids: np.ndarray, past_mask: np.ndarray, feeds: dict[str, np.ndarray]
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         feeds |= dict(zip(DECODE_INPUTS, (ids, past_mask), strict=True))
@@ -97,6 +89,39 @@ class RunningBatch:
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on a decode step: {exc}") from exc
         return logits, cache
+
+
+class _PromptRun:
+    """A prompt run chunk by chunk (implements core.backend.PromptRun): each chunk's past is
+    the keys and values of the chunks before it (at first one padding key, the graph's
+    least), so the chunks together compute what the whole prompt at once would."""
+
+    def __init__(
+        self, batch: RunningBatch, prompt: np.ndarray, changes: Mapping[str, SiteChange]
+    ) -> None:
+        c = batch.config
+        self.batch, self.prompt, self.changes = batch, prompt, changes
+        empty = np.zeros((1, c.kv_heads, 1, c.head_dim), dtype=np.float32)
+        self.cache = [empty] * (2 * c.n_layers)
+        self.mask = np.zeros((1, 1), dtype=np.int64)  # (1, S): the padding key, then the real
+        self.done = 0  # positions run
+
+    def advance(self, tokens: int) -> np.ndarray | None:
+        start, end = self.done, min(self.done + tokens, len(self.prompt))
+        feeds = dict(zip(self.batch.past_names, self.cache, strict=True))
+        chunk = {kind: _positions(change, start, end) for kind, change in self.changes.items()}
+        feeds |= change_feeds(self.batch.config, False, [chunk], end - start)
+        logits, self.cache = self.batch.run(self.prompt[None, start:end], self.mask, feeds)
+        self.mask = np.concatenate((self.mask, np.ones((1, end - start), np.int64)), axis=1)
+        self.done = end
+        return logits[0] if end == len(self.prompt) else None
+
+
+def _positions(change: SiteChange, start: int, end: int) -> SiteChange:
+    """A prompt's change at positions [start, end) (one of every position: as it is)."""
+    if change.scale.shape[1] == 1:
+        return change
+    return SiteChange(change.scale[:, start:end], change.add[:, start:end])
 
 
 def _padded(x: np.ndarray, width: int) -> np.ndarray:

@@ -73,7 +73,7 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         precision=plane.backend.precision,
         config_json=c.to_json(),
         max_message_bytes=plane.max_message_bytes,
-        max_batch_tokens=plane.batcher.options.max_batch_tokens,
+        max_batch_tokens=plane.engine.options.max_batch_tokens,
         bos_id=c.bos_id,
         pad_id=c.pad_id,
         weight_bytes=weights.disk_bytes,

@@ -8,8 +8,7 @@ from dataclasses import replace
 
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.generation_plan import GenerateOptions
-from attnserve.service.core.request import Input
+from attnserve.service.core.request import GenerateOptions, Input
 from attnserve.service.v1.options import input_of, intervention_of
 from attnserve.v1 import encoder_service_pb2 as pb
 

@@ -18,7 +18,7 @@ from attnserve.service.core.backend import (
     ReadoutOutput,
     ReadoutSelection,
 )
-from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.plan import EncodePlan, pooled
 from attnserve.service.core.request import Pooling
 from attnserve.v1 import encoder_service_pb2 as pb

@@ -153,7 +153,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
         want_lens = model.lens(torch.from_numpy(rows), torch.from_numpy(last.copy())).numpy()
     assert scaled_diff(lens, want_lens, bounded=False) <= INT8_TOLERANCE
     batch = runtime.decode_batch()  # generation's first step, from the 8-bit decode graph
-    next_logits = batch.add(ids[0], {}, {})
+    next_logits = batch.prefill(ids[0], {}).advance(ids.shape[1])
     with torch.inference_mode():
         want_next = model.logits(torch.from_numpy(ids[:1]))[0, -1].numpy()
     assert 1e-5 < scaled_diff(next_logits, want_next, bounded=False) <= INT8_TOLERANCE

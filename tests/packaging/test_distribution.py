@@ -149,11 +149,11 @@ def test_imports_resolve_without_an_import_hook():
     code = (
         "import sys\n"
         "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
-        "import attnserve.service.core.batcher, attnserve.client.oip, attnserve.v1.wire\n"
-        "print(attnserve.service.core.batcher.__file__)\n"
+        "import attnserve.service.core.engine, attnserve.client.oip, attnserve.v1.wire\n"
+        "print(attnserve.service.core.engine.__file__)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service" / "core" / "batcher.py")
+    assert result.stdout.strip() == str(REPO_ROOT / "attnserve" / "service" / "core" / "engine.py")

@@ -112,7 +112,7 @@ class FakeBackend:
 
 
 class FakeClock:
-    """Time that moves only when a test says so (implements service.batcher.Clock).
+    """Time that moves only when a test says so (implements core.batching.Clock).
 
     `waiting` is set whenever the batcher waits on the clock, so a test knows the
     batcher is holding a batch back, rather than hoping it got that far.

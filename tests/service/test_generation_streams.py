@@ -105,4 +105,4 @@ def test_streams_cancelled_at_random_leave_every_other_text_as_it_is_alone(serve
             else:
                 want = ids if i % 2 == 0 else text
             assert got == want, (seed, i)
-    server.call(_wait(lambda: plane.generator.running == 0 and not plane._in_flight))
+    server.call(_wait(lambda: not plane.engine.generation.has_work and not plane._in_flight))

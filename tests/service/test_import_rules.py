@@ -1,5 +1,6 @@
 """Each folder of the service imports only what its role allows, in layers: the data plane
-(core) and the engine (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
+(core), generation (generate: planned, scheduled and detokenized texts, run by the core's
+engine) and the runtime (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
 the Open Inference Protocol's, neuronpedia: Neuronpedia's activation API) translate between
 one API and the core; the transports (grpc, http) carry them; ray/ hosts it all on Ray
 Serve. Nothing imports a layer above its own, no protocol the other, no transport the
@@ -25,8 +26,11 @@ def _folders(*names: str) -> tuple[str, ...]:
 
 
 PROTOCOLS = ("v1", "oip", "neuronpedia")
+SERVING = _folders("core.engine", "core.dataplane", "core.repository")
 RULES = {  # folder -> module prefixes it must not import
     "core": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
+    # generation: below the core's serving modules, which run it (no circle)
+    "generate": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *SERVING, *ENGINE, *WEB, *APIS),
     "ort": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *WEB, *APIS, "torch"),
     "v1": (*_folders("oip", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
            "attnserve.oip", "grpc"),

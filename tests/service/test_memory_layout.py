@@ -76,7 +76,7 @@ def test_saes_cost_their_weights_once_and_count_in_the_fit(model_with_sae, weigh
     assert sae_bytes > 0
     settings = replace(_settings(model_with_sae, 1 << 40), instances=2)
     plane = build_model(settings, Metrics(), ByteBudget(0), None, "1", model_with_sae, [])
-    instances = [lane.backend for lane in plane.batcher._narrow]
+    instances = [lane.backend for lane in plane.engine._narrow]
     assert len(instances) == 2
     assert all(i.sae_graphs is plane.backend.sae_graphs for i in instances)
     sessions = 2 * (1 + len(instances))  # each copy: the full graph and the embeddings'
@@ -106,12 +106,13 @@ def test_generation_packs_its_own_copy_only_where_it_takes_half_of_what_is_left(
     from tests.service.ort.test_readouts import prepacking
 
     ids = np.arange(5, 17, dtype=np.int64)
-    want = small_runtime.decode_batch().add(ids, {}, {})
+    want = small_runtime.decode_batch().prefill(ids, {}).advance(len(ids))
     for rest, packed in ((2 * weights, True), (2 * weights - 1, False)):
         limit = SERVE_BASE_BYTES + weights + rest
         settings = _settings(small_model_dir, limit)
         options, _ = session_layout(ModelDirectory(small_model_dir), settings)
         assert options.single_session and options.packed_decode is packed
         runtime = OrtRuntime(small_model_dir, options)
-        np.testing.assert_allclose(runtime.decode_batch().add(ids, {}, {}), want, atol=1e-5)
+        first = runtime.decode_batch().prefill(ids, {}).advance(len(ids))
+        np.testing.assert_allclose(first, want, atol=1e-5)
         assert prepacking(runtime) == [True, packed]  # the one session's, the decode graph's

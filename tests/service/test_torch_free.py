@@ -25,7 +25,7 @@ def serving_modules() -> list[str]:
 def test_the_module_walk_finds_the_serving_path():
     names = serving_modules()
     for expected in (
-        "attnserve.service.core.batcher",
+        "attnserve.service.core.engine",
         "attnserve.client.codec",
         "attnserve.v1.wire",
     ):
@@ -73,7 +73,7 @@ def test_service_never_imports_the_client():
 # every 10 s) loads: none of it may load the engine.
 ENGINE_FREE = (
     "attnserve.service.core.backend",
-    "attnserve.service.core.batcher",
+    "attnserve.service.core.engine",
     "attnserve.service.core.plan",
     "attnserve.service.core.budget",
     "attnserve.service.core.dataplane",

@@ -99,7 +99,7 @@ def test_work_over_the_budget_waits_outside_the_queue_then_runs(small_model_dir,
                 second = asyncio.ensure_future(client.encode([[3, 4]], attention=True))
                 while server.metric("attnserve_budget_waiting") < 1:
                     await asyncio.sleep(0.001)
-                depth = server.running.batcher.depth  # waiting for memory, not in the queue
+                depth = server.running.engine.depth  # waiting for memory, not in the queue
                 with pytest.raises(grpc.RpcError) as late:
                     await client.encode([[77]], timeout=0.2)
                 backend.gate.set()

@@ -64,7 +64,7 @@ def test_a_refusal_does_not_wait_for_the_model(small_model_dir):
                 running = asyncio.ensure_future(client.encode([[1, 2]]))
                 await asyncio.to_thread(backend.wait_calls, 1)  # inside the model
                 queued = asyncio.ensure_future(client.encode([[3], [4]]))  # fills the queue
-                while server.running.batcher.depth < 2:
+                while server.running.engine.depth < 2:
                     await asyncio.sleep(0.001)
                 with pytest.raises(grpc.RpcError) as refused:
                     await client.encode([[5]])
@@ -101,6 +101,6 @@ def test_a_deadline_that_expires_in_the_queue_costs_no_model_work(small_model_di
         assert asyncio.run(scenario()) == grpc.StatusCode.DEADLINE_EXCEEDED
         # The late sequence never reached the model.
         assert not any((ids == 77).any() for _, ids in backend.calls)
-        assert server.running.batcher.depth == 0
+        assert server.running.engine.depth == 0
     finally:
         server.stop()

@@ -77,7 +77,7 @@ def test_a_caller_that_stops_reading_ends_the_text(server):
         for token in c.generate(PROMPT, max_tokens=250, ignore_eos=True):
             assert token.finish_reason is None
             break
-    server.call(_wait(lambda: plane.generator.running == 0 and not plane._in_flight))
+    server.call(_wait(lambda: not plane.engine.generation.has_work and not plane._in_flight))
 
 
 def test_the_async_client_iterates_the_same_tokens(server, client):

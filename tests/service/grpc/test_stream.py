@@ -30,10 +30,10 @@ def test_a_streams_requests_are_in_flight_together_and_answered_in_order(small_m
                 consuming = asyncio.ensure_future(consume())
                 await asyncio.to_thread(backend.wait_calls, 1)  # the first is in the model,
                 for _ in range(10_000):  # and all the others queued at once
-                    if server.running.batcher.depth == n - 1:
+                    if server.running.engine.depth == n - 1:
                         break
                     await asyncio.sleep(0.001)
-                queued = server.running.batcher.depth
+                queued = server.running.engine.depth
                 backend.gate.set()
                 await consuming
                 return answers, queued

@@ -168,7 +168,7 @@ def test_a_client_that_goes_away_leaves_the_batch(server):
     with httpx.stream("POST", f"{server.http_url}/v1/completions", json=body, timeout=60) as s:
         lines = s.iter_lines()
         assert next(lines).startswith("data: ")
-    server.call(_wait(lambda: plane.generator.running == 0 and not plane._in_flight))
+    server.call(_wait(lambda: not plane.engine.generation.has_work and not plane._in_flight))
     generated = server.metric("attnserve_generated_tokens_total") - before
     assert 1 <= generated < 250  # it did not run to its end
     assert greedy(server, "hi", n=2)["finish_reason"] == "length"

@@ -170,7 +170,7 @@ def test_warming_up_is_503_and_a_full_queue_is_429(small_model_dir):
             running = pool.submit(http.post, "/v1/embeddings", json=body)
             backend.wait_calls(1)
             queued = pool.submit(http.post, "/v1/embeddings", json=body)
-            while cold.running.batcher.depth < 1:  # wait until it is queued
+            while cold.running.engine.depth < 1:  # wait until it is queued
                 time.sleep(0.001)
             refused = http.post("/v1/embeddings", json=body)
             backend.gate.set()

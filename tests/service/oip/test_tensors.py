@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnserve.oip import grpc_service_pb2 as oip
-from attnserve.service.core.batcher import SequenceResult
+from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import EncodePlan
 from attnserve.service.core.request import (

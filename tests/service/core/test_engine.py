@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection, SiteChange
-from attnserve.service.core.batcher import Batcher, BatcherOptions
+from attnserve.service.core.batching import BatcherOptions
+from attnserve.service.core.engine import Engine
 from attnserve.service.core.errors import (
     DeadlineExceededError,
     InferenceError,
@@ -43,19 +44,19 @@ class Scenario:
         defaults = {"max_batch_tokens": 64, "max_batched_seq_len": 64, "inline_max_s": 0.0}
         options = BatcherOptions(**{**defaults, **options})
         model_metrics = self.metrics.for_model("fake", "1")
-        self.batcher = Batcher(self.backend, options, model_metrics, clock, instances)
-        self.batcher.start()
+        self.engine = Engine(self.backend, options, model_metrics, clock, instances)
+        self.engine.start()
 
     async def hold(self) -> asyncio.Task:
         """Occupy the model with one 1-token sequence and wait until it is inside."""
         self.backend.gate.clear()
-        blocker = asyncio.ensure_future(self.batcher.encode([ids(1)]))
+        blocker = asyncio.ensure_future(self.engine.encode([ids(1)]))
         await asyncio.to_thread(self.backend.wait_calls, len(self.backend.calls) + 1)
         return blocker
 
     def queue(self, *sequences: np.ndarray, attention: bool = False, **kw) -> asyncio.Task:
         selections = [ALL_HEADS] * len(sequences) if attention else None
-        return asyncio.ensure_future(self.batcher.encode(list(sequences), selections, **kw))
+        return asyncio.ensure_future(self.engine.encode(list(sequences), selections, **kw))
 
     async def settle(self) -> None:
         """Let queued tasks reach the batcher (one turn of the event loop each)."""
@@ -157,7 +158,7 @@ def test_a_lone_batch_runs_on_the_main_backend_with_every_core():
     async def scenario():
         instances = [FakeBackend(), FakeBackend()]
         s = Scenario(instances=instances)
-        await s.batcher.encode([ids(5)])
+        await s.engine.encode([ids(5)])
         return s.backend.shapes(), [i.shapes() for i in instances]
 
     main, instances = run(scenario)
@@ -175,7 +176,7 @@ def test_waiting_batches_run_side_by_side_on_the_instances():
         # Two batches are inside the model at once, one per instance; the third waits.
         for backend in instances:
             await asyncio.to_thread(backend.wait_calls, 1)
-        depth, inside = s.batcher.depth, [len(b.calls) for b in instances]
+        depth, inside = s.engine.depth, [len(b.calls) for b in instances]
         for backend in instances:
             backend.gate.set()
         results = await work
@@ -197,7 +198,7 @@ def test_the_main_backend_never_runs_beside_an_instance():
         blocker = await s.hold()  # alone: on the main backend, every core busy
         work = s.queue(ids(20), ids(21))
         await s.settle()
-        waiting = s.batcher.depth, [len(b.calls) for b in instances]
+        waiting = s.engine.depth, [len(b.calls) for b in instances]
         s.release()
         await asyncio.gather(blocker, work)
         return waiting, [b.shapes() for b in instances]
@@ -219,9 +220,9 @@ def test_embeddings_attention_and_readouts_each_batch_apart():
         work = [
             s.queue(ids(4)),
             s.queue(ids(4), attention=True),
-            asyncio.ensure_future(s.batcher.encode([ids(4)], readouts[0])),
+            asyncio.ensure_future(s.engine.encode([ids(4)], readouts[0])),
             s.queue(ids(4)),
-            asyncio.ensure_future(s.batcher.encode([ids(4)], readouts[1])),
+            asyncio.ensure_future(s.engine.encode([ids(4)], readouts[1])),
         ]
         await s.settle()
         s.release()
@@ -298,14 +299,14 @@ def test_a_cancelled_request_leaves_the_queue_unrun():
         blocker = await s.hold()
         request = s.queue(ids(5, start=100), ids(6, start=100))
         await s.settle()
-        depth_before = s.batcher.depth, s.metric("attnserve_queue_depth")
+        depth_before = s.engine.depth, s.metric("attnserve_queue_depth")
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
             await request
-        depth_after = s.batcher.depth, s.metric("attnserve_queue_depth")
+        depth_after = s.engine.depth, s.metric("attnserve_queue_depth")
         s.release()
         await blocker
-        await s.batcher.stop()
+        await s.engine.stop()
         return s, depth_before, depth_after
 
     s, before, after = run(scenario)
@@ -320,8 +321,8 @@ def test_admission_is_all_or_nothing():
         one = s.queue(ids(2))
         await s.settle()
         with pytest.raises(QueueFullError, match="1 sequences waiting, this request adds 3"):
-            await s.batcher.encode([ids(2), ids(2), ids(2)])
-        depth = s.batcher.depth
+            await s.engine.encode([ids(2), ids(2), ids(2)])
+        depth = s.engine.depth
         s.release()
         await asyncio.gather(blocker, one)
         return s, depth
@@ -343,7 +344,7 @@ def test_right_padding_gives_each_sequence_its_numbers_alone():
         s.release()
         await blocker
         together = [(await b)[0] for b in batched]
-        alone = [(await s.batcher.encode([seq], [ALL_HEADS]))[0] for seq in sequences]
+        alone = [(await s.engine.encode([seq], [ALL_HEADS]))[0] for seq in sequences]
         return s, together, alone
 
     s, together, alone = run(scenario)
@@ -380,10 +381,10 @@ def test_stop_finishes_queued_work_then_refuses_new():
         blocker = await s.hold()
         queued = s.queue(ids(4))
         await s.settle()
-        stopping = asyncio.ensure_future(s.batcher.stop())
+        stopping = asyncio.ensure_future(s.engine.stop())
         await s.settle()
         with pytest.raises(NotReadyError, match="shutting down"):
-            await s.batcher.encode([ids(2)])
+            await s.engine.encode([ids(2)])
         s.release()
         await stopping
         return await blocker, await queued
@@ -395,9 +396,9 @@ def test_stop_finishes_queued_work_then_refuses_new():
 def test_a_lone_request_known_to_be_short_runs_on_the_event_loop():
     async def scenario():
         s = Scenario(inline_max_s=60.0)
-        await s.batcher.encode([ids(4)])  # its kind's cost is not known yet: the worker
-        await s.batcher.encode([ids(4)])  # alone and known to be short: here
-        await s.batcher.encode([ids(4)], [ALL_HEADS])  # attention's cost is not known yet
+        await s.engine.encode([ids(4)])  # its kind's cost is not known yet: the worker
+        await s.engine.encode([ids(4)])  # alone and known to be short: here
+        await s.engine.encode([ids(4)], [ALL_HEADS])  # attention's cost is not known yet
         assert s.backend.threads == ["backend_0", "MainThread", "backend_0"]
 
     run(scenario)
@@ -406,8 +407,8 @@ def test_a_lone_request_known_to_be_short_runs_on_the_event_loop():
 def test_requests_that_could_batch_or_run_long_keep_to_the_worker():
     async def scenario():
         s = Scenario(inline_max_s=60.0)
-        await s.batcher.encode([ids(4)])
-        await s.batcher.encode([ids(4), ids(4)])  # two sequences: a batch may form
+        await s.engine.encode([ids(4)])
+        await s.engine.encode([ids(4), ids(4)])  # two sequences: a batch may form
         s.backend.gate.clear()
         blocker = s.queue(ids(4), attention=True)  # attention's cost is not known: the worker
         await asyncio.to_thread(s.backend.wait_calls, 3)
@@ -416,8 +417,8 @@ def test_requests_that_could_batch_or_run_long_keep_to_the_worker():
         s.release()
         await asyncio.gather(blocker, queued)
         quick = Scenario(inline_max_s=1e-12)  # no run is that short
-        await quick.batcher.encode([ids(4)])
-        await quick.batcher.encode([ids(4)])
+        await quick.engine.encode([ids(4)])
+        await quick.engine.encode([ids(4)])
         assert s.backend.threads == ["backend_0"] * 4
         assert quick.backend.threads == ["backend_0"] * 2
 

@@ -13,8 +13,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from attnserve.export.chat_template import read_chat_template
-from attnserve.service.core.chat import ChatTemplate
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.generate.chat import ChatTemplate
 
 # Llama 3.1's shape: today's date, tools as JSON in the system turn, one tool call at most.
 LLAMA3 = """{{- bos_token }}

@@ -1,44 +1,50 @@
 """A generation request, checked and planned once: its prompt's ids, how tokens are chosen
 and when the text ends, and its interventions as changes of the prompt's positions and of
-every position generated after (the readouts graph's changes, core/interventions.py)."""
+every position generated after (the readouts graph's changes, core/interventions.py); and
+what the text holds in the memory budget at its longest."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
 from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.core.backend import SiteChange
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.generation import GenerationPlan
-from attnserve.service.core.interventions import Direction, plan_changes
+from attnserve.service.core.interventions import Direction, changes_bytes, plan_changes
 from attnserve.service.core.plan import tokenized
-from attnserve.service.core.request import EncodeOptions, Input, Intervention
-from attnserve.service.core.sampling import MAX_LOGPROBS, Sampling
+from attnserve.service.core.request import EncodeOptions, GenerateOptions, Input
+from attnserve.service.generate.sampling import MAX_LOGPROBS, Sampling
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, where the request sets none (and the context has room)
 MAX_TEMPERATURE = 100.0
 
 
-@dataclass(frozen=True)
-class GenerateOptions:
-    """What a client asks of one generation (OpenAI's completion parameters, vLLM's
-    `ignore_eos`, attnserve's interventions)."""
+@dataclass(frozen=True, eq=False)
+class GenerationPlan:
+    """One text to continue, validated."""
 
-    max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS, or the context's room if less
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    # changes of the run: those with positions change the prompt's, the others every
-    # position, the prompt's and each generated one's
-    interventions: tuple[Intervention, ...] = ()
+    prompt: np.ndarray  # int64 (T,)
+    max_tokens: int  # at most this many, and no further than the model's context
+    sampling: Sampling = field(default_factory=Sampling)
+    stop: tuple[str, ...] = ()  # the text ends before the first of these it makes
+    stop_ids: frozenset[int] = frozenset()  # ... or at one of these tokens (EOS's included)
+    prompt_changes: Mapping[str, SiteChange] = field(default_factory=dict)
+    step_changes: Mapping[str, SiteChange] = field(default_factory=dict)  # at each new token
+
+
+def generation_bytes(plan: GenerationPlan, config: ModelConfig) -> int:
+    """What a text holds at its longest: each layer's keys and values of every position,
+    twice (a step's past and the step's output beside it), and its changes."""
+    positions = min(len(plan.prompt) + plan.max_tokens, config.max_seq_len) + 1
+    per_position = 2 * config.n_layers * config.kv_heads * config.head_dim * 4
+    return 2 * positions * per_position + changes_bytes(plan.prompt_changes)
 
 
 def plan_generation(
