@@ -99,6 +99,16 @@ def parser() -> argparse.ArgumentParser:
         "statistics by query blocks, transformers' eager attention where it fits",
     )
     long.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
+    together = commands.add_parser(
+        "together",
+        help="SmolLM2-135M's shape: Encodes while texts generate and texts while Encodes "
+        "arrive, this checkout's engine against --ref's two schedulers",
+    )
+    together.add_argument(
+        "--ref", default="ed4f6bb", help="the commit before the engine (two schedulers)"
+    )
+    together.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians)")
+    together.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
     long.add_argument("--lengths", type=int, nargs="+", help="instead of 1k, 2k, 4k and 8k")
     long.add_argument("--no-eager", action="store_true", help="without transformers' runs")
     interventions = commands.add_parser(
@@ -183,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         from perf.generate import run_generate
 
         run_generate(args.out, args.ref, args.repeats, args.quick, progress)
+        return 0
+    if args.command == "together":
+        from perf.together import run_together
+
+        run_together(args.out, args.ref, args.rounds, args.quick, progress)
         return 0
     if args.command == "long":
         from perf.long import run_long

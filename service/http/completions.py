@@ -18,17 +18,11 @@ from attnserve.service.core.errors import renamed, word
 from attnserve.service.core.request import GenerateOptions, Input
 from attnserve.service.core.status import log_unexpected
 from attnserve.service.generate.output import Token
-from attnserve.service.http.completion_body import (
-    ChatCompletion,
-    ChatRequest,
-    Completion,
-    CompletionRequest,
-    SamplingBody,
-    chat_choices,
-    completion_choices,
-)
 from attnserve.service.http.errors import ErrorRoute, error_response
 from attnserve.service.http.state import authorized, deadline, state
+from attnserve.service.openai.answers import ChatCompletion, Completion
+from attnserve.service.openai.protocol import ChatRequest, CompletionRequest, SamplingBody
+from attnserve.service.openai.translate import chat_choices, completion_choices
 
 # The plan's names of what these bodies name otherwise.
 OPENAI_NAMES = ((word("options.interventions"), "interventions"),)

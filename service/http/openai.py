@@ -4,38 +4,20 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import Field
 
-from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.plan import pooled
-from attnserve.service.core.request import EncodeOptions, Input, Pooling
-from attnserve.service.http.completion_body import RequestBody
+from attnserve.service.core.request import EncodeOptions, Pooling
 from attnserve.service.http.errors import ErrorRoute
-from attnserve.service.http.openai_inputs import fitted, openai_inputs
 from attnserve.service.http.state import authorized, deadline, state
+from attnserve.service.openai.inputs import fitted
+from attnserve.service.openai.protocol import EmbeddingsRequest
+from attnserve.service.openai.translate import embedding_inputs
 
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
 )
-
-
-class EmbeddingsRequest(RequestBody):
-    """OpenAI's embeddings request, as its official SDK sends it, and vLLM's
-    `truncate_prompt_tokens`."""
-
-    input: str | list[str] | list[int] | list[list[int]] = Field(
-        description="a text, a list of texts, a token array or a list of token arrays"
-    )
-    model: str | None = Field(None, description="the served model's name (GET /v1/models)")
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description="if given, the model's embedding width")
-    user: str | None = None
-    truncate_prompt_tokens: int | None = Field(
-        None, description="keep only each input's last k tokens (its BOS kept)"
-    )
 
 
 @router.get("/models")
@@ -57,7 +39,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
     with s.repository.observed("POST /v1/embeddings") as find:
         dataplane = find(body.model or "")
         config = dataplane.backend.config
-        inputs = _inputs(body, config.embedding_dim)
+        inputs = embedding_inputs(body, config.embedding_dim)
         limit = (config.max_seq_len, f"max_seq_len={config.max_seq_len}")
         keep = body.truncate_prompt_tokens
         inputs = list(fitted("input", inputs, dataplane.tokenizer, keep, limit))
@@ -77,12 +59,3 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
             tokens = sum(len(ids) for ids in plan.sequences)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "data": data, "model": dataplane.name, "usage": usage}
-
-
-def _inputs(body: EmbeddingsRequest, d_model: int) -> list[Input]:
-    if body.dimensions is not None and body.dimensions != d_model:
-        raise InvalidInputError(
-            f"dimensions: this model's embeddings have {d_model} dimensions, "
-            f"{body.dimensions} were asked for"
-        )
-    return openai_inputs("input", body.input, empty_text=False)

@@ -1,7 +1,8 @@
 """Each folder of the service imports only what its role allows, in layers: the data plane
 (core), generation (generate: planned, scheduled and detokenized texts, run by the core's
 engine) and the runtime (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
-the Open Inference Protocol's, neuronpedia: Neuronpedia's activation API) translate between
+the Open Inference Protocol's, neuronpedia: Neuronpedia's activation API, openai: OpenAI's
+completions, chat and embeddings) translate between
 one API and the core; the transports (grpc, http) carry them; ray/ hosts it all on Ray
 Serve. Nothing imports a layer above its own, no protocol the other, no transport the
 engine. Read from the source (every import statement, at any depth), so a new module is
@@ -25,18 +26,21 @@ def _folders(*names: str) -> tuple[str, ...]:
     return tuple(f"attnserve.service.{name}" for name in names)
 
 
-PROTOCOLS = ("v1", "oip", "neuronpedia")
+PROTOCOLS = ("v1", "oip", "neuronpedia", "openai")
 SERVING = _folders("core.engine", "core.dataplane", "core.repository")
 RULES = {  # folder -> module prefixes it must not import
     "core": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
     # generation: below the core's serving modules, which run it (no circle)
     "generate": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *SERVING, *ENGINE, *WEB, *APIS),
     "ort": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *WEB, *APIS, "torch"),
-    "v1": (*_folders("oip", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
+    "v1": (*_folders("oip", "neuronpedia", "openai", "grpc", "http", "ray"), *ENGINE, *WEB,
            "attnserve.oip", "grpc"),
-    "oip": (*_folders("v1", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
+    "oip": (*_folders("v1", "neuronpedia", "openai", "grpc", "http", "ray"), *ENGINE, *WEB,
             "attnserve.v1", "grpc"),
-    "neuronpedia": (*_folders("v1", "oip", "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
+    "neuronpedia": (*_folders("v1", "oip", "openai", "grpc", "http", "ray"), *ENGINE, *WEB,
+                    *APIS),
+    "openai": (*_folders("v1", "oip", "neuronpedia", "grpc", "http", "ray"), *ENGINE, *WEB,
+               *APIS),
     "grpc": (*_folders("http", "ray"), *ENGINE, *WEB),
     "http": (*_folders("grpc", "ray"), *ENGINE),
     "ray": ENGINE,

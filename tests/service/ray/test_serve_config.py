@@ -71,7 +71,11 @@ def test_serve_run_serves_the_shipped_config(tmp_path, small_model_dir, client):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     finally:
         os.killpg(process.pid, signal.SIGINT)
-        process.wait(120)
+        try:  # the subject is serving: a shutdown slowed by a loaded machine is not a failure
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _healthy(port: int) -> bool:
