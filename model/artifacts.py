@@ -6,6 +6,7 @@ Torch-free on purpose: the service imports it.
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -276,7 +277,7 @@ class ModelDirectory:
         """What the export measured fidelity on: the whole model, or its first layers."""
         return self._report().get("parity_scope", "")
 
-    def _report(self) -> dict:
+    def _report(self) -> dict[str, Any]:
         report = self.path / REPORT_FILENAME
         return json.loads(report.read_text()) if report.is_file() else {}
 

@@ -8,6 +8,7 @@ under CONFIG_KEY; a checkpoint without it may have a `config.json` beside it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -78,7 +79,7 @@ def load_checkpoint(path: str | Path) -> Encoder:
     return model.eval()
 
 
-def first_shape_mismatch(expected: dict, tensors: dict) -> str | None:
+def first_shape_mismatch(expected: dict[str, Any], tensors: dict[str, Any]) -> str | None:
     """Says which tensor does not have the shape the config needs, if any does not."""
     for name, want in expected.items():
         got = tensors[name]

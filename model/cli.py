@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 
-def add_commands(commands: argparse._SubParsersAction) -> None:
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "train",
         help="train the encoder as a next-byte language model (writes a checkpoint)",

@@ -4,6 +4,7 @@ what the service reads of it (torch-free: the service imports it; model/sae.py r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 ARCHITECTURES = ("standard", "jumprelu", "topk", "gated")
 # expected_average_only_in: SAELens folds the dataset's scale into the weights where it
@@ -22,11 +23,11 @@ class SAEConfig:
     k: int = 0  # topk: the features kept per position
     rescale_acts_by_decoder_norm: bool = False  # topk: rank pre * |W_dec row|
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> SAEConfig:
+    def from_dict(cls, values: dict[str, Any]) -> SAEConfig:
         """The config of `values` (sae.json's "config"), keys it does not know ignored."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})

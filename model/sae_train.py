@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,7 +104,7 @@ def _top(pre: torch.Tensor, k: int) -> torch.Tensor:
 
 def train_sae(
     model: Encoder, out: Path, config: SAETrainConfig, log: Callable[[str], None] = print
-) -> dict:
+) -> dict[str, Any]:
     """Train on `model`'s activations and write SAELens' directory at `out` (cfg.json,
     sae_weights.safetensors) with report.json beside them; -> the report."""
     known = config.hook in hook_names(model.config)
@@ -163,7 +164,7 @@ def train_sae(
 @torch.no_grad()
 def _report(
     sae: TopKSAE, valid: torch.Tensor, last_fired: torch.Tensor, c: SAETrainConfig, seconds: float
-) -> dict:
+) -> dict[str, Any]:
     _, x_hat, _ = sae(valid)
     explained = 1 - (valid - x_hat).pow(2).sum() / (valid - valid.mean(0)).pow(2).sum()
     fired = (sae.encode(valid) > 0).float().mean(0)  # each feature's firing rate
@@ -179,7 +180,7 @@ def _report(
     }
 
 
-def _save(sae: TopKSAE, out: Path, c: SAETrainConfig, d_in: int, report: dict) -> None:
+def _save(sae: TopKSAE, out: Path, c: SAETrainConfig, d_in: int, report: dict[str, Any]) -> None:
     """SAELens' layout (SAE.save_model): cfg.json and sae_weights.safetensors (float16:
     small enough to commit; served in float32)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,13 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnserve.model.artifacts import ModelDirectory
 from attnserve.model.config import ModelConfig
+
+if TYPE_CHECKING:  # imported where a tokenizer.json is read: the byte tokenizer needs none
+    import tokenizers
 
 VISIBLE_SPACE = "\u2423"  # "␣": spaces shown in token labels
 
@@ -161,7 +165,7 @@ class HFStream:
     """A tokenizer.json's text as tokens come: `tokenizers`' DecodeStream primed with the
     prompt (its decoders see each token in its context, in a window of a few tokens)."""
 
-    def __init__(self, tokenizer, prompt: Sequence[int]) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, prompt: Sequence[int]) -> None:
         from tokenizers.decoders import DecodeStream
 
         self._tokenizer = tokenizer

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ def train(
     config: TrainConfig = TrainConfig(),
     model_config: ModelConfig = ModelConfig(),  # noqa: B008
     progress: Callable[[int, int, str], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Train, write `out` (float16 safetensors, config in its metadata) and, beside it,
     `<out>.report.json` and `<out>.loss.png`. Returns the report."""
     if config.threads:
@@ -162,7 +163,7 @@ def train(
         lr=config.lr,
         betas=(0.9, 0.95),
     )
-    curve: list[dict] = []
+    curve: list[dict[str, Any]] = []
     start = time.monotonic()
     step = 0
     tokens_seen = 0
@@ -218,7 +219,7 @@ def train(
 
 def _point(
     model: LanguageModel, corpus: Corpus, c: TrainConfig, step: int, seq_len: int, loss: float
-) -> dict:
+) -> dict[str, Any]:
     """One point of the loss curve: this step's batch, and validation in windows of both
     lengths (the short ones show learning, the full ones what the longest context gets)."""
     return {
@@ -230,7 +231,7 @@ def _point(
     }
 
 
-def _plot(curve: list[dict], path: Path, report: dict) -> None:
+def _plot(curve: list[dict[str, Any]], path: Path, report: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,5 +1,5 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-features, interventions, generate, long, repository, ray, containers, report), from the
+features, interventions, generate, together, long, repository, ray, containers, report), from the
 repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Runs only inside the peer's own virtual environment (peer_env.py creates it with
 pinned kserve, tritonclient and the project's onnxruntime), so it imports nothing of
 attnserve: the ORT session settings come from the parent as JSON, built by the very
-function the server uses (runtime.session_settings).
+function the server uses (ort/sessions.py session_settings).
 
     python kserve_peer.py serve --model-dir DIR --port PORT --session JSON
     python kserve_peer.py client --port PORT      # JSON commands on stdin, one per line
@@ -75,7 +75,7 @@ def serve(model_dir: str, port: int, http_port: int, session: dict) -> None:
 
 
 def session_options(settings: dict):
-    """ORT session options from attnserve's runtime.session_settings (as JSON)."""
+    """ORT session options from attnserve's session_settings (service/ort/sessions.py) (as JSON)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -19,7 +19,8 @@ from importlib import metadata
 from pathlib import Path
 
 from attnserve.service.core.memory import KEEP_FREED_HEAP_ENV
-from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, session_settings
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.sessions import session_settings
 
 PEERS_VENV = Path(".venv-peers")  # made once, beside the project's .venv
 KSERVE_PINS = ("kserve==0.21.0", "tritonclient[grpc,http]==2.73.0")

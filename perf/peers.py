@@ -1,7 +1,7 @@
 """attnserve beside the servers a user would pick instead: KServe's Python model server,
 MLServer and PyTriton.
 
-Each serves the same graphs with the same ORT session settings (runtime.session_settings)
+Each serves the same graphs with the same ORT session settings (ort/sessions.py session_settings)
 on this machine, each measured through its usual client (attnserve's AsyncEncoderClient;
 tritonclient for the peers), side by side in one run. Every client's process, and the
 echo server's, keeps its freed heap (attnserve.client.keep_freed_heap; glibc's tunables

@@ -166,6 +166,17 @@ SECTIONS = [
         "python -m perf generate",
     ),
     (
+        "together",
+        "Encodes and generation on one server",
+        "SmolLM2-135M's shape (random, float32) imported by each build and served over gRPC, "
+        "this checkout's engine against ed4f6bb's two schedulers (the Batcher and the "
+        "Generator), the two servers in turn within each of three rounds (medians): Encodes "
+        "alone at T = 8, 128 and 512; one text's decode speed; 8 texts of 128 tokens at once; "
+        "an Encode at T = 128 sent while 8 texts generate; 8 texts while Encodes at T = 128 "
+        "keep arriving one after another.",
+        "python -m perf together",
+    ),
+    (
         "long",
         "Long texts: attention statistics by query blocks",
         "Llama-3.2-1B's shape (random, float32) imported with `--max-seq-len 8192` and served; "

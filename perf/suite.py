@@ -26,6 +26,7 @@ from perf.ray_serve import run_ray
 from perf.readouts import run_readouts
 from perf.repository import run_repository
 from perf.sizes import run_sizes
+from perf.together import BEFORE_ENGINE, run_together
 
 
 def run_suite(out: Path, quick: bool = False) -> None:
@@ -51,6 +52,7 @@ def run_suite(out: Path, quick: bool = False) -> None:
         run_llama_scope(out, log=progress)
         run_interventions(out, log=progress)
         run_generate(out, log=progress)
+        run_together(out, BEFORE_ENGINE, 3, False, progress)
         run_long(out, log=progress)
     if not quick:  # builds images: too heavy for a smoke run
         run_containers(out, 10.0, progress)

@@ -18,7 +18,8 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.packing import pack_causal, unpack_causal
 from attnserve.service.core.backend import AttentionSelection
 from attnserve.service.ort.reducer import AttentionReducer
-from attnserve.service.ort.runtime import RuntimeOptions, session_options
+from attnserve.service.ort.runtime import RuntimeOptions
+from attnserve.service.ort.sessions import session_options
 from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import SplicedMessage

@@ -23,7 +23,8 @@ import torch
 from attnserve.bench.engines import Engine
 from attnserve.bench.latency import SEQ_LENS, measure_cell
 from attnserve.model.config import ModelConfig
-from attnserve.service.ort.runtime import CPU_EP, OrtRuntime, RuntimeOptions, session_options
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.sessions import CPU_EP, session_options
 
 Activations = dict[str, tuple[int | str, ...]]
 Products = list[tuple[str, str | tuple[int, int]]]

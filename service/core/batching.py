@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,14 +32,8 @@ from attnserve.service.core.backend import (
     ReadoutOutput,
     ReadoutSelection,
 )
-from attnserve.service.core.errors import (
-    DeadlineExceededError,
-    QueueFullError,
-)
+from attnserve.service.core.errors import DeadlineExceededError, QueueFullError
 from attnserve.service.core.metrics import ModelMetrics
-
-log = logging.getLogger(__name__)
-
 
 Selection = AttentionSelection | ReadoutSelection  # what a sequence asks besides embeddings
 

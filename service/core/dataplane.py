@@ -80,14 +80,14 @@ class DataPlane:
         self.chat = chat  # the checkpoint's chat template, where it had one
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
-        self._releasing: asyncio.Task | None = None
+        self._releasing: asyncio.Future[None] | None = None
         # Why new work is refused (UNAVAILABLE), or None while serving.
         self.refusal: str | None = WARMING_UP
         self._in_flight = 0  # requests between admission and answer
         self.last_call = 0.0  # time.monotonic() of the last request, admitted or refused
         self._idle = asyncio.Event()
         self._idle.set()
-        self._watching: asyncio.Task | None = None
+        self._watching: asyncio.Task[None] | None = None
         # Gauges read the state when scraped: nothing to update per request.
         metrics.in_flight.set_function(lambda: self._in_flight)
 

@@ -105,8 +105,8 @@ class Engine:
         self._arrived = asyncio.Event()
         self._lane_freed = asyncio.Event()
         self._closing = False
-        self._task: asyncio.Task | None = None
-        self._running: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
         self._wide = _Lane(backend, _one_thread("backend"))
         self._narrow = [_Lane(b, _one_thread(f"instance{i}")) for i, b in enumerate(instances)]
         metrics.queue_depth.set_function(lambda: self.depth)

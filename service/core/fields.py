@@ -10,13 +10,6 @@ from attnserve.service.core.errors import InvalidInputError
 INT64 = range(-(2**63), 2**63)  # `value in INT64`: constant time for an int
 
 
-def enum_field(name: str, value: int, enum, default: int) -> int:
-    """A .proto enum's value (its UNSPECIFIED 0 becomes `default`)."""
-    if value not in enum.DESCRIPTOR.values_by_number:
-        raise InvalidInputError(f"{name}: {value} is not one of {list(enum.keys())}")
-    return value or default
-
-
 def indices(name: str, values: Iterable[int], limit: int) -> list[int]:
     """Distinct indices in [0, limit) from indices in [-limit, limit), negative counting from
     the end as positions do (-1: the last layer or state); none given means all of them."""

@@ -252,7 +252,7 @@ class _Change:
         per-head site's; None: every head); values (width,) or (rows, width), a per-head
         site's width one head's with heads named, else every head's side by side."""
         where = np.arange(self.positions) if rows is None else rows
-        index: tuple = (layer, where)  # (P, 1) of scale, (P, D) of add
+        index: tuple[int | np.ndarray, ...] = (layer, where)  # (P, 1) of scale, (P, D) of add
         if self.per_head:  # (P, heads, 1) and (P, heads, d_k)
             chosen = np.arange(self.scale.shape[2]) if heads is None else heads
             index = (layer, where[:, None], chosen[None, :])

@@ -261,7 +261,7 @@ def _key_range(request: AttentionOptions, length: int, index: int) -> tuple[int,
     return start, end
 
 
-def _query_rows(values, length: int, index: int) -> tuple[int, ...] | None:
+def _query_rows(values: tuple[int, ...], length: int, index: int) -> tuple[int, ...] | None:
     """Absolute query positions of inputs[index] (None: every row)."""
     if not values:
         return None

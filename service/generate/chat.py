@@ -149,10 +149,10 @@ class _GenerationTag(jinja2.ext.Extension):
 class _TemplateDict:
     """`dict(...)` in a template: a dict, without the type's attributes to reach through."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 

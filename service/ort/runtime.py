@@ -6,31 +6,21 @@ validation: the data plane's plan checks ids once per request). Torch-free.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import io
 import logging
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
-    CONFIG_METADATA_KEY,
-    HEAD_MASK_NAME,
-    HEAD_MEANS_NAME,
     PARTS_NAMES,
     READOUT_GRAPHS,
     READOUTS_ONNX_FILENAME,
     ModelDirectory,
-    change_inputs,
     query_key_sites,
     readout_filename,
 )
-from attnserve.model.config import ConfigError, ModelConfig
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionOutput,
@@ -55,17 +45,18 @@ from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.patching import patch
 from attnserve.service.ort.readouts import ReadoutGraphs, change_feeds
 from attnserve.service.ort.reducer import AttentionReducer
+from attnserve.service.ort.sessions import (
+    check_io,
+    create_session,
+    open_session,
+    providers,
+    read_config,
+    session_options,
+    weights_version,
+)
 
 log = logging.getLogger(__name__)
 
-CUDA_EP = "CUDAExecutionProvider"
-CPU_EP = "CPUExecutionProvider"
-# No TF32: float32 stays float32 on Ampere and later GPUs (parity within 1e-4, not ~1e-3).
-# The arena grows by what is asked, not to the next power of two, so that a mix of sequence
-# lengths does not ratchet GPU memory up.
-CUDA_OPTIONS = {"use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"}
-_ORT_SILENT = 4  # ORT log severity FATAL: hides the expected noise of a CUDA probe in "auto"
-_ORT_WARNING = 2  # ORT's default log severity
 # Embeddings whose graph would hold more attention scores than this at once come from the
 # queries graph on CPU (a 32-head model from 725 tokens on, 16 heads 1,024)
 LONG_EMBEDDINGS_BYTES = 64 * 2**20
@@ -119,14 +110,14 @@ class OrtRuntime:
         readouts_graph = model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
         self._one_graph = options.single_session and readouts_graph.is_file()
         self.attention_graph = readouts_graph if self._one_graph else model_path  # what runs
-        self.session, self.provider = _create_session(self.attention_graph, options)
+        self.session, self.provider = create_session(self.attention_graph, options)
         if self.precision == "fp16" and self.provider == "cpu":
             log.warning(
                 "precision=fp16 on CPU: no faster than fp32 and less exact (it is for CUDA)"
             )
-        self.config = _read_config(self.session, self.attention_graph)
+        self.config = read_config(self.session, self.attention_graph)
         self.version = weights_version(model_path)
-        _check_io(
+        check_io(
             self.session,
             self.config,
             self.attention_graph,
@@ -142,14 +133,14 @@ class OrtRuntime:
 
         # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
         self.reducer = AttentionReducer(
-            _providers(self.provider),
+            providers(self.provider),
             session_options(options),
             self.config.n_layers,
             self.config.n_heads,
         )
         # ... and long texts' statistics, by query blocks of the queries graph's outputs
         self.blocks = BlockStatistics(
-            _providers(self.provider), session_options(options), self.config
+            providers(self.provider), session_options(options), self.config
         )
         # the last single text's embeddings, queries and keys: the tiles of its map the
         # explorer asks for next need no second run
@@ -160,7 +151,7 @@ class OrtRuntime:
             model_dir,
             self.config,
             self.precision,
-            lambda path, so: _open(Path(path), so, _providers(self.provider)),
+            lambda path, so: open_session(Path(path), so, providers(self.provider)),
             lambda: session_options(options),
             # Copies are cheap: as the served graphs. An 8-bit graph always: unpacked,
             # MatMulNBits widens a whole matrix to float32 at every run (the lens: 3.7 GB
@@ -177,7 +168,7 @@ class OrtRuntime:
             self.sae_graphs = SAEGraphs(
                 model_dir,
                 self.config,
-                lambda path, so: _open(Path(path), so, _providers(self.provider)),
+                lambda path, so: open_session(Path(path), so, providers(self.provider)),
                 lambda: session_options(options),
                 self.readout_graphs.stream_outputs,
                 prepack=self.readout_graphs.prepack,
@@ -206,10 +197,10 @@ class OrtRuntime:
         self, path: Path, options: RuntimeOptions, with_attentions: bool
     ) -> ort.InferenceSession:
         """Another graph of the directory, on the provider the first one settled on."""
-        session, _ = _create_session(path, replace(options, provider=self.provider))
-        if _read_config(session, path) != self.config:
+        session, _ = create_session(path, replace(options, provider=self.provider))
+        if read_config(session, path) != self.config:
             raise ModelLoadError(f"{path} and {self.model_path} carry different configs")
-        _check_io(session, self.config, path, with_attentions)
+        check_io(session, self.config, path, with_attentions)
         return session
 
     def run(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -391,167 +382,3 @@ def _sites(selection: ReadoutSelection) -> tuple[str, ...]:
         [output for output, _, _ in selection.capture.sites.values()] if selection.capture else []
     )
     return (*(PARTS_NAMES if selection.attribution is not None else ()), *features, *captured)
-
-
-def session_settings(options: RuntimeOptions) -> dict:
-    """The server's ORT session settings as plain data: the peers benchmark hands the very same
-    ones to the peer servers it compares against."""
-    return {
-        "intra_op_num_threads": options.intra_op_threads,
-        "inter_op_num_threads": 1,
-        # Lengths vary per request: a memory pattern planned for one shape is wasted on the next.
-        "enable_mem_pattern": False,
-        "config_entries": {
-            "session.intra_op.allow_spinning": "1" if options.intra_op_spinning else "0",
-            "session.force_spinning_stop": "1",  # not after a run
-            "session.inter_op.allow_spinning": "0",
-        },
-    }
-
-
-def weights_version(graph: Path) -> str:
-    """Identifies the served weights: two exports of different models never share it. The
-    files a graph keeps its weights in (ONNX external data) are hashed with it."""
-    digest = hashlib.sha256(graph.read_bytes())
-    proto = onnx.load(str(graph), load_external_data=False)
-    locations = {
-        entry.value
-        for tensor in proto.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    for location in sorted(locations):
-        with (graph.parent / location).open("rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()[:12]
-
-
-def session_options(options: RuntimeOptions) -> ort.SessionOptions:
-    """The server's ORT session settings, as an ORT SessionOptions."""
-    settings = session_settings(options)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = settings["intra_op_num_threads"]
-    so.inter_op_num_threads = settings["inter_op_num_threads"]
-    so.enable_mem_pattern = settings["enable_mem_pattern"]
-    for key, value in settings["config_entries"].items():
-        so.add_session_config_entry(key, value)
-    return so
-
-
-def _create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceSession, str]:
-    """Open the session on the requested provider; returns it and the provider really used."""
-    so = session_options(options)
-    if options.provider == "cpu":
-        return _open(path, so, [CPU_EP]), "cpu"
-
-    # ORT lists CUDA as available even without a GPU and silently falls back to
-    # CPU when it cannot start, so we try it and look at what the session got.
-    probe_output = io.StringIO()
-    with contextlib.redirect_stdout(probe_output), contextlib.suppress(Exception):
-        ort.preload_dlls()  # CUDA/cuDNN libraries from the nvidia-* wheels, if present
-    quiet = options.provider == "auto"
-    if quiet:
-        ort.set_default_logger_severity(_ORT_SILENT)
-    try:
-        session = _open(path, so, [(CUDA_EP, CUDA_OPTIONS), CPU_EP])
-    finally:
-        if quiet:
-            ort.set_default_logger_severity(_ORT_WARNING)
-    if session.get_providers()[0] == CUDA_EP:
-        return session, "cuda"
-
-    probe_lines = probe_output.getvalue().strip().splitlines()
-    reason = probe_lines[0] if probe_lines else "see ONNX Runtime's log"
-    if options.provider == "cuda":
-        raise ProviderUnavailableError(
-            "provider=cuda was requested but ONNX Runtime's CUDA execution provider could not "
-            f"start ({reason}); install the CUDA 13 / cuDNN 9 libraries or use provider=cpu"
-        )
-    _note_cpu_fallback(reason)
-    return session, "cpu"
-
-
-@functools.cache
-def _note_cpu_fallback(reason: str) -> None:
-    """Once a process: provider auto found no GPU to start, which on a CPU machine is how
-    it should be (an INFO line that says which ONNX Runtime is installed, not a warning)."""
-    installed = "onnxruntime-gpu (the gpu or cuda extra)"
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        installed = "onnxruntime (the cpu extra), which has no CUDA provider"
-    log.info(
-        "provider auto: running on CPU; CUDA did not start (%s); installed: %s", reason, installed
-    )
-
-
-def _providers(provider: str) -> list:
-    """The execution providers of a session beside the model's, on the provider it got."""
-    return [(CUDA_EP, CUDA_OPTIONS), CPU_EP] if provider == "cuda" else [CPU_EP]
-
-
-def _open(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
-    try:
-        return ort.InferenceSession(str(path), so, providers=providers)
-    except Exception as exc:  # InvalidProtobuf, Fail, NoSuchFile...: all mean "not loadable"
-        raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from exc
-
-
-def _read_config(session: ort.InferenceSession, path: Path) -> ModelConfig:
-    metadata = session.get_modelmeta().custom_metadata_map
-    if CONFIG_METADATA_KEY not in metadata:
-        raise ModelLoadError(
-            f"{path} has no {CONFIG_METADATA_KEY!r} metadata: it was not written by "
-            "`attnserve export`"
-        )
-    try:
-        return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY])
-    except ConfigError as exc:
-        raise ModelLoadError(f"{path} carries an invalid model config: {exc}") from exc
-
-
-def _check_io(
-    session: ort.InferenceSession,
-    config: ModelConfig,
-    path: Path,
-    with_attentions: bool,
-    head_inputs: bool = False,
-) -> None:
-    """The graph's inputs and outputs must be the ones its config promises (`head_inputs`:
-    the readouts graph's changes too)."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = {o.name: o for o in session.get_outputs()}
-    expected = {
-        config.input_name: (inputs, "tensor(int64)", 2),
-        config.embeddings_name: (outputs, "tensor(float)", 3),
-    }
-    fixed_dims = {config.embeddings_name: {2: config.embedding_dim}}
-    if with_attentions:
-        expected[config.attentions_name] = (outputs, "tensor(float)", 5)
-        fixed_dims[config.attentions_name] = {1: config.n_layers, 2: config.n_heads}
-    for name, (group, dtype, rank) in expected.items():
-        arg = group.get(name)
-        if arg is None:
-            raise ModelLoadError(
-                f"{path} has no {name!r} {'input' if group is inputs else 'output'}; "
-                f"it has inputs {sorted(inputs)} and outputs {sorted(outputs)}"
-            )
-        if arg.type != dtype or len(arg.shape) != rank:
-            raise ModelLoadError(
-                f"{path}: {name!r} is {arg.type} of rank {len(arg.shape)}, "
-                f"expected {dtype} of rank {rank}"
-            )
-    for name, dims in fixed_dims.items():
-        shape = outputs[name].shape
-        for axis, size in dims.items():
-            if shape[axis] != size:
-                raise ModelLoadError(
-                    f"{path}: output {name!r} has shape {shape}, its config needs "
-                    f"{size} on axis {axis}"
-                )
-    wanted = {config.input_name}
-    if head_inputs:  # the readouts graph's changes, or (exported before them) its head mask
-        legacy = {HEAD_MASK_NAME, HEAD_MEANS_NAME}
-        wanted |= legacy if legacy <= set(inputs) else set(change_inputs(config))
-    if set(inputs) != wanted:
-        raise ModelLoadError(f"{path} must have the inputs {sorted(wanted)}, has {sorted(inputs)}")

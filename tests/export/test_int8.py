@@ -179,6 +179,7 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     MatMulNBits would widen the unembedding to float32 at every run."""
     from attnserve.service.models import session_layout
     from attnserve.service.ort import runtime as runtime_module
+    from attnserve.service.ort import sessions as sessions_module
     from attnserve.service.settings import Settings
     from tests.service.ort.test_readouts import prepacking
 
@@ -186,12 +187,13 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     plenty = Settings(model=out, provider="cpu", precision="int8", memory_limit=1 << 40)
     options, instances = session_layout(ModelDirectory(out), plenty)
     assert options.single_session and instances == 1
-    opened, open_graph = [], runtime_module._open
-    monkeypatch.setattr(
-        runtime_module,
-        "_open",
-        lambda path, *rest: opened.append(path.name) or open_graph(path, *rest),
-    )
+    opened, open_graph = [], sessions_module.open_session
+    for module in (runtime_module, sessions_module):  # every graph opened, by either
+        monkeypatch.setattr(
+            module,
+            "open_session",
+            lambda path, *rest: opened.append(path.name) or open_graph(path, *rest),
+        )
     runtime = OrtRuntime(out, options)
     assert runtime.embeddings_session is runtime.session
     assert runtime.weights_info.resident_bytes == runtime.weights_info.disk_bytes

@@ -20,7 +20,8 @@ from attnserve.model.artifacts import (
     WEIGHTS_FILENAMES,
     ModelDirectory,
 )
-from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions, weights_version
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.sessions import weights_version
 from tests.conftest import SMALL_CONFIG
 
 FP32_GRAPHS = (ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME, FUSED_ONNX_FILENAME)

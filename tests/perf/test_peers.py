@@ -9,12 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from attnserve.service.ort.runtime import (
-    OrtRuntime,
-    RuntimeOptions,
-    session_options,
-    session_settings,
-)
+from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
+from attnserve.service.ort.sessions import session_options, session_settings
 from perf import kserve_peer
 from perf.full_maps import F16_KEPT, F16_PACKED, F32, PACKED_MAPS
 from perf.peer_env import PEERS, Peer, peer_venv

@@ -18,7 +18,7 @@ from attnserve.model.artifacts import (
     REPORT_FILENAME,
 )
 from attnserve.service.core.errors import InferenceError, ModelLoadError, ProviderUnavailableError
-from attnserve.service.ort import runtime as runtime_module
+from attnserve.service.ort import sessions as sessions_module
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG
 
@@ -155,8 +155,8 @@ def test_cuda_either_really_runs_or_fails_clearly(small_model_dir):
 def test_auto_falls_back_to_cpu_saying_so_once(small_model_dir, caplog):
     """No GPU on a CPU machine is how it should be: one INFO line a process, naming the ONNX
     Runtime installed, and no warning."""
-    runtime_module._note_cpu_fallback.cache_clear()  # as if this process were new
-    with caplog.at_level(logging.INFO, logger="attnserve.service.ort.runtime"):
+    sessions_module._note_cpu_fallback.cache_clear()  # as if this process were new
+    with caplog.at_level(logging.INFO, logger="attnserve.service.ort.sessions"):
         runtime = OrtRuntime(small_model_dir, RuntimeOptions(provider="auto"))
         OrtRuntime(small_model_dir, RuntimeOptions(provider="auto"))
     if runtime.provider == "cpu":
