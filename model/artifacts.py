@@ -213,9 +213,9 @@ READOUT_GRAPHS = (
 
 
 def readout_filename(filename: str, precision: str) -> str:
-    """A readouts graph's file (READOUTS, LENS or ATTRIBUTION_ONNX_FILENAME) in `precision`:
-    model_lens.onnx for fp32, model_lens_int8.onnx for int8 (its matrices in 8 bits, made
-    from the float32 one as model_int8.onnx is)."""
+    """One of READOUT_GRAPHS' files in `precision`: model_lens.onnx for fp32,
+    model_lens_int8.onnx for int8 (its matrices in 8 bits, made from the float32 one as
+    model_int8.onnx is)."""
     return filename if precision == "fp32" else filename.replace(".onnx", f"_{precision}.onnx")
 
 

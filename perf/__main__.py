@@ -109,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
     )
     together.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians)")
     together.add_argument("--quick", action="store_true", help="a two-layer model (smoke)")
+    together.add_argument(
+        "--one-export", action="store_true", help="both serve --ref's export (same graphs)"
+    )
     long.add_argument("--lengths", type=int, nargs="+", help="instead of 1k, 2k, 4k and 8k")
     long.add_argument("--no-eager", action="store_true", help="without transformers' runs")
     interventions = commands.add_parser(
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "together":
         from perf.together import run_together
 
-        run_together(args.out, args.ref, args.rounds, args.quick, progress)
+        run_together(args.out, args.ref, args.rounds, args.quick, progress, args.one_export)
         return 0
     if args.command == "long":
         from perf.long import run_long

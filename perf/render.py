@@ -172,7 +172,8 @@ SECTIONS = [
         "this checkout's engine against ed4f6bb's two schedulers (the Batcher and the "
         "Generator), the two servers in turn within each of three rounds (medians): Encodes "
         "alone at T = 8, 128 and 512; one text's decode speed; 8 texts of 128 tokens at once; "
-        "an Encode at T = 128 sent while 8 texts generate; 8 texts while Encodes at T = 128 "
+        "an Encode at T = 128 sent while 8 texts generate (one at a time, 0.5 s apart); 8 texts "
+        "while Encodes at T = 128 "
         "keep arriving one after another.",
         "python -m perf together",
     ),

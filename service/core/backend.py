@@ -173,8 +173,10 @@ class Patching:
 
 @dataclass(frozen=True, eq=False)
 class ReadoutSelection:
-    """One input's request of what only the readouts graph has: changes to its sites, the
-    residual stream, predictions. Everything it asks is computed under the changes."""
+    """One input's request of what only the readouts graphs have: changes of its sites and
+    SAE clamps, the residual stream, hook sites captured, predictions and the lens,
+    attribution, SAE features, activation patching. Everything it asks is computed under
+    the changes."""
 
     # by kind of site (model/hooks.py CHANGEABLE); the head mask is a change of hook_z
     changes: Mapping[str, SiteChange] = field(default_factory=dict)
@@ -312,9 +314,11 @@ class Backend(Protocol):
 
     @property
     def readouts(self) -> frozenset[str]:
-        """What `read` can compute: "stream" (hidden states, head masks), "changes" (any
-        site changed: interventions), "lens" (predictions, the logit lens) and
-        "attribution"; empty where the model has no readouts graphs."""
+        """The extra graphs the served precision has (core/readouts.py names them): what
+        `read` can compute, "stream" (hidden states, head masks), "changes" (any site
+        changed: interventions), "lens" (predictions, the logit lens) and "attribution";
+        "decode" (generation, `decode_batch`) and "queries" (long texts' attention
+        statistics by query blocks). Empty where the directory has none of them."""
 
     @property
     def saes(self) -> Mapping[str, SAEConfig]:

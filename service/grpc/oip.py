@@ -16,7 +16,6 @@ from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.oip.wire import (
     BYTES,
-    WireError,
     element_count,
     from_bytes,
     numpy_dtype,
@@ -31,6 +30,7 @@ from attnserve.service.oip.messages import (
     InferResponse,
     InputTensor,
     RequestedOutput,
+    wire_errors,
 )
 from attnserve.service.oip.model import OipProtocol
 
@@ -139,7 +139,7 @@ def infer_request(message: oip.ModelInferRequest) -> InferRequest:
     The protocol: "If this field [raw_input_contents] is specified then
     InferInputTensor::contents must not be specified for any input tensor". Inputs in
     shared memory take no raw entry (as in Triton)."""
-    try:
+    with wire_errors():
         request = InferRequest(
             model_name=message.model_name,
             model_version=message.model_version,
@@ -175,8 +175,6 @@ def infer_request(message: oip.ModelInferRequest) -> InferRequest:
             if contents is not None:
                 tensor.data = _input_data(tensor, contents, f"inputs[{i}]")
         request.inputs = tensors
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
     return request
 
 

@@ -19,7 +19,6 @@ from fastapi import Response
 from attnserve.oip.wire import (
     BYTES,
     Parameter,
-    WireError,
     element_count,
     from_bytes,
     numpy_dtype,
@@ -32,6 +31,7 @@ from attnserve.service.oip.messages import (
     InferResponse,
     InputTensor,
     RequestedOutput,
+    wire_errors,
 )
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -153,10 +153,8 @@ def _input(tensor: dict, field: str) -> tuple[InputTensor, int | None]:
     shape = tensor.get("shape")
     if not isinstance(shape, list):
         raise InvalidInputError(f"{field}.shape: a list of integers is required")
-    try:
+    with wire_errors():
         element_count(shape, f"{field}.shape")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
     parameters = json_parameters(tensor.get("parameters"), f"{field}.parameters")
     size = parameters.pop(BINARY_DATA_SIZE, None)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
@@ -199,10 +197,8 @@ def _json_data(data: object, tensor: InputTensor, field: str) -> np.ndarray | li
         if len(texts) != len(flat):
             raise InvalidInputError(f"{field}.data: BYTES elements must be strings")
         return [text.encode() for text in texts]
-    try:
+    with wire_errors():
         dtype = numpy_dtype(tensor.datatype, f"{field}.datatype")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
     for x in flat:
         if not _is_element(x, dtype.kind):
             raise InvalidInputError(f"{field}.data: {x!r} is not a {tensor.datatype} element")
@@ -220,12 +216,10 @@ def _is_element(value: object, kind: str) -> bool:
 
 
 def _binary_data(data: bytes, tensor: InputTensor, field: str) -> np.ndarray | list[bytes]:
-    try:
+    with wire_errors():
         if tensor.datatype == BYTES:
             return unpack_bytes(data, f"{field} (binary data)")
         return from_bytes(data, tensor.datatype, tensor.shape, f"{field} (binary data)")
-    except WireError as exc:
-        raise InvalidInputError(str(exc)) from None
 
 
 def infer_response(answer: InferResponse, binary_outputs: set[str]) -> Response:

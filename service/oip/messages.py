@@ -8,16 +8,29 @@ shared-memory region has no data (its parameters say where it is).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnserve.oip.wire import Parameter
+from attnserve.oip.wire import Parameter, WireError
+from attnserve.service.core.errors import InvalidInputError
 
 SHM_REGION = "shared_memory_region"
 SHM_OFFSET = "shared_memory_offset"
 SHM_SIZE = "shared_memory_byte_size"
 SHM_PARAMETERS = (SHM_REGION, SHM_OFFSET, SHM_SIZE)
+
+
+@contextlib.contextmanager
+def wire_errors() -> Iterator[None]:
+    """The wire's errors (which name the field) as the data plane's InvalidInputError: the
+    one place both transports map them."""
+    try:
+        yield
+    except WireError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def in_shared_memory(parameters: dict[str, Parameter]) -> bool:

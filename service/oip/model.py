@@ -21,7 +21,7 @@ from importlib import metadata
 
 import numpy as np
 
-from attnserve.oip.wire import BYTES, Parameter, WireError, from_bytes, unpack_bytes
+from attnserve.oip.wire import BYTES, Parameter, from_bytes, unpack_bytes
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.repository import ModelRepository
@@ -32,6 +32,7 @@ from attnserve.service.oip.messages import (
     InputTensor,
     OutputTensor,
     RequestedOutput,
+    wire_errors,
 )
 from attnserve.service.oip.parameters import parameter_names
 from attnserve.service.oip.shared_memory import SharedMemoryRegistry
@@ -301,14 +302,12 @@ class OipModel:
         check_input(index, tensor)  # the model's datatype and shape, before any bytes are read
         region, offset, size = self.shared_memory.locate(tensor.parameters, field)
         data = region.read(offset, size, field)
-        try:
+        with wire_errors():
             tensor.data = (
                 unpack_bytes(data, field)
                 if tensor.datatype == BYTES
                 else from_bytes(data, tensor.datatype, tensor.shape, field).copy()
             )
-        except WireError as exc:
-            raise InvalidInputError(str(exc)) from None
 
     def _output(
         self, index: int, name: str, requested: RequestedOutput | None, plan, results

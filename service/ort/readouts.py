@@ -156,7 +156,8 @@ def change_feeds(
 
 
 class ReadoutGraphs:
-    """The readouts and lens sessions of one served model, opened on first use."""
+    """The sessions of one served model's extra graphs (model/artifacts.py READOUT_GRAPHS:
+    readouts, lens, attribution, decode, queries), each opened on first use."""
 
     def __init__(
         self,
