@@ -102,7 +102,7 @@ def create_session(path: Path, options: RuntimeOptions) -> tuple[ort.InferenceSe
     finally:
         if quiet:
             ort.set_default_logger_severity(_ORT_WARNING)
-    if session.getproviders()[0] == CUDA_EP:
+    if session.get_providers()[0] == CUDA_EP:
         return session, "cuda"
 
     probe_lines = probe_output.getvalue().strip().splitlines()
@@ -121,7 +121,7 @@ def _note_cpu_fallback(reason: str) -> None:
     """Once a process: provider auto found no GPU to start, which on a CPU machine is how
     it should be (an INFO line that says which ONNX Runtime is installed, not a warning)."""
     installed = "onnxruntime-gpu (the gpu or cuda extra)"
-    if "CUDAExecutionProvider" not in ort.get_availableproviders():
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
         installed = "onnxruntime (the cpu extra), which has no CUDA provider"
     log.info(
         "provider auto: running on CPU; CUDA did not start (%s); installed: %s", reason, installed
