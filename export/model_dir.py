@@ -34,6 +34,7 @@ from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versi
 from attnserve.export.parity import (
     ParityCase,
     ParityError,
+    Reference,
     compare,
     default_shapes,
     reference_outputs,
@@ -42,23 +43,13 @@ from attnserve.export.scratch import scratch_beside
 from attnserve.export.trace_ahead import tracer
 from attnserve.export.weights import WeightsFile
 from attnserve.model.artifacts import (
-    ATTRIBUTION_ONNX_FILENAME,
-    DECODE_ONNX_FILENAME,
-    EMBEDDINGS_FP16_ONNX_FILENAME,
-    EMBEDDINGS_INT8_ONNX_FILENAME,
-    EMBEDDINGS_ONNX_FILENAME,
-    FP16_ONNX_FILENAME,
-    FUSED_ONNX_FILENAME,
-    INT8_ONNX_FILENAME,
-    LENS_ONNX_FILENAME,
-    ONNX_FILENAME,
+    GRAPHS,
     PRECISIONS,
-    QUERIES_ONNX_FILENAME,
-    READOUT_GRAPHS,
-    READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     WEIGHTS_FILENAMES,
-    readout_filename,
+    graph_file,
+    graph_kinds,
+    graph_source,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, encoder_from_weights
@@ -85,23 +76,33 @@ class ExportReport:
     versions: dict[str, str] = field(default_factory=exporter_versions)
 
 
-def traced_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The float32 graphs an export of `precisions` traces, (file name, kind), in order; the
-    one place that decides which are written. The traced full graph serves fp32 on every
-    provider and is fp16's source; its trace with the readouts is every precision's readouts
-    graph's source. The fused one, made from the embeddings graph, is what int8 is made
-    from (the traced one where the fused kernel cannot compute the attention: Gemma 2). The
-    lens and attribution graphs, where the model has them, are every precision's source of
-    its own (DERIVED)."""
-    traced = [(ONNX_FILENAME, "full"), (EMBEDDINGS_ONNX_FILENAME, "embeddings")]
-    traced.append((QUERIES_ONNX_FILENAME, "queries"))
-    if config.unembedding != "none":
-        traced.append((LENS_ONNX_FILENAME, "lens"))
-        if config.attribution_refusal is None:
-            traced.append((ATTRIBUTION_ONNX_FILENAME, "attribution"))
-        if config.max_seq_len >= 2:  # a prompt and one token to generate after it
-            traced.append((DECODE_ONNX_FILENAME, "decode"))
-    return traced
+@dataclass(frozen=True)
+class PlannedGraph:
+    """One graph an export writes (a row of artifacts.GRAPHS in one precision)."""
+
+    filename: str
+    kind: str
+    precision: str
+    source: str | None  # the float32 file it is made from (None: traced from the model)
+
+
+def plan_graphs(config: ModelConfig, precisions: tuple[str, ...]) -> list[PlannedGraph]:
+    """The graphs an export of `precisions` writes, in order, from artifacts.GRAPHS: every
+    float32 graph the model has (the others are made from them: kept only with fp32), then
+    each lower precision's, converted from the float32 graph its row names (int8's full
+    graph from the fused one, where there is one: Gemma 2's attention cannot fuse)."""
+    kinds = graph_kinds(config)
+    planned = []
+    for kind in kinds:
+        made_from = GRAPHS[kind].made_from
+        source = None if made_from == "traced" else graph_file(made_from)
+        planned.append(PlannedGraph(graph_file(kind), kind, "fp32", source))
+    for precision in (p for p in PRECISIONS if p in precisions and p != "fp32"):
+        for kind in (k for k in kinds if precision in GRAPHS[k].precisions):
+            source = graph_source(kind, precision)
+            source = graph_file(source if source in kinds else kind)
+            planned.append(PlannedGraph(graph_file(kind, precision), kind, precision, source))
+    return planned
 
 
 def write_model_dir(
@@ -142,95 +143,30 @@ def write_model_dir(
     log(f"checking: PyTorch's outputs at (batch, seq_len) {shapes}, kept for the parity gate")
     references = reference_outputs(model, shapes)
     parity_seconds = time.perf_counter() - start
+    planned = plan_graphs(config, precisions)
     with scratch_beside(out) as scratch:
         start = time.perf_counter()
-        progress = _progress(log, parameters * 4)
         # The parameters themselves, not state_dict's detached views: _release frees their
         # storage through them, whoever keeps a reference.
         tensors = dict(model.named_parameters())
+        progress = _progress(log, parameters * 4)
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            traced = traced_graphs(config, precisions)
-            # the readouts are the full graph's trace before it loses them
-            readouts = scratch / READOUTS_ONNX_FILENAME
-            with tracer(config, [kind for _, kind in traced], trace_ahead) as traced_graph:
-                for filename, kind in traced:
-                    log(f"tracing {filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
-                    graph = traced_graph(kind)
-                    export_onnx(config, tensors, scratch / filename, weights, kind, readouts, graph)
+            _write_float32(config, tensors, planned, scratch, weights, log, trace_ahead)
         del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
-        fp32_graphs = [name for name, _ in traced]
-        if (scratch / READOUTS_ONNX_FILENAME).is_file():
-            fp32_graphs.append(READOUTS_ONNX_FILENAME)
-        if config.fuses_attention:
-            fp32_graphs.append(FUSED_ONNX_FILENAME)
-            log(f"writing {FUSED_ONNX_FILENAME} from {EMBEDDINGS_ONNX_FILENAME}...")
-            with_attention_weights(
-                scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
-            )
-        # graph -> (tolerance, smallest embedding cosine, the outputs gated: None for all)
-        gates: dict[str, tuple[float, float | None, frozenset[str] | None]] = dict.fromkeys(
-            fp32_graphs, (tolerance, None, None)
-        )
-        for name in (LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME, DECODE_ONNX_FILENAME):
-            if name in gates:  # logits are dot products over d_model: 10x the room
-                gates[name] = (LOGITS_TOLERANCE, None, None)
-        # A lower precision's readouts are what it costs them: recorded (output_fidelity),
-        # gated where the served graphs are (the embeddings and the attention).
-        served = frozenset({config.embeddings_name, config.attentions_name})
-        int8_graphs: set[str] = set()  # checked with their weights prepacked, as served
         int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
-        for precision in [p for p in precisions if p in DERIVED]:
-            limit, cosine = (
-                (fp16_tolerance, None) if precision == "fp16" else (INT8_TOLERANCE, INT8_MIN_COSINE)
-            )
-            recorded = {readout_filename(name, precision) for name in READOUT_GRAPHS}
-            for name in _derive(scratch, precision, log, int8 if precision == "int8" else None):
-                gates[name] = (limit, cosine, served if name in recorded else None)
-                if precision == "int8":
-                    int8_graphs.add(name)
+        for precision in precisions[precisions[0] == "fp32" :]:
+            _derive(scratch, planned, precision, log, int8 if precision == "int8" else None)
         if "fp32" not in precisions:  # made only as the others' source
-            for name in fp32_graphs:
-                (scratch / name).unlink()
-                del gates[name]
+            for graph in (g for g in planned if g.precision == "fp32"):
+                (scratch / graph.filename).unlink()
             (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
         export_seconds = time.perf_counter() - start
-
-        cases: list[ParityCase] = []
-        longest = max(seq_len for _, seq_len in shapes)
-        for filename, (limit, min_cosine, gated) in gates.items():
-            start = time.perf_counter()
-            floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
-            if gated is not None:
-                floor += "; the readouts recorded, not gated"
-            log(
-                f"checking {filename}: PyTorch vs ONNX Runtime CPU, tolerance {limit:g} (of each "
-                f"row's scale where it passes 1; probabilities absolute){floor}..."
-            )
-            checked = references
-            if filename in READOUTS_FILENAMES:  # model.onnx's own trace: not the longest
-                checked = [r for r in references if r.shape[1] < longest] or references
-            try:
-                graph_cases = compare(
-                    checked, scratch / filename, config, limit, min_cosine, gated,
-                    prepacked=filename in int8_graphs,  # checked as served: see compare
-                )  # fmt: skip
-            except ParityError as exc:
-                if filename not in int8_graphs or int8_arithmetic != "int8":
-                    raise
-                raise ParityError(
-                    f"{exc} (8-bit weights times int8 activations; `--int8-arithmetic "
-                    "float32` comes closer to float32, and is slower)"
-                ) from exc
-            parity_seconds += time.perf_counter() - start
-            for case in graph_cases:  # what the gate judged (parity.scaled_diff)
-                diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.scaled_diff.items())
-                if min_cosine is not None:
-                    diffs += f"  embedding cosine {case.embedding_cosine:.5f}"
-                log(f"  batch={case.batch:<2} seq_len={case.seq_len:<5} {diffs}")
-            cases += graph_cases
-
+        start = time.perf_counter()
+        kept = [graph for graph in planned if graph.precision in precisions]
+        gates = _Gates(config, tolerance, fp16_tolerance)
+        cases = _check(scratch, kept, gates, references, log, int8_arithmetic)
         report = ExportReport(
             model_dir=str(out),
             onnx_bytes={f.name: f.stat().st_size for f in sorted(scratch.iterdir())},
@@ -239,7 +175,7 @@ def write_model_dir(
             fp16_tolerance=fp16_tolerance,
             parity=cases,
             export_seconds=round(export_seconds, 3),
-            parity_seconds=round(parity_seconds, 3),
+            parity_seconds=round(parity_seconds + time.perf_counter() - start, 3),
             precisions=list(precisions),
             fidelity=_fidelity(cases, config.attentions_name),
             output_fidelity=_output_fidelity(cases),
@@ -248,6 +184,98 @@ def write_model_dir(
     total = sum(report.onnx_bytes.values())
     log(f"wrote {out}: {total / 1e6:,.1f} MB, {', '.join(precisions)} ({parameters:,} parameters)")
     return report
+
+
+def _write_float32(
+    config: ModelConfig,
+    tensors: Mapping[str, torch.Tensor],
+    planned: list[PlannedGraph],
+    scratch: Path,
+    weights: WeightsFile,
+    log: Callable[[str], None],
+    trace_ahead: bool | None = None,
+) -> None:
+    """Trace the planned float32 graphs into `scratch`, their weights into `weights`, and
+    make those made from them: the readouts with the full graph's trace, before it loses
+    them; the fused graph from the embeddings graph."""
+    float32 = [graph for graph in planned if graph.precision == "fp32"]
+    traced = [graph for graph in float32 if graph.source is None]
+    readouts = scratch / graph_file("readouts")
+    with tracer(config, [graph.kind for graph in traced], trace_ahead) as traced_graph:
+        for graph in traced:
+            log(f"tracing {graph.filename} (ONNX opset {ONNX_OPSET}, dynamic axes)...")
+            export_onnx(
+                config, tensors, scratch / graph.filename, weights, graph.kind, readouts,
+                traced_graph(graph.kind),
+            )  # fmt: skip
+    for graph in float32:
+        if graph.kind == "fused":
+            log(f"writing {graph.filename} from {graph.source}...")
+            with_attention_weights(scratch / str(graph.source), scratch / graph.filename)
+
+
+class _Gates:
+    """The parity gate of each graph: (tolerance, the smallest embedding cosine or None, the
+    outputs gated: None for all). A lower precision's readouts are what it costs them:
+    recorded (output_fidelity), gated where the served graphs are (embeddings, attention)."""
+
+    def __init__(self, config: ModelConfig, tolerance: float, fp16_tolerance: float) -> None:
+        self.config, self.tolerance, self.fp16_tolerance = config, tolerance, fp16_tolerance
+        self.served = frozenset({config.embeddings_name, config.attentions_name})
+
+    def __call__(self, graph: PlannedGraph) -> tuple[float, float | None, frozenset[str] | None]:
+        row = GRAPHS[graph.kind]
+        if graph.precision == "fp32":
+            return (LOGITS_TOLERANCE if row.logits else self.tolerance), None, None
+        gated = self.served if row.on_demand else None
+        if graph.precision == "fp16":
+            return self.fp16_tolerance, None, gated
+        return INT8_TOLERANCE, INT8_MIN_COSINE, gated
+
+
+def _check(
+    scratch: Path,
+    graphs: list[PlannedGraph],
+    gates: _Gates,
+    references: list[Reference],
+    log: Callable[[str], None],
+    int8_arithmetic: str,
+) -> list[ParityCase]:
+    """Each graph against PyTorch's `references` under its gate (ParityError past it)."""
+    cases: list[ParityCase] = []
+    longest = max(r.shape[1] for r in references)
+    for graph in graphs:
+        limit, min_cosine, gated = gates(graph)
+        floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
+        if gated is not None:
+            floor += "; the readouts recorded, not gated"
+        log(
+            f"checking {graph.filename}: PyTorch vs ONNX Runtime CPU, tolerance {limit:g} (of "
+            f"each row's scale where it passes 1; probabilities absolute){floor}..."
+        )
+        checked = references
+        if graph.kind == "readouts":  # model.onnx's own trace: not the longest
+            checked = [r for r in references if r.shape[1] < longest] or references
+        int8 = graph.precision == "int8"
+        try:
+            graph_cases = compare(
+                checked, scratch / graph.filename, gates.config, limit, min_cosine, gated,
+                prepacked=int8,  # checked as served: see compare
+            )  # fmt: skip
+        except ParityError as exc:
+            if not int8 or int8_arithmetic != "int8":
+                raise
+            raise ParityError(
+                f"{exc} (8-bit weights times int8 activations; `--int8-arithmetic "
+                "float32` comes closer to float32, and is slower)"
+            ) from exc
+        for case in graph_cases:  # what the gate judged (parity.scaled_diff)
+            diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.scaled_diff.items())
+            if min_cosine is not None:
+                diffs += f"  embedding cosine {case.embedding_cosine:.5f}"
+            log(f"  batch={case.batch:<2} seq_len={case.seq_len:<5} {diffs}")
+        cases += graph_cases
+    return cases
 
 
 def write_streamed_int8(
@@ -286,22 +314,15 @@ def write_streamed_int8(
             int8_arithmetic=int8_arithmetic,
         )
         shutil.rmtree(scratch / "prefix")
-        traced = traced_graphs(config, ("int8",))
-        readouts = scratch / READOUTS_ONNX_FILENAME
+        planned = plan_graphs(config, ("int8",))
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], leave_out=is_matrix) as float32:
-            for filename, kind in traced:
-                log(f"tracing {filename}...")
-                export_onnx(config, tensors, scratch / filename, float32, kind, readouts)
-        sources = [name for name, _ in traced] + [READOUTS_ONNX_FILENAME]
-        if config.fuses_attention:
-            sources.append(FUSED_ONNX_FILENAME)
-            with_attention_weights(
-                scratch / EMBEDDINGS_ONNX_FILENAME, scratch / FUSED_ONNX_FILENAME
-            )
+            _write_float32(config, tensors, planned, scratch, float32, log, trace_ahead=False)
         int8 = partial(convert_to_int8, unwritten=float32.unwritten, arithmetic=int8_arithmetic)
-        _derive(scratch, "int8", log, int8, _progress(log, weight_bytes(config) // 3))
-        for name in (*sources, WEIGHTS_FILENAMES["fp32"]):
-            (scratch / name).unlink()
+        progress = _progress(log, weight_bytes(config) // 3)
+        _derive(scratch, planned, "int8", log, int8, progress)
+        for graph in (g for g in planned if g.precision == "fp32"):
+            (scratch / graph.filename).unlink()
+        (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
         report = ExportReport(
             model_dir=str(out),
             onnx_bytes={f.name: f.stat().st_size for f in sorted(scratch.iterdir())},
@@ -321,53 +342,28 @@ def write_streamed_int8(
     return report
 
 
-# The graphs made from the float32 ones: precision -> (its converter, the (float32 source,
-# graph) pairs it makes)
-DERIVED: dict[
-    str, tuple[Callable[[Path, Path, WeightsFile], object], tuple[tuple[str, str], ...]]
-] = {
-    "fp16": (
-        convert_to_fp16,
-        (
-            (ONNX_FILENAME, FP16_ONNX_FILENAME),
-            (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME),
-        ),
-    ),
-    "int8": (
-        convert_to_int8,
-        (
-            (FUSED_ONNX_FILENAME, INT8_ONNX_FILENAME),
-            (EMBEDDINGS_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME),
-        ),
-    ),
+# Each lower precision's converter (from a float32 graph into its weights file)
+CONVERTERS: dict[str, Callable[[Path, Path, WeightsFile], object]] = {
+    "fp16": convert_to_fp16,
+    "int8": convert_to_int8,
 }
-# ... and each precision's readouts graphs (READOUT_GRAPHS), from the float32 ones there are
-READOUTS_FILENAMES = {readout_filename(READOUTS_ONNX_FILENAME, p) for p in PRECISIONS}
 
 
 def _derive(
     scratch: Path,
+    planned: list[PlannedGraph],
     precision: str,
     log: Callable[[str], None],
     convert: Callable[[Path, Path, WeightsFile], object] | None = None,
     progress: Callable[[int], None] | None = None,
-) -> list[str]:
-    """Make a precision's graphs from the float32 ones in `scratch`, into that precision's
-    weights file (`convert`: instead of the precision's converter); returns their names."""
-    converter, pairs = DERIVED[precision]
-    convert = convert or converter
-    if not (scratch / FUSED_ONNX_FILENAME).is_file():  # int8 from the traced graph instead
-        pairs = tuple((ONNX_FILENAME if s == FUSED_ONNX_FILENAME else s, t) for s, t in pairs)
-    pairs += tuple(
-        (name, readout_filename(name, precision))
-        for name in READOUT_GRAPHS
-        if (scratch / name).is_file()
-    )
+) -> None:
+    """Make a precision's planned graphs from the float32 ones in `scratch`, into that
+    precision's weights file (`convert`: instead of the precision's converter)."""
+    convert = convert or CONVERTERS[precision]
     with WeightsFile(scratch / WEIGHTS_FILENAMES[precision], progress) as weights:
-        for source, target in pairs:
-            log(f"writing {target} from {source} ({precision})...")
-            convert(scratch / source, scratch / target, weights)
-    return [target for _, target in pairs]
+        for graph in (g for g in planned if g.precision == precision):
+            log(f"writing {graph.filename} from {graph.source} ({precision})...")
+            convert(scratch / str(graph.source), scratch / graph.filename, weights)
 
 
 def _finish(

@@ -34,7 +34,6 @@ from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
     CONFIG_METADATA_KEY,
-    READOUTS_ONNX_FILENAME,
     SAE_INPUTS,
     SAE_JSON,
     SAE_ONNX,
@@ -42,7 +41,7 @@ from attnserve.model.artifacts import (
     SAE_WEIGHTS,
     SAES_DIRNAME,
     ModelDirectory,
-    readout_filename,
+    graph_file,
     readout_sites,
     stream_site,
 )
@@ -75,7 +74,7 @@ def served_model(model_dir: Path) -> tuple[ModelConfig, set[str]]:
     precision = directory.precisions[0]
     graph = onnx.load(str(directory.graph(precision, True)), load_external_data=False)
     metadata = {p.key: p.value for p in graph.metadata_props}
-    readouts = directory.path / readout_filename(READOUTS_ONNX_FILENAME, precision)
+    readouts = directory.path / graph_file("readouts", precision)
     returned = set()
     if readouts.is_file():
         outputs = onnx.load(str(readouts), load_external_data=False).graph.output

@@ -4,7 +4,8 @@ Torch-free on purpose: the service imports it.
 """
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -201,33 +202,79 @@ def cache_names(config: ModelConfig, prefix: str) -> list[str]:
     ]
 
 
-# The graphs beside the served ones (their float32 files), opened when first asked for:
-# each precision has its own, made from these.
-READOUT_GRAPHS = (
-    READOUTS_ONNX_FILENAME,
-    LENS_ONNX_FILENAME,
-    ATTRIBUTION_ONNX_FILENAME,
-    DECODE_ONNX_FILENAME,
-    QUERIES_ONNX_FILENAME,
-)
+@dataclass(frozen=True)
+class GraphKind:
+    """One kind of graph a model directory may hold: a row of GRAPHS, the one table the
+    exporter plans what it writes from (export/model_dir.py) and the service opens graphs
+    by (service/ort/graphs.py)."""
+
+    kind: str
+    filename: str  # its float32 file; another precision's adds `_{precision}` (graph_file)
+    holds: str  # what it computes
+    # "traced" from the model, or the kind whose float32 graph it is made from (the full
+    # graph's trace keeps the readouts before it loses them; the fused from the embeddings)
+    made_from: str
+    precisions: tuple[str, ...] = PRECISIONS
+    # where a precision's graph is converted from another kind's float32 graph (int8's full
+    # graph: from the fused one, where there is one)
+    sources: tuple[tuple[str, str], ...] = ()
+    logits: bool = False  # its outputs are logits, dot products over d_model: 10x the room
+    on_demand: bool = False  # opened when first asked for (else when the model loads)
+    marker: str = ""  # an output only it has: a directory written before it lacks it
+    # whether a directory exported from a config holds it (None: every one)
+    needs: Callable[[ModelConfig], bool] | None = None
 
 
-def readout_filename(filename: str, precision: str) -> str:
-    """One of READOUT_GRAPHS' files in `precision`: model_lens.onnx for fp32,
-    model_lens_int8.onnx for int8 (its matrices in 8 bits, made from the float32 one as
-    model_int8.onnx is)."""
+def _has_head(config: ModelConfig) -> bool:
+    return config.unembedding != "none"
+
+
+GRAPHS: dict[str, GraphKind] = {
+    row.kind: row
+    for row in (
+        GraphKind("full", ONNX_FILENAME, "embeddings and attentions", "traced",
+                  sources=(("int8", "fused"),)),
+        GraphKind("embeddings", EMBEDDINGS_ONNX_FILENAME, "embeddings only", "traced"),
+        GraphKind("queries", QUERIES_ONNX_FILENAME, "embeddings, rotated queries and keys",
+                  "traced", on_demand=True, marker=f"{QUERIES_NAME}.0"),
+        GraphKind("lens", LENS_ONNX_FILENAME, "the logit lens of residual rows", "traced",
+                  logits=True, on_demand=True, marker=LOGITS_NAME, needs=_has_head),
+        GraphKind("attribution", ATTRIBUTION_ONNX_FILENAME, "direct logit attribution",
+                  "traced", logits=True, on_demand=True,
+                  marker=ATTRIBUTION_OUTPUTS["heads"],
+                  needs=lambda c: _has_head(c) and c.attribution_refusal is None),
+        GraphKind("decode", DECODE_ONNX_FILENAME, "one generation step with a KV cache",
+                  "traced", logits=True, on_demand=True, marker="present.0.key",
+                  # a prompt and one token to generate after it
+                  needs=lambda c: _has_head(c) and c.max_seq_len >= 2),
+        GraphKind("readouts", READOUTS_ONNX_FILENAME, "the full graph under changes, with "
+                  "the residual stream and its parts", "full", on_demand=True,
+                  marker=RESIDUAL_STREAM_NAME),
+        GraphKind("fused", FUSED_ONNX_FILENAME, "the full graph through the fused Attention "
+                  "op (CPU)", "embeddings", precisions=("fp32",),
+                  needs=lambda c: c.fuses_attention),
+    )
+}  # fmt: skip
+ON_DEMAND = tuple(row.kind for row in GRAPHS.values() if row.on_demand)
+
+
+def graph_file(kind: str, precision: str = "fp32") -> str:
+    """The file of a graph kind in a precision: model_lens.onnx in fp32, model_lens_int8.onnx
+    in int8 (its matrices in 8 bits, made from the float32 one)."""
+    if precision not in GRAPHS[kind].precisions:
+        raise ValueError(f"{kind} graphs come in {GRAPHS[kind].precisions}, not {precision!r}")
+    filename = GRAPHS[kind].filename
     return filename if precision == "fp32" else filename.replace(".onnx", f"_{precision}.onnx")
 
 
-def graph_filenames(precision: str) -> tuple[str, str]:
-    """(full graph, embeddings-only graph) file names for a precision in PRECISIONS."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp16":
-        return FP16_ONNX_FILENAME, EMBEDDINGS_FP16_ONNX_FILENAME
-    if precision == "int8":
-        return INT8_ONNX_FILENAME, EMBEDDINGS_INT8_ONNX_FILENAME
-    return ONNX_FILENAME, EMBEDDINGS_ONNX_FILENAME
+def graph_kinds(config: ModelConfig) -> list[str]:
+    """The kinds of graph a directory exported from `config` holds, in the table's order."""
+    return [row.kind for row in GRAPHS.values() if row.needs is None or row.needs(config)]
+
+
+def graph_source(kind: str, precision: str) -> str:
+    """The kind whose float32 graph a precision's graph of `kind` is converted from."""
+    return dict(GRAPHS[kind].sources).get(precision, kind)
 
 
 class ModelDirectory:
@@ -239,8 +286,9 @@ class ModelDirectory:
 
     def graph(self, precision: str, attention: bool) -> Path:
         """The full graph (attention=True) or the embeddings-only graph of a precision."""
-        full, embeddings_only = graph_filenames(precision)
-        return self.path / (full if attention else embeddings_only)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        return self.path / graph_file("full" if attention else "embeddings", precision)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -297,7 +345,7 @@ class ModelDirectory:
     @property
     def fused_graph(self) -> Path:
         """The full graph through the fused Attention op (float32; for the CPU provider)."""
-        return self.path / FUSED_ONNX_FILENAME
+        return self.path / graph_file("fused")
 
     @property
     def tokenizer_file(self) -> Path:

@@ -313,12 +313,13 @@ class Backend(Protocol):
         float32)."""
 
     @property
-    def readouts(self) -> frozenset[str]:
-        """The extra graphs the served precision has (core/readouts.py names them): what
-        `read` can compute, "stream" (hidden states, head masks), "changes" (any site
-        changed: interventions), "lens" (predictions, the logit lens) and "attribution";
-        "decode" (generation, `decode_batch`) and "queries" (long texts' attention
-        statistics by query blocks). Empty where the directory has none of them."""
+    def graphs(self) -> frozenset[str]:
+        """The graphs beside the served ones the precision has (model/artifacts.py GRAPHS'
+        kinds; core/readouts.py names them): what `read` can compute, "readouts" (hidden
+        states, head masks), "changes" (any site changed: interventions), "lens"
+        (predictions, the logit lens) and "attribution"; "decode" (generation,
+        `decode_batch`) and "queries" (long texts' attention statistics by query blocks).
+        Empty where the directory has none of them."""
 
     @property
     def saes(self) -> Mapping[str, SAEConfig]:

@@ -157,7 +157,7 @@ class DataPlane:
                 options,
                 config,
                 self.tokenizer,
-                self.backend.readouts,
+                self.backend.graphs,
                 self.backend.saes,
                 self._direction,
             )
@@ -185,7 +185,7 @@ class DataPlane:
         generation: a client stops it by going away."""
         backend = self.backend
         with self._admitted():
-            if DECODE not in backend.readouts:
+            if DECODE not in backend.graphs:
                 raise UnsupportedError(
                     f"{backend.config.name} has no decode graph to generate with in "
                     f"{backend.precision}: it comes with the graphs of a directory exported "

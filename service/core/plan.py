@@ -73,7 +73,7 @@ def plan_request(
     direction: Direction | None = None,
 ) -> EncodePlan:
     """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
-    the readouts the backend computes (Backend.readouts); `saes`: the SAEs it serves;
+    the readouts the backend computes (Backend.graphs); `saes`: the SAEs it serves;
     `direction`: an SAE feature's decoder row (Backend.feature_direction)."""
     if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")

@@ -5,7 +5,7 @@ each input, validated against the model and what its directory can compute.
 Readouts come from the readouts graph (the residual stream and its parts, a head-mask
 input; SAE features of them, core/features.py), the lens graph (the final norm and
 unembedding of any residual row) and the attribution graph (what each part adds to a
-logit); `Backend.readouts` says which of them a served model has.
+logit); `Backend.graphs` says which of them a served model has.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from attnserve.service.core.request import (
     PredictionsOptions,
 )
 
-STREAM = "stream"  # the readouts graph: hidden states and head masks
+# The graphs a request may need, by their kinds in model/artifacts.py GRAPHS
+STREAM = "readouts"  # the readouts graph: hidden states and head masks
 CHANGES = "changes"  # ... taking changes of every site (exported with interventions)
 LENS = "lens"  # the lens graph: predictions and the logit lens
 ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
@@ -89,7 +90,7 @@ def plan_readouts(
     direction: Direction | None = None,
 ) -> list[ReadoutSelection] | None:
     """One ReadoutSelection per sequence, or None when the request asks for no readout.
-    `readable`: the graphs the backend has (Backend.readouts); `saes`: the SAEs it serves;
+    `readable`: the graphs the backend has (Backend.graphs); `saes`: the SAEs it serves;
     `source`: options.patching's source, tokenized and checked; `direction`: an SAE
     feature's decoder row."""
     asked = [

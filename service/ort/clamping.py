@@ -15,13 +15,13 @@ from attnserve.model.artifacts import stream_site
 from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import ReadoutSelection, SiteChange
 from attnserve.service.ort.features import SAEGraphs
-from attnserve.service.ort.readouts import ReadoutGraphs
+from attnserve.service.ort.readouts import Readouts
 
 _ORDER = list(CHANGEABLE)  # a block's sites in the order its forward reaches them
 
 
 def clamped(
-    graphs: ReadoutGraphs,
+    graphs: Readouts,
     saes: SAEGraphs | None,
     input_ids: np.ndarray,
     lengths: list[int],
@@ -53,14 +53,14 @@ def clamped(
     return changes
 
 
-def _place(graphs: ReadoutGraphs, kind: str, layer: int) -> tuple[str, int]:
+def _place(graphs: Readouts, kind: str, layer: int) -> tuple[str, int]:
     place = stream_site(graphs.config, CHANGEABLE[kind].format(layer=layer))
     assert place is not None  # every changeable site is among the outputs
     return place
 
 
 def _added(
-    change: SiteChange | None, graphs: ReadoutGraphs, kind: str, layer: int, delta: np.ndarray
+    change: SiteChange | None, graphs: Readouts, kind: str, layer: int, delta: np.ndarray
 ) -> SiteChange:
     """`change` (None: none yet) with `delta` (n, width) added at `layer`, per position."""
     config = graphs.config

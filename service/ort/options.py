@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnserve.model.artifacts import graph_filenames
+from attnserve.model.artifacts import PRECISIONS
 
 PROVIDERS = ("auto", "cuda", "cpu")
 
@@ -37,6 +37,7 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
-        graph_filenames(self.precision)  # raises ValueError naming the precisions
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")

@@ -16,10 +16,10 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import Patching, PatchingSelection
 from attnserve.service.core.readouts import patching_chunk_rows
-from attnserve.service.ort.readouts import ReadoutGraphs
+from attnserve.service.ort.readouts import Readouts
 
 
-def patch(graphs: ReadoutGraphs, ids: np.ndarray, selection: PatchingSelection) -> Patching:
+def patch(graphs: Readouts, ids: np.ndarray, selection: PatchingSelection) -> Patching:
     """The patching grid of the input `ids` (T,) int64 against its selection's source."""
     config, kind = graphs.config, selection.kind
     L, T = config.n_layers, len(ids)
@@ -56,9 +56,7 @@ def _place(config: ModelConfig, kind: str) -> tuple[str, int]:
     return place
 
 
-def _differences(
-    graphs: ReadoutGraphs, last: np.ndarray, selection: PatchingSelection
-) -> np.ndarray:
+def _differences(graphs: Readouts, last: np.ndarray, selection: PatchingSelection) -> np.ndarray:
     """logit(target) - logit(contrast) (N,) of the last layer's rows `last` (N, D): the
     lens of x_L by its own norm is the model's logits."""
     rows = np.ascontiguousarray(last)

@@ -1,49 +1,26 @@
-"""The readouts graphs of a model directory in ONNX Runtime, and what a request reads off
-them: the residual stream and its parts under any changes (model_readouts.onnx), the logit
-lens of any residual rows (model_lens.onnx) and direct logit attribution of any positions
-(model_attribution.onnx), each in the precision served (model_lens_int8.onnx: its matrices
-in 8 bits, as model_int8.onnx's).
-
-Their sessions open when first asked for, but for a model served by one session: that
-session runs the readouts graph itself (service/ort/runtime.py), so reading the residual
-stream adds no second copy of the weights. Where the model's memory layout allows copies of
-the weights (service/models.py `session_layout`: not one session) they prepack them, as the
-served graphs do: unpacked, every matrix product repacks its weights at every run (the lens
-repacks the whole unembedding), which made a logit lens of 8 tokens cost 2.5x their
-embeddings. In one session they read the weights where the file is mapped instead, adding
-no copy (research/weights-in-memory); but for 8-bit graphs, which MatMulNBits would widen
-to float32 whole at every run.
-"""
+"""What a request reads off a model's readouts graphs (service/ort/graphs.py opens them):
+the residual stream and its parts under any changes (model_readouts.onnx), the logit lens
+of any residual rows (model_lens.onnx) and direct logit attribution of any positions
+(model_attribution.onnx), row by row of a batch."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 
 from attnserve.model.artifacts import (
     ATTRIBUTION_INPUTS,
-    ATTRIBUTION_ONNX_FILENAME,
     ATTRIBUTION_OUTPUTS,
-    DECODE_ONNX_FILENAME,
     HEAD_MASK_NAME,
     HEAD_MEANS_NAME,
     LENS_INPUTS,
-    LENS_ONNX_FILENAME,
     LOGITS_NAME,
     PARTS_NAMES,
     PREDICTION_INPUTS,
     PREDICTION_OUTPUTS,
-    QUERIES_NAME,
-    QUERIES_ONNX_FILENAME,
-    READOUTS_ONNX_FILENAME,
     RESIDUAL_STREAM_NAME,
-    ModelDirectory,
-    readout_filename,
     unchanged,
 )
 from attnserve.model.config import ModelConfig
@@ -57,17 +34,16 @@ from attnserve.service.core.backend import (
     ReadoutSelection,
     SiteChange,
 )
-from attnserve.service.core.errors import InferenceError, UnsupportedError
+from attnserve.service.core.errors import InferenceError
 from attnserve.service.core.readouts import (
     ATTRIBUTION,
     CHANGES,
-    DECODE,
     LENS,
-    QUERIES,
     STREAM,
     attribution_chunk_rows,
     lens_chunk_rows,
 )
+from attnserve.service.ort.graphs import GraphSessions
 
 
 @dataclass(frozen=True)
@@ -109,16 +85,6 @@ class LensOutput:
     target_probabilities: np.ndarray  # float32 (N, n): of the target ids asked for
 
 
-# kind -> (the graph's file, the output only it has)
-_GRAPHS = {
-    STREAM: (READOUTS_ONNX_FILENAME, RESIDUAL_STREAM_NAME),
-    LENS: (LENS_ONNX_FILENAME, LOGITS_NAME),
-    ATTRIBUTION: (ATTRIBUTION_ONNX_FILENAME, ATTRIBUTION_OUTPUTS["heads"]),
-    DECODE: (DECODE_ONNX_FILENAME, "present.0.key"),
-    QUERIES: (QUERIES_ONNX_FILENAME, f"{QUERIES_NAME}.0"),
-}
-
-
 def change_feeds(
     config: ModelConfig,
     head_mask: bool,
@@ -155,58 +121,12 @@ def change_feeds(
     return feeds
 
 
-class ReadoutGraphs:
-    """The sessions of one served model's extra graphs (model/artifacts.py READOUT_GRAPHS:
-    readouts, lens, attribution, decode, queries), each opened on first use."""
+class Readouts:
+    """The readouts of one served model, run on its graphs' sessions."""
 
-    def __init__(
-        self,
-        model_dir: ModelDirectory,
-        config: ModelConfig,
-        precision: str,
-        open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
-        options: Callable[[], ort.SessionOptions],
-        prepack: bool = False,
-        stream: ort.InferenceSession | None = None,
-        packed_decode: bool | None = None,
-    ) -> None:
-        """`open_session(path, options)` opens a graph on the model's provider; `options()`
-        makes the server's session options; `prepack`: let the sessions copy the weights;
-        `stream`: the readouts graph's session, open already (kept by `close`);
-        `packed_decode`: whether the decode graph's does (None: as `prepack` says)."""
-        self.model_dir = model_dir
-        self.config = config
-        self.precision = precision
-        self._open_session = open_session
-        self._options = options
-        self.prepack = prepack
-        self.packed_decode = prepack if packed_decode is None else packed_decode
-        self._kept = {STREAM: stream} if stream is not None else {}
-        self._sessions: dict[str, ort.InferenceSession] = dict(self._kept)
-        self._lock = threading.Lock()
-        available = {
-            kind
-            for kind, (filename, _) in _GRAPHS.items()
-            if (model_dir.path / readout_filename(filename, precision)).is_file()
-        }
-        if STREAM in available and HEAD_MASK_NAME not in self._stream_graph("inputs"):
-            available.add(CHANGES)  # exported with interventions, not a head mask alone
-        self.available = frozenset(available)
-
-    def stream_outputs(self) -> frozenset[str]:
-        """The readouts graph's outputs."""
-        return self._stream_graph("outputs")
-
-    def _stream_graph(self, side: str) -> frozenset[str]:
-        """The readouts graph's input or output names: its open session's, or read from its
-        file (its weights stay on disk)."""
-        if STREAM in self._sessions:
-            session = self._sessions[STREAM]
-            args = session.get_inputs() if side == "inputs" else session.get_outputs()
-            return frozenset(arg.name for arg in args)
-        path = self.model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
-        graph = onnx.load(str(path), load_external_data=False).graph
-        return frozenset(value.name for value in getattr(graph, side.removesuffix("s")))
+    def __init__(self, graphs: GraphSessions) -> None:
+        self.graphs = graphs
+        self.config = graphs.config
 
     def stream(
         self,
@@ -221,7 +141,7 @@ class ReadoutGraphs:
         (readout_sites) the `sites` named (what is not asked for is not copied out of ONNX
         Runtime)."""
         c = self.config
-        session = self.session(STREAM)
+        session = self.graphs.session(STREAM)
         sites = [name for name in sites if name != RESIDUAL_STREAM_NAME]
         names = [c.embeddings_name, RESIDUAL_STREAM_NAME]
         names += [c.attentions_name] if attentions else []
@@ -230,7 +150,7 @@ class ReadoutGraphs:
         if isinstance(changes, Mapping):
             feeds |= unchanged(c) | dict(changes)
         else:
-            head_mask = CHANGES not in self.available
+            head_mask = CHANGES not in self.graphs.available
             feeds |= change_feeds(c, head_mask, changes, input_ids.shape[1])
         try:
             values = dict(zip(names, session.run(names, feeds), strict=True))
@@ -263,7 +183,7 @@ class ReadoutGraphs:
             zip((*LENS_INPUTS, PREDICTION_INPUTS[1]), (residual, last, targets), strict=True)
         )
         step = lens_chunk_rows(self.config.vocab_size)
-        values = self._run_rows(LENS, names, rows, step, {PREDICTION_INPUTS[0]: k_input})
+        values = self.graphs.run_rows(LENS, names, rows, step, {PREDICTION_INPUTS[0]: k_input})
         return LensOutput(*values) if logits else LensOutput(None, *values)
 
     def attribution(
@@ -282,32 +202,8 @@ class ReadoutGraphs:
         step = attribution_chunk_rows(self.config, targets.shape[1])
         inputs = (heads, mlps, first, last, targets)
         rows = dict(zip(ATTRIBUTION_INPUTS, inputs, strict=True))
-        values = self._run_rows(ATTRIBUTION, list(ATTRIBUTION_OUTPUTS.values()), rows, step)
+        values = self.graphs.run_rows(ATTRIBUTION, list(ATTRIBUTION_OUTPUTS.values()), rows, step)
         return dict(zip(ATTRIBUTION_OUTPUTS, values, strict=True))
-
-    def _run_rows(
-        self,
-        kind: str,
-        names: Sequence[str],
-        rows: dict[str, np.ndarray],
-        step: int,
-        shared: dict[str, np.ndarray] | None = None,
-    ) -> list[np.ndarray]:
-        """Run the graph of `kind` over the `rows` inputs (as many rows each) `step` rows
-        at a time, the `shared` inputs (the lens' k) in every chunk, and join the outputs."""
-        session = self.session(kind)
-        count = len(next(iter(rows.values())))
-        runs = []
-        for start in range(0, max(count, 1), step):
-            feeds = {name: x[start : start + step] for name, x in rows.items()} | (shared or {})
-            try:
-                runs.append(session.run(list(names), feeds))
-            except Exception as exc:  # ORT raises its own untyped errors
-                raise InferenceError(f"ONNX Runtime failed on the {kind} graph: {exc}") from exc
-        return [
-            column[0] if len(column) == 1 else np.concatenate(column)
-            for column in zip(*runs, strict=True)
-        ]
 
     def read_row(self, run: StreamRun, row: int, selection: ReadoutSelection) -> ReadoutOutput:
         """One sequence's readouts (attention aside) from row `row` of a readouts run."""
@@ -385,38 +281,3 @@ class ReadoutGraphs:
             else None,
             logits=None if out.logits is None else out.logits.reshape(*grid, -1),
         )
-
-    def session(self, kind: str) -> ort.InferenceSession:
-        """The session of one readouts graph, opened on first use; UnsupportedError where
-        the directory has none (written before readouts, or a model without a head)."""
-        source, output = _GRAPHS[kind]
-        filename = readout_filename(source, self.precision)
-        with self._lock:
-            if kind in self._sessions:
-                return self._sessions[kind]
-            path = self.model_dir.path / filename
-            if kind not in self.available:
-                raise UnsupportedError(
-                    f"{self.config.name} has no {output} to read in {self.precision} "
-                    f"({filename}): readouts come from the graphs of a directory exported "
-                    "by this version (re-export it with `attnserve export`)"
-                )
-            so = self._options()
-            if not (self.packed_decode if kind == DECODE else self.prepack):
-                so.add_session_config_entry("session.disable_prepacking", "1")
-            if kind == QUERIES:  # long texts' tensors, few and large: the arena's
-                so.enable_cpu_mem_arena = False  # power-of-two growth would hold up to twice
-            session = self._open_session(str(path), so)
-            if output not in {o.name for o in session.get_outputs()}:
-                raise UnsupportedError(
-                    f"{path} has no {output!r} output: it was exported before readouts "
-                    "(re-export it with `attnserve export`)"
-                )
-            self._sessions[kind] = session
-            return session
-
-    def close(self) -> None:
-        """Drop the sessions (their arenas go with them); reopened when next asked for. The
-        one session of a model is kept."""
-        with self._lock:
-            self._sessions = dict(self._kept)

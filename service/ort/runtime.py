@@ -14,12 +14,11 @@ import numpy as np
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
+    ON_DEMAND,
     PARTS_NAMES,
-    READOUT_GRAPHS,
-    READOUTS_ONNX_FILENAME,
     ModelDirectory,
+    graph_file,
     query_key_sites,
-    readout_filename,
 )
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
@@ -41,9 +40,10 @@ from attnserve.service.ort.blocks import BlockStatistics
 from attnserve.service.ort.clamping import clamped
 from attnserve.service.ort.decoding import RunningBatch
 from attnserve.service.ort.features import SAEGraphs
+from attnserve.service.ort.graphs import GraphSessions
 from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.patching import patch
-from attnserve.service.ort.readouts import ReadoutGraphs, change_feeds
+from attnserve.service.ort.readouts import Readouts, change_feeds
 from attnserve.service.ort.reducer import AttentionReducer
 from attnserve.service.ort.sessions import (
     check_io,
@@ -107,7 +107,7 @@ class OrtRuntime:
         # One session (one copy of the weights) runs the readouts graph where there is one:
         # every head kept, it answers what the graph with attention does, and reading the
         # residual stream then opens no second copy (a 9B int8 model: 10.9 GiB, not 23).
-        readouts_graph = model_dir.path / readout_filename(READOUTS_ONNX_FILENAME, self.precision)
+        readouts_graph = model_dir.path / graph_file("readouts", self.precision)
         self._one_graph = options.single_session and readouts_graph.is_file()
         self.attention_graph = readouts_graph if self._one_graph else model_path  # what runs
         self.session, self.provider = create_session(self.attention_graph, options)
@@ -146,8 +146,8 @@ class OrtRuntime:
         # explorer asks for next need no second run
         self._last_queries: tuple | None = None
 
-        # The readouts (residual stream, head mask, logit lens), opened when first asked for.
-        self.readout_graphs = ReadoutGraphs(
+        # The graphs opened when first asked for (readouts, lens, attribution, decode, queries)
+        self.graph_sessions = GraphSessions(
             model_dir,
             self.config,
             self.precision,
@@ -161,8 +161,9 @@ class OrtRuntime:
             packed_decode=options.packed_decode,
         )
 
+        self.readouts = Readouts(self.graph_sessions)
         # The SAEs the directory holds, served where the readouts graph feeds them.
-        owns_saes = sae_graphs is None and STREAM in self.readout_graphs.available
+        owns_saes = sae_graphs is None and STREAM in self.graph_sessions.available
         self.sae_graphs = sae_graphs
         if owns_saes:
             self.sae_graphs = SAEGraphs(
@@ -170,8 +171,8 @@ class OrtRuntime:
                 self.config,
                 lambda path, so: open_session(Path(path), so, providers(self.provider)),
                 lambda: session_options(options),
-                self.readout_graphs.stream_outputs,
-                prepack=self.readout_graphs.prepack,
+                lambda: self.graph_sessions.names(STREAM, "outputs"),
+                prepack=self.graph_sessions.prepack,
             )
 
         self.embeddings_session = self.session
@@ -183,7 +184,7 @@ class OrtRuntime:
         weight_bytes = model_dir.weight_bytes(self.precision)
         sessions = 1 + (self.embeddings_session is not self.session)
         served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]
-        served += [readout_filename(name, self.precision) for name in READOUT_GRAPHS]
+        served += [graph_file(kind, self.precision) for kind in ON_DEMAND]
         sae_bytes = self.sae_graphs.weight_bytes if owns_saes and self.sae_graphs else 0
         self.weights_info = WeightsInfo(
             weight_bytes,
@@ -250,7 +251,7 @@ class OrtRuntime:
         self._last_queries = None  # its memory goes before the next run's is taken
         c = self.config
         names = [c.embeddings_name, *query_key_sites(c)]
-        embeddings, *layers = self._run(self.readout_graphs.session(QUERIES), names, input_ids)
+        embeddings, *layers = self._run(self.graph_sessions.session(QUERIES), names, input_ids)
         values = (embeddings, layers[::2], layers[1::2])
         if key:
             self._last_queries = (key, *values)
@@ -267,15 +268,15 @@ class OrtRuntime:
         squares = c.n_heads * (c.n_layers if session is self.session else 1)
         if (
             self.provider == "cpu"
-            and QUERIES in self.readout_graphs.available
+            and QUERIES in self.graph_sessions.available
             and squares * t * t * 4 > LONG_EMBEDDINGS_BYTES
         ):
-            session = self.readout_graphs.session(QUERIES)
+            session = self.graph_sessions.session(QUERIES)
         return self._run(session, [c.embeddings_name], input_ids)[0]
 
     @property
-    def readouts(self) -> frozenset[str]:
-        return self.readout_graphs.available
+    def graphs(self) -> frozenset[str]:
+        return self.graph_sessions.available
 
     @property
     def saes(self) -> dict[str, SAEConfig]:
@@ -300,9 +301,9 @@ class OrtRuntime:
         `attend`; a patching grid by runs of its own)."""
         changes = [selection.changes for selection in selections]
         if any(selection.clamps for selection in selections):  # a run per clamped site first
-            graphs, saes = self.readout_graphs, self.sae_graphs
+            graphs, saes = self.readouts, self.sae_graphs
             changes = list(clamped(graphs, saes, input_ids, lengths, selections))
-        run = self.readout_graphs.stream(
+        run = self.readouts.stream(
             input_ids,
             changes,
             attentions=any(selection.attention is not None for selection in selections),
@@ -314,7 +315,7 @@ class OrtRuntime:
             if self.sae_graphs is not None:  # each SAE once for the whole batch
                 features = self.sae_graphs.read(run, [s.features for s in selections])
             for row, (n, selection) in enumerate(zip(lengths, selections, strict=True)):
-                out = self.readout_graphs.read_row(run, row, selection)
+                out = self.readouts.read_row(run, row, selection)
                 if features[row] is not None:
                     out = replace(out, features=features[row])
                 if selection.attention is not None and run.attentions is not None:
@@ -322,7 +323,7 @@ class OrtRuntime:
                     out = replace(out, attention=attention)
                 if selection.patching is not None:  # its own runs, after the batch's
                     ids = input_ids[row, :n]
-                    out = replace(out, patching=patch(self.readout_graphs, ids, selection.patching))
+                    out = replace(out, patching=patch(self.readouts, ids, selection.patching))
                 outputs.append(out)
         except InferenceError:
             raise
@@ -344,12 +345,12 @@ class OrtRuntime:
         """What `session` is fed for `input_ids`: the readouts graph, nothing changed too."""
         feeds = {self.config.input_name: input_ids}
         if self._one_graph and session is self.session:
-            head_mask = CHANGES not in self.readout_graphs.available
+            head_mask = CHANGES not in self.graph_sessions.available
             feeds |= change_feeds(self.config, head_mask, [{}] * len(input_ids), 1)
         return feeds
 
     def decode_batch(self) -> RunningBatch:
-        return RunningBatch(self.readout_graphs.session(DECODE), self.config)
+        return RunningBatch(self.graph_sessions.session(DECODE), self.config)
 
     def release_memory(self) -> None:
         """Hand the arenas' free chunks and the C heap's free pages back to the OS: one
@@ -364,7 +365,7 @@ class OrtRuntime:
         self.reducer.close_sessions()  # their arenas go with them; reopened when next asked
         self.blocks.close_sessions()
         self._last_queries = None
-        self.readout_graphs.close()
+        self.graph_sessions.close()
         give_back_memory()
 
     def warmup(self, seq_lens: tuple[int, ...] = (1, 16, 128)) -> None:

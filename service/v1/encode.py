@@ -92,7 +92,7 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
             )
             for name, sae in sorted(plane.backend.saes.items())
         ],
-        generates=DECODE in plane.backend.readouts,
+        generates=DECODE in plane.backend.graphs,
         chat_template=plane.chat is not None,
         eos_id=c.eos_id,
     )

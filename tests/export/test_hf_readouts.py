@@ -244,12 +244,12 @@ def test_exported_readouts_match_transformers(families, family):
     config = runtime.config
     ids, lengths = padded_batch(config.vocab_size, seed=6)
     want_logits, want_hidden = transformers_readouts(reference, ids)
-    run = runtime.readout_graphs.stream(ids, [{}] * len(ids))
+    run = runtime.readouts.stream(ids, [{}] * len(ids))
     stream = run.residual
     hidden = np.concatenate([stream[:, :-1], run.embeddings[:, None]], axis=1)
     assert_rows_close(hidden, want_hidden, lengths, axis=2, limit=HIDDEN_TOLERANCE)
     last = stream[:, -1].reshape(-1, config.d_model)  # every position's x_L
-    logits = runtime.readout_graphs.lens(last, last, logits=True).logits.reshape(*ids.shape, -1)
+    logits = runtime.readouts.lens(last, last, logits=True).logits.reshape(*ids.shape, -1)
     assert_rows_close(logits, want_logits, lengths, axis=1, limit=LOGITS_TOLERANCE)
 
 
@@ -350,7 +350,7 @@ def test_exported_attribution_equals_transformers_decomposed(families, family):
     ids = ids[:1, : lengths[0]]
     targets = [3, config.vocab_size - 1, 11]
     want, logits = transformers_attribution(reference, family, ids, targets)
-    graphs = runtime.readout_graphs
+    graphs = runtime.readouts
     run = graphs.stream(ids, [{}], attentions=False, sites=PARTS_NAMES)
     inputs = [run.heads[0].swapaxes(0, 1), run.mlps[0].swapaxes(0, 1)]
     inputs += [run.residual[0, 0], run.residual[0, -1]]
@@ -371,4 +371,4 @@ def test_attribution_is_not_exported_where_the_parts_do_not_add_up(families):
     """Gemma 2's sandwich norms normalise each sublayer's output: no attribution graph."""
     runtime = OrtRuntime(families.exported("gemma2"), RuntimeOptions(provider="cpu"))
     assert "sandwich" in runtime.config.attribution_refusal
-    assert "attribution" not in runtime.readouts and "lens" in runtime.readouts
+    assert "attribution" not in runtime.graphs and "lens" in runtime.graphs

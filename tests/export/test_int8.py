@@ -15,15 +15,13 @@ from attnserve.export.parity import ParityError, scaled_diff
 from attnserve.model.artifacts import (
     EMBEDDINGS_INT8_ONNX_FILENAME,
     INT8_ONNX_FILENAME,
-    LENS_ONNX_FILENAME,
+    ON_DEMAND,
     PARTS_NAMES,
-    READOUT_GRAPHS,
-    READOUTS_ONNX_FILENAME,
     REPORT_FILENAME,
     RESIDUAL_STREAM_NAME,
     WEIGHTS_FILENAMES,
     ModelDirectory,
-    readout_filename,
+    graph_file,
     readout_sites,
 )
 from attnserve.model.config import ModelConfig
@@ -77,7 +75,7 @@ def test_a_tied_table_gives_its_rows_in_float16_and_its_logits_in_8_bits(int8_di
     assert CONFIG.unembedding == "tied"
     for name, op, dtype in (
         (INT8_ONNX_FILENAME, "Gather", onnx.TensorProto.FLOAT16),
-        (readout_filename(LENS_ONNX_FILENAME, "int8"), "MatMulNBits", onnx.TensorProto.UINT8),
+        (graph_file("lens", "int8"), "MatMulNBits", onnx.TensorProto.UINT8),
     ):
         proto = onnx.load(str(out / name), load_external_data=False)
         (node,) = [n for n in proto.graph.node if n.op_type == op and "tok_emb" in str(n.input)]
@@ -129,15 +127,15 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
 
     model, out = int8_dir
     runtime = OrtRuntime(out, RuntimeOptions(precision="int8"))
-    assert runtime.readouts == {"stream", "changes", "lens", "attribution", "decode", "queries"}
-    for name in READOUT_GRAPHS:  # the lens too: it unembeds with the 8-bit token table
-        proto = onnx.load(str(out / readout_filename(name, "int8")), load_external_data=False)
-        assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), name
+    assert runtime.graphs == {"readouts", "changes", "lens", "attribution", "decode", "queries"}
+    for kind in ON_DEMAND:  # the lens too: it unembeds with the 8-bit token table
+        proto = onnx.load(str(out / graph_file(kind, "int8")), load_external_data=False)
+        assert any(n.op_type == "MatMulNBits" for n in proto.graph.node), kind
     ids = np.random.default_rng(7).integers(0, CONFIG.vocab_size, size=(2, 24))
     mask = np.ones((2, CONFIG.n_layers, CONFIG.n_heads), dtype=np.float32)
     mask[1, 0, 1] = 0.0
     sites = readout_sites(CONFIG)
-    run = runtime.readout_graphs.stream(ids, head_changes(mask), sites=sites)
+    run = runtime.readouts.stream(ids, head_changes(mask), sites=sites)
     reads = [site for names in sites.values() for site in names]
     changes = head_ablation(torch.from_numpy(mask))
     with torch.inference_mode(), hooked(model, changes), captured(model, reads) as values:
@@ -148,7 +146,7 @@ def test_every_readout_serves_from_int8_within_its_gate(int8_dir):
         assert 1e-5 < scaled_diff(value, want[name], bounded=False) <= INT8_TOLERANCE, name
     rows = run.residual[0].reshape(-1, CONFIG.d_model)
     last = np.broadcast_to(run.residual[0, -1], run.residual[0].shape).reshape(rows.shape)
-    lens = runtime.readout_graphs.lens(rows, last.copy(), logits=True).logits
+    lens = runtime.readouts.lens(rows, last.copy(), logits=True).logits
     with torch.inference_mode():
         want_lens = model.lens(torch.from_numpy(rows), torch.from_numpy(last.copy())).numpy()
     assert scaled_diff(lens, want_lens, bounded=False) <= INT8_TOLERANCE
@@ -199,13 +197,13 @@ def test_int8_is_served_by_one_session_whatever_memory_is_free(int8_dir, monkeyp
     assert runtime.weights_info.resident_bytes == runtime.weights_info.disk_bytes
     ids = np.random.default_rng(9).integers(0, CONFIG.vocab_size, size=(2, 20))
     embeddings, attentions = runtime.run(ids)
-    run = runtime.readout_graphs.stream(ids, [{}, {}])
+    run = runtime.readouts.stream(ids, [{}, {}])
     runtime.release_memory()
     np.testing.assert_array_equal(runtime.embed(ids), embeddings)
-    assert opened == [readout_filename(READOUTS_ONNX_FILENAME, "int8")]
+    assert opened == [graph_file("readouts", "int8")]
     last = run.residual[0, -1]  # (T, D): the last layer's rows
-    runtime.readout_graphs.lens(last, last)
-    assert opened[1:] == [readout_filename(LENS_ONNX_FILENAME, "int8")]
+    runtime.readouts.lens(last, last)
+    assert opened[1:] == [graph_file("lens", "int8")]
     assert prepacking(runtime) == [True, True]  # the served session's, and the lens'
     np.testing.assert_array_equal(run.embeddings, embeddings)
     np.testing.assert_array_equal(run.attentions, attentions)

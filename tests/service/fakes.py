@@ -32,7 +32,7 @@ class FakeBackend:
     version = "fake-1"
     provider = "cpu"
     precision = "fp32"
-    readouts = frozenset({"stream"})
+    graphs = frozenset({"readouts"})
     saes = MappingProxyType({})  # serves no SAE
 
     def __init__(self, config: ModelConfig = FAKE_CONFIG, fail_on: int | None = None) -> None:

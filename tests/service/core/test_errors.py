@@ -245,7 +245,7 @@ class FailsOn13:
         self.runtime = runtime
         self.config, self.version = runtime.config, runtime.version
         self.provider, self.precision = runtime.provider, runtime.precision
-        self.readouts, self.saes = runtime.readouts, runtime.saes
+        self.graphs, self.saes = runtime.graphs, runtime.saes
         self.run, self.warmup = runtime.run, runtime.warmup
 
     def embed(self, input_ids):

@@ -289,15 +289,15 @@ def test_a_model_without_readout_graphs_refuses_them_by_name():
     request = build_request("abc", logit_lens=True)
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.logit_lens: .*\(re-export it"):
-        plan(request, config, {"stream"})
+        plan(request, config, {"readouts"})
     request = build_request("abc", head_mask={(0, 0): 0.0})
     with pytest.raises(UnsupportedError, match=r"options.head_mask: "):
         plan(request, config, set())
-    assert plan(request, config, {"stream"}).readouts
+    assert plan(request, config, {"readouts"}).readouts
 
 
 def test_attribution_is_refused_where_the_parts_would_not_add_up():
-    readable = {"stream", "lens", "attribution"}
+    readable = {"readouts", "lens", "attribution"}
     request = build_request("abc", attribution={"target_ids": [1]})
     for placement in ("sandwich", "output"):
         config = ModelConfig(
@@ -307,7 +307,7 @@ def test_attribution_is_refused_where_the_parts_would_not_add_up():
             plan(request, config, readable)
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
-        plan(request, config, {"stream", "lens"})
+        plan(request, config, {"readouts", "lens"})
     assert plan(request, config, readable).readouts
 
 

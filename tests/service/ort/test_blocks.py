@@ -30,7 +30,7 @@ def planned(runtime: OrtRuntime, length: int, **attention):
     options = EncodeOptions(attention=AttentionOptions(**attention))
     ids = np.random.default_rng(length).integers(0, 256, length)
     return plan_request([ids], options, runtime.config, ByteTokenizer(runtime.config),
-                        runtime.readouts)  # fmt: skip
+                        runtime.graphs)  # fmt: skip
 
 
 def test_the_plan_sends_statistics_and_long_maps_to_blocks(small_runtime):
@@ -83,7 +83,7 @@ def test_long_embeddings_come_from_the_queries_graph(small_runtime, monkeypatch)
     want = small_runtime.embed(ids)  # the embeddings graph: short enough
     monkeypatch.setattr(runtime_module, "LONG_EMBEDDINGS_BYTES", 0)
     calls = []
-    queries = small_runtime.readout_graphs.session("queries")
+    queries = small_runtime.graph_sessions.session("queries")
     run = queries.run
     monkeypatch.setattr(queries, "run", lambda *a, **k: calls.append(a[0]) or run(*a, **k))
     got = small_runtime.embed(ids)

@@ -10,11 +10,11 @@ import torch
 
 from attnserve.model.artifacts import (
     ATTRIBUTION_PARTS,
+    ON_DEMAND,
     ONNX_FILENAME,
     PARTS_NAMES,
-    READOUT_GRAPHS,
     RESIDUAL_STREAM_NAME,
-    readout_filename,
+    graph_file,
     readout_sites,
 )
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
@@ -35,7 +35,7 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
     ids = np.random.default_rng(0).integers(0, SMALL_CONFIG.vocab_size, size=(3, 21))
     mask = masks(3)
     sites = readout_sites(SMALL_CONFIG)
-    run = small_runtime.readout_graphs.stream(ids, head_changes(mask), sites=sites)
+    run = small_runtime.readouts.stream(ids, head_changes(mask), sites=sites)
     embeddings, stream = run.embeddings, run.residual
     assert stream.shape == (3, SMALL_CONFIG.n_layers + 1, 21, SMALL_CONFIG.d_model)
     reads = [site for names in sites.values() for site in names]
@@ -58,10 +58,10 @@ def test_residual_stream_under_a_head_mask_matches_pytorch(small_runtime, small_
 
 def test_the_lens_matches_pytorch_and_is_the_logits_at_the_last_layer(small_runtime, small_model):
     ids = np.random.default_rng(1).integers(0, SMALL_CONFIG.vocab_size, size=(1, 12))
-    stream = small_runtime.readout_graphs.stream(ids, [{}]).residual
+    stream = small_runtime.readouts.stream(ids, [{}]).residual
     rows = stream[0].reshape(-1, SMALL_CONFIG.d_model)  # every layer and position
     last = np.broadcast_to(stream[0, -1], stream[0].shape).reshape(rows.shape).copy()
-    logits = small_runtime.readout_graphs.lens(rows, last, logits=True).logits.reshape(
+    logits = small_runtime.readouts.lens(rows, last, logits=True).logits.reshape(
         SMALL_CONFIG.n_layers + 1, 12, -1
     )
     with torch.inference_mode():
@@ -76,7 +76,7 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
     rows = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
     last = rng.normal(size=(6, SMALL_CONFIG.d_model)).astype(np.float32)
     targets = rng.integers(0, SMALL_CONFIG.vocab_size, size=(6, 3))
-    out = small_runtime.readout_graphs.lens(rows, last, k=4, targets=targets, logits=True)
+    out = small_runtime.readouts.lens(rows, last, k=4, targets=targets, logits=True)
     logits = out.logits.astype(np.float64)
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
@@ -90,7 +90,7 @@ def test_the_lens_reads_off_the_top_k_and_the_targets_probabilities(small_runtim
         out.target_probabilities, np.take_along_axis(probabilities, targets, -1), atol=1e-6
     )
     # without targets: none asked, none computed
-    assert small_runtime.readout_graphs.lens(rows, last).target_probabilities.shape == (6, 0)
+    assert small_runtime.readouts.lens(rows, last).target_probabilities.shape == (6, 0)
 
 
 def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monkeypatch):
@@ -99,13 +99,13 @@ def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monke
 
     monkeypatch.setattr(readouts, "attribution_chunk_rows", lambda config, ids: 3)
     ids = np.random.default_rng(3).integers(0, SMALL_CONFIG.vocab_size, size=(1, 10))
-    run = small_runtime.readout_graphs.stream(ids, [{}], attentions=False, sites=PARTS_NAMES)
+    run = small_runtime.readouts.stream(ids, [{}], attentions=False, sites=PARTS_NAMES)
     assert run.attentions is None
     inputs = [np.ascontiguousarray(run.heads[0].swapaxes(0, 1))]
     inputs += [np.ascontiguousarray(run.mlps[0].swapaxes(0, 1))]
     inputs += [run.residual[0, 0], run.residual[0, -1]]
     targets = np.random.default_rng(4).integers(0, SMALL_CONFIG.vocab_size, size=(10, 2))
-    got = small_runtime.readout_graphs.attribution(*inputs, targets)
+    got = small_runtime.readouts.attribution(*inputs, targets)
     with torch.inference_mode():
         want = small_model.attribution(*(torch.from_numpy(x) for x in (*inputs, targets)))
     assert list(got) == list(ATTRIBUTION_PARTS)  # by name, in Encoder.attribution's order
@@ -116,7 +116,7 @@ def test_attribution_in_chunks_matches_pytorch(small_runtime, small_model, monke
 def prepacking(runtime: OrtRuntime) -> list[bool]:
     """Whether each opened readouts session prepacks (copies) the weights."""
     found = []
-    for session in runtime.readout_graphs._sessions.values():
+    for session in runtime.graph_sessions._sessions.values():
         try:
             entry = session.get_session_options().get_session_config_entry(
                 "session.disable_prepacking"
@@ -135,31 +135,32 @@ def test_readout_sessions_copy_the_weights_only_where_copies_are_cheap(small_mod
     ids = np.ones((1, 3), np.int64)
     for single_session in (False, True):
         runtime = OrtRuntime(small_model_dir, RuntimeOptions(single_session=single_session))
-        runtime.readout_graphs.lens(row, row)
-        runtime.readout_graphs.stream(ids, [{}], attentions=False)
-        sessions = runtime.readout_graphs._sessions
-        assert (sessions["stream"] is runtime.session) == single_session
+        runtime.readouts.lens(row, row)
+        runtime.readouts.stream(ids, [{}], attentions=False)
+        sessions = runtime.graph_sessions._sessions
+        assert (sessions["readouts"] is runtime.session) == single_session
         assert prepacking(runtime) == ([True, False] if single_session else [True, True])
 
 
 def test_a_directory_without_readouts_says_to_re_export(small_model_dir, tmp_path):
-    readable = {"stream", "changes", "lens", "attribution", "decode", "queries"}  # each precision's
-    assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).readouts == readable
+    readable = {"readouts", "changes", "lens", "attribution", "decode", "queries"}
+    # each precision has them all
+    assert OrtRuntime(small_model_dir, RuntimeOptions(precision="fp16")).graphs == readable
     model_dir = tmp_path / "model"
     shutil.copytree(small_model_dir, model_dir)
     for precision in ("fp32", "fp16"):
-        for readouts in READOUT_GRAPHS:  # the decode graph with them: written after
-            (model_dir / readout_filename(readouts, precision)).unlink()
+        for kind in ON_DEMAND:  # the decode graph with them: written after
+            (model_dir / graph_file(kind, precision)).unlink()
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     with pytest.raises(UnsupportedError, match=r"no present.0.key .*re-export"):
         runtime.decode_batch()
     with pytest.raises(UnsupportedError, match=r"no logits .*re-export"):
-        runtime.readout_graphs.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
+        runtime.readouts.lens(np.zeros((1, 64), np.float32), np.ones((1, 64), np.float32))
     with pytest.raises(UnsupportedError, match=r"no residual_stream .*re-export"):
-        runtime.readout_graphs.stream(np.zeros((1, 3), np.int64), [{}])
+        runtime.readouts.stream(np.zeros((1, 3), np.int64), [{}])
     fp16 = OrtRuntime(model_dir, RuntimeOptions(provider="cpu", precision="fp16"))
-    assert runtime.readouts == fp16.readouts == frozenset()  # what the planner refuses
+    assert runtime.graphs == fp16.graphs == frozenset()  # what the planner refuses
     with pytest.raises(UnsupportedError, match="no residual_stream to read in fp16"):
-        fp16.readout_graphs.stream(np.zeros((1, 3), np.int64), [{}])
+        fp16.readouts.stream(np.zeros((1, 3), np.int64), [{}])
     assert (model_dir / ONNX_FILENAME).is_file()  # what it has still serves
     assert runtime.run(np.zeros((1, 3), np.int64))[0].shape == (1, 3, 64)
