@@ -1,7 +1,7 @@
-"""A request's changes to the model's run and the values it captures, planned: interventions
-(add, set or scale a hook site's value) and the head mask, as one SiteChange per kind of site
-(x -> x * scale + add at every layer, the readouts graph's inputs), the sites a capture
-returns (activation patching's: core/patching.py), each validated against the model.
+"""A request's changes to the model's run, planned: interventions (add, set or scale a
+hook site's value) and the head mask, as one SiteChange per kind of site (x -> x * scale +
+add at every layer, the readouts graph's inputs), each validated against the model (what a
+request captures: core/capture.py).
 
 Changes compose in the order given, the head mask first: at a position an `add` adds to
 whatever came before, a `set` replaces it, a `scale` scales both.
@@ -10,7 +10,7 @@ whatever came before, a `set` replaces it, a `scale` scales both.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -18,8 +18,6 @@ import numpy as np
 from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import (
-    RESID_POST,
-    RESID_PRE,
     changeable,
     hook_names,
     kind_heads,
@@ -27,14 +25,12 @@ from attnserve.model.hooks import (
 )
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
-    CaptureSelection,
     Clamp,
     SiteChange,
 )
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import positions as checked_positions
 from attnserve.service.core.request import (
-    CaptureOptions,
     HeadScale,
     Intervention,
 )
@@ -108,7 +104,7 @@ def plan_clamps(
         row = _feature(field, replace(entry, op="add"), saes, direction)
         kind, layer = parse_site(row.hook, config) or ("", 0)
         if not kind:
-            raise InvalidInputError(f"{field}.feature: {_unknown(row.hook, config)}")
+            raise InvalidInputError(f"{field}.feature: {unknown_site(row.hook, config)}")
         field = f"{field}.positions"
         chosen = (
             checked_positions(field, entry.positions, length, index)
@@ -120,43 +116,6 @@ def plan_clamps(
             Clamp(*entry.feature, float(entry.scale), kind, layer, tuple(chosen), row.values)
         )
     return tuple(clamps)
-
-
-def plan_capture(
-    capture: CaptureOptions,
-    config: ModelConfig,
-    length: int,
-    index: int,
-    changed: Collection[str],
-) -> CaptureSelection:
-    """Where each hook site `capture` names is among the readouts graph's outputs, and the
-    positions of inputs[index] it returns; `changed`: the kinds of site the input changes."""
-    if not capture.hooks:
-        raise InvalidInputError("options.capture.hooks: name at least one hook site")
-    sites: dict[str, tuple[str, int, tuple[int, ...]]] = {}
-    for i, hook in enumerate(capture.hooks):
-        field = f"options.capture.hooks[{i}]"
-        if hook in sites:
-            raise InvalidInputError(f"{field}: {hook} is named twice")
-        place = stream_site(config, hook) if hook in hook_names(config) else None
-        if place is None:
-            raise InvalidInputError(f"{field}: {_unknown(hook, config, 'capture')}")
-        parsed = parse_site(hook, config)
-        if parsed is not None and parsed[0] == "resid_post" and parsed[1] + 1 < config.n_layers:
-            after = RESID_PRE.format(layer=parsed[1] + 1)
-            if "resid_pre" in changed:  # the stream holds the next block's input: changed
-                raise InvalidInputError(
-                    f"{field}: {hook} is read where {after} begins, which this request "
-                    f"changes; capture {after} (after its change) or change "
-                    f"{RESID_POST.format(layer=parsed[1])} instead"
-                )
-        heads = kind_heads(config, parsed[0]) if parsed else None
-        shape = (-1,) if heads is None else (heads, config.head_dim)
-        sites[hook] = (*place, shape)
-    positions = capture.positions
-    field = "options.capture.positions"
-    chosen = checked_positions(field, positions, length, index) if positions else range(length)
-    return CaptureSelection(sites=sites, positions=tuple(chosen))
 
 
 def head_mask_arrays(
@@ -201,15 +160,6 @@ def head_mask_arrays(
 def changes_bytes(changes: Mapping[str, SiteChange]) -> int:
     """What a row's changes hold, and its rows of the batch's inputs made of them."""
     return 2 * sum(change.scale.nbytes + change.add.nbytes for change in changes.values())
-
-
-def capture_bytes(selection: CaptureSelection, config: ModelConfig) -> int:
-    """Bytes of the values a capture returns."""
-    return len(selection.sites) * len(selection.positions) * _width(config) * 4
-
-
-def _width(config: ModelConfig) -> int:
-    return max(config.d_model, config.n_heads * config.head_dim)
 
 
 class _Change:
@@ -316,7 +266,7 @@ def _plan(
     field = f"options.interventions[{i}]"
     parsed = parse_site(entry.hook, config)
     if parsed is None:
-        raise InvalidInputError(f"{field}.hook: {_unknown(entry.hook, config)}")
+        raise InvalidInputError(f"{field}.hook: {unknown_site(entry.hook, config)}")
     kind, layer = parsed
     if entry.op not in OPS:
         raise InvalidInputError(f"{field}.op: {entry.op!r} is not one of {list(OPS)}")
@@ -400,7 +350,7 @@ def returned(config: ModelConfig) -> dict[str, str]:
     }
 
 
-def _unknown(hook: str, config: ModelConfig, verb: str = "change") -> str:
+def unknown_site(hook: str, config: ModelConfig, verb: str = "change") -> str:
     """Why a request cannot `verb` (change, capture) site `hook`, and which it can."""
     sites = changeable(config) if verb == "change" else returned(config)
     kinds = ", ".join(site.format(layer="{layer}") for site in sites.values())

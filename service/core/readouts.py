@@ -23,6 +23,7 @@ from attnserve.service.core.backend import (
     PredictionsSelection,
     ReadoutSelection,
 )
+from attnserve.service.core.capture import capture_bytes, plan_capture
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.features import (
     features_response_bytes,
@@ -32,9 +33,7 @@ from attnserve.service.core.features import (
 from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.interventions import (
     Direction,
-    capture_bytes,
     changes_bytes,
-    plan_capture,
     plan_changes,
     plan_clamps,
 )

@@ -34,17 +34,15 @@ from attnserve.service.oip.messages import (
     RequestedOutput,
     wire_errors,
 )
-from attnserve.service.oip.parameters import parameter_names
-from attnserve.service.oip.shared_memory import SharedMemoryRegistry
-from attnserve.service.oip.tensors import (
-    INPUTS,
+from attnserve.service.oip.outputs import (
     OUTPUT_DATATYPES,
-    check_input,
     output_rows,
     stack_into,
     stacked_shape,
-    translate,
 )
+from attnserve.service.oip.parameters import parameter_names
+from attnserve.service.oip.shared_memory import SharedMemoryRegistry
+from attnserve.service.oip.tensors import INPUTS, check_input, translate
 
 PLATFORM = "onnxruntime_onnx"
 # What the server implements of Triton's extensions, as ServerMetadata lists them.

@@ -21,7 +21,7 @@ import pytest
 from attnserve.oip import grpc_service_pb2 as oip
 from attnserve.oip import grpc_service_pb2_grpc as oip_grpc
 from attnserve.oip.wire import pack_bytes
-from attnserve.service.oip.tensors import OUTPUT_DATATYPES, READOUT_OUTPUTS, STATISTICS_OUTPUTS
+from attnserve.service.oip.outputs import OUTPUT_DATATYPES, READOUT_OUTPUTS, STATISTICS_OUTPUTS
 from tests.conftest import SMALL_CONFIG
 
 MODEL = SMALL_CONFIG.name

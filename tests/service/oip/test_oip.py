@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from attnserve.client import EncoderClient
-from attnserve.service.oip.tensors import (
+from attnserve.service.oip.outputs import (
     READOUT_OUTPUTS,
 )
 from attnserve.service.process import spawn_server

@@ -23,8 +23,7 @@ from attnserve.service.core.request import (
     PredictionsOptions,
 )
 from attnserve.service.grpc.oip import infer_request
-from attnserve.service.oip.parameters import PARAMETERS
-from attnserve.service.oip.tensors import (
+from attnserve.service.oip.outputs import (
     OPTION_GROUPS,
     OUTPUT_DATATYPES,
     READOUT_OUTPUTS,
@@ -32,8 +31,9 @@ from attnserve.service.oip.tensors import (
     output_rows,
     stack_into,
     stacked_shape,
-    translate,
 )
+from attnserve.service.oip.parameters import PARAMETERS
+from attnserve.service.oip.tensors import translate
 from tests.conftest import SMALL_CONFIG
 
 MODEL = SMALL_CONFIG.name
