@@ -150,10 +150,42 @@ _MODULES = {
 
 
 def trace(config: ModelConfig, kind: str) -> ir.Model:
-    """The graph of `kind` (full, embeddings, lens or attribution) for `config`, its
+    """The graph of `kind` (a traced row of model/artifacts.py GRAPHS) for `config`, its
     initializers named after the encoder's tensors and without values (traced on the meta
     device)."""
-    names: dict[str, tuple[list[str], list[str]]] = {
+    module = _MODULES[kind]
+    with torch.device("meta"):
+        model = module(config)
+    example, keywords, dynamic_shapes = _examples(config, kind)
+    inputs, outputs = _io_names(config)[kind]
+    quiet_exporter()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
+        # Two inputs share an axis (batch, rows): the exporter says it names it once.
+        warnings.filterwarnings("ignore", "# The axis name")
+        program = torch.onnx.export(
+            model.eval(),
+            example,
+            kwargs=keywords,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=inputs,
+            output_names=outputs,
+            opset_version=ONNX_OPSET,
+            # Optimised below, once the weights are in the file: folding first would make
+            # a transposed copy of every weight in memory.
+            optimize=False,
+            verbose=False,
+        )
+    assert program is not None  # torch returns None only for the legacy exporter
+    if kind in ("full", "decode"):
+        _free_change_axes(program.model, config)
+    return program.model
+
+
+def _io_names(config: ModelConfig) -> dict[str, tuple[list[str], list[str]]]:
+    """Each kind's (input names, output names)."""
+    return {
         "full": (
             [config.input_name, *change_inputs(config)],
             [config.embeddings_name, config.attentions_name, *readout_sites(config)],
@@ -167,9 +199,11 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             [LOGITS_NAME, *cache_names(config, "present")],
         ),
     }
-    module = _MODULES[kind]
-    with torch.device("meta"):
-        model = module(config)
+
+
+def _examples(config: ModelConfig, kind: str) -> tuple[tuple, dict, dict]:
+    """What a graph of `kind` is traced with: example inputs, keyword inputs and the dynamic
+    shapes of both."""
     # The traced examples only have to be valid; the axes named here are symbolic.
     keywords: dict = {}
     batch = torch.export.Dim("batch", min=1)
@@ -207,30 +241,7 @@ def trace(config: ModelConfig, kind: str) -> ir.Model:
             }
             keywords = {"changes": changes}
             dynamic_shapes["changes"] = dict.fromkeys(changes)  # static: freed after the trace
-    inputs, outputs = names[kind]
-    quiet_exporter()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch-internal deprecation noise
-        # Two inputs share an axis (batch, rows): the exporter says it names it once.
-        warnings.filterwarnings("ignore", "# The axis name")
-        program = torch.onnx.export(
-            model.eval(),
-            example,
-            kwargs=keywords,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            input_names=inputs,
-            output_names=outputs,
-            opset_version=ONNX_OPSET,
-            # Optimised below, once the weights are in the file: folding first would make
-            # a transposed copy of every weight in memory.
-            optimize=False,
-            verbose=False,
-        )
-    assert program is not None  # torch returns None only for the legacy exporter
-    if kind in ("full", "decode"):
-        _free_change_axes(program.model, config)
-    return program.model
+    return example, keywords, dynamic_shapes
 
 
 def _free_change_axes(model: ir.Model, config: ModelConfig) -> None:
