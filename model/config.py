@@ -172,11 +172,7 @@ class ModelConfig:
     logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     def __post_init__(self) -> None:
-        for field in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len", "vocab_size"):
-            _check_positive_int(field, getattr(self, field))
-        for field in ("n_kv_heads", "d_head", "sliding_window", "d_embed"):
-            if getattr(self, field) is not None:
-                _check_positive_int(field, getattr(self, field))
+        self._check_types()
         if self.d_head is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
@@ -187,6 +183,31 @@ class ModelConfig:
                 f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads}): "
                 "each key/value head serves the same number of query heads"
             )
+        if self.tokenizer == "byte" and self.vocab_size < 256:
+            raise ConfigError(
+                f"vocab_size must be >= 256 for the byte tokenizer, got {self.vocab_size}"
+            )
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"qk_norm must be one of {QK_NORMS} or null, got {self.qk_norm!r}")
+        if self.qk_norm == "each_head" and self.norm != "layernorm":
+            raise ConfigError("qk_norm 'each_head' (StableLM's LayerNorms) needs norm 'layernorm'")
+        self._check_rotary()
+        if self.unembedding_bias and self.unembedding != "separate":
+            raise ConfigError("unembedding_bias needs unembedding 'separate'")
+        if self.sliding_layers is not None:
+            if self.sliding_window is None:
+                raise ConfigError("sliding_layers needs sliding_window")
+            bad = [i for i in self.sliding_layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(f"sliding_layers {bad} are outside [0, n_layers={self.n_layers})")
+
+    def _check_types(self) -> None:
+        """Each field of its type and range, each choice among its values."""
+        for field in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len", "vocab_size"):
+            _check_positive_int(field, getattr(self, field))
+        for field in ("n_kv_heads", "d_head", "sliding_window", "d_embed"):
+            if getattr(self, field) is not None:
+                _check_positive_int(field, getattr(self, field))
         for field in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, field)
             if not isinstance(value, int) or not 0 <= value < self.vocab_size:
@@ -206,20 +227,29 @@ class ModelConfig:
         ):
             if getattr(self, field) not in choices:
                 raise ConfigError(f"{field} must be one of {choices}, got {getattr(self, field)!r}")
-        if self.tokenizer == "byte" and self.vocab_size < 256:
-            raise ConfigError(
-                f"vocab_size must be >= 256 for the byte tokenizer, got {self.vocab_size}"
-            )
         for field in FLOAT_FIELDS:
             value = getattr(self, field)
             if value is None and field in OPTIONAL_FLOATS:
                 continue
             if not isinstance(value, float) or value <= 0:
                 raise ConfigError(f"{field} must be a positive float, got {value!r}")
-        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
-            raise ConfigError(f"qk_norm must be one of {QK_NORMS} or null, got {self.qk_norm!r}")
-        if self.qk_norm == "each_head" and self.norm != "layernorm":
-            raise ConfigError("qk_norm 'each_head' (StableLM's LayerNorms) needs norm 'layernorm'")
+        for field in (
+            "bias",
+            "rotary_interleaved",
+            "qkv_bias",
+            "out_bias",
+            "mlp_bias",
+            "unembedding_bias",
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, bool) and not (value is None and field.endswith("_bias")):
+                raise ConfigError(f"{field} must be true or false, got {value!r}")
+        names = (self.input_name, self.embeddings_name, self.attentions_name)
+        if len(set(names)) != 3 or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"input/output names must be distinct non-empty strings, got {names}")
+
+    def _check_rotary(self) -> None:
+        """Rotary positions the graph can reproduce: the scaling's factors, the context."""
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ConfigError("rope_scaling must be a RopeScaling object")
@@ -248,28 +278,6 @@ class ModelConfig:
                 f"rotary_fraction ({self.rotary_fraction}) of head_dim ({self.head_dim}) must "
                 f"give an even number of rotated dims, got {self.rotary_dims}"
             )
-        if self.unembedding_bias and self.unembedding != "separate":
-            raise ConfigError("unembedding_bias needs unembedding 'separate'")
-        for field in (
-            "bias",
-            "rotary_interleaved",
-            "qkv_bias",
-            "out_bias",
-            "mlp_bias",
-            "unembedding_bias",
-        ):
-            value = getattr(self, field)
-            if not isinstance(value, bool) and not (value is None and field.endswith("_bias")):
-                raise ConfigError(f"{field} must be true or false, got {value!r}")
-        if self.sliding_layers is not None:
-            if self.sliding_window is None:
-                raise ConfigError("sliding_layers needs sliding_window")
-            bad = [i for i in self.sliding_layers if not 0 <= i < self.n_layers]
-            if bad:
-                raise ConfigError(f"sliding_layers {bad} are outside [0, n_layers={self.n_layers})")
-        names = (self.input_name, self.embeddings_name, self.attentions_name)
-        if len(set(names)) != 3 or not all(isinstance(n, str) and n for n in names):
-            raise ConfigError(f"input/output names must be distinct non-empty strings, got {names}")
 
     @property
     def head_dim(self) -> int:
