@@ -188,16 +188,11 @@ async def compose(
     )
 
 
-async def start_server(
-    settings: Settings, backend: Backend | None = None, warm_up: bool = True
-) -> RunningServer:
-    """Load the models (with --model, `backend` if given), listen (NOT_SERVING), then warm
-    up and report SERVING."""
-    if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
-        keep_freed_heap()
-    services = await compose(settings, backend)
-    repository, oip_protocol = services.repository, services.oip_protocol
-    metrics = repository.metrics
+async def _grpc_server(
+    settings: Settings, services: Services
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The gRPC server with attnserve.v1, the Open Inference Protocol beside it over the
+    same models, health (NOT_SERVING until warmed up) and reflection."""
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -219,7 +214,20 @@ async def start_server(
     )
     for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):  # "": the whole server, as probes ask
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    return server, health_servicer
 
+
+async def start_server(
+    settings: Settings, backend: Backend | None = None, warm_up: bool = True
+) -> RunningServer:
+    """Load the models (with --model, `backend` if given), listen (NOT_SERVING), then warm
+    up and report SERVING."""
+    if settings.release_memory:  # the heap keeps what answers free, trimmed after bursts
+        keep_freed_heap()
+    services = await compose(settings, backend)
+    repository, oip_protocol = services.repository, services.oip_protocol
+    metrics = repository.metrics
+    server, health_servicer = await _grpc_server(settings, services)
     address = f"{settings.host}:{settings.port}"
     if settings.tls_cert and settings.tls_key:
         credentials = grpc.ssl_server_credentials(
