@@ -163,21 +163,13 @@ def _statistics(request: AttentionOptions) -> bool:
     return request.received or request.row_entropy or bool(request.key_start or request.key_end)
 
 
-def _plan_attention(
-    request: AttentionOptions,
-    config: ModelConfig,
-    sequences: list[np.ndarray],
-    readable: frozenset[str],
-) -> list[AttentionSelection]:
-    """One selection per sequence (query_positions resolve against each one's length): by
-    query blocks (blocked) where it asks for statistics or its weights would not fit in
-    LONG_ATTENTION_BYTES, the model's queries graph permitting."""
+def _refuse_attention(
+    request: AttentionOptions, config: ModelConfig, readable: frozenset[str]
+) -> None:
+    """The attention options that cannot go together, or that the model cannot compute."""
     field = "options.attention"
-    layers = indices(f"{field}.layers", request.layers, config.n_layers)
-    heads = indices(f"{field}.heads", request.heads, config.n_heads)
     packed = request.layout == Layout.CAUSAL_PACKED
-    reduction = request.head_reduction
-    if request.rollout and reduction == HeadReduction.NONE:
+    if request.rollout and request.head_reduction == HeadReduction.NONE:
         raise InvalidInputError(
             f"{field}.rollout needs the heads combined: set {field}.head_reduction to "
             "HEAD_REDUCTION_MEAN or HEAD_REDUCTION_MAX (or leave it unspecified: mean)"
@@ -219,6 +211,24 @@ def _plan_attention(
             "which received, row_entropy and tiles are computed: re-export it with "
             "`attnserve export`"
         )
+
+
+def _plan_attention(
+    request: AttentionOptions,
+    config: ModelConfig,
+    sequences: list[np.ndarray],
+    readable: frozenset[str],
+) -> list[AttentionSelection]:
+    """One selection per sequence (query_positions resolve against each one's length): by
+    query blocks (blocked) where it asks for statistics or its weights would not fit in
+    LONG_ATTENTION_BYTES, the model's queries graph permitting."""
+    field = "options.attention"
+    layers = indices(f"{field}.layers", request.layers, config.n_layers)
+    heads = indices(f"{field}.heads", request.heads, config.n_heads)
+    packed = request.layout == Layout.CAUSAL_PACKED
+    _refuse_attention(request, config, readable)
+    statistics = _statistics(request)
+    reduction = request.head_reduction
     per_square = 2 * config.n_layers * config.n_heads * 4  # the full path holds it twice
     blockable = QUERIES in readable and not (request.rollout or packed)
     if reduction is None:
