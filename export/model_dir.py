@@ -156,7 +156,7 @@ def write_model_dir(
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
         int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
-        for precision in precisions[precisions[0] == "fp32" :]:
+        for precision in (p for p in precisions if p != "fp32"):
             _derive(scratch, planned, precision, log, int8 if precision == "int8" else None)
         if "fp32" not in precisions:  # made only as the others' source
             for graph in (g for g in planned if g.precision == "fp32"):
