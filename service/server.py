@@ -254,9 +254,7 @@ async def start_server(
         "listening: %s (%s) on %s:%d%s; HTTP (explorer, /v1/embeddings, /docs) on %s; "
         "metrics on %s",
         SERVICE_NAME,
-        ", ".join(
-            f"{d.name} {d.version} ({d.backend.provider})" for d in repository.served.values()
-        ),
+        ", ".join(f"{d.name} {d.version} ({d.view.provider})" for d in repository.served.values()),
         settings.host,
         port,
         " with TLS" if settings.tls_cert else "",

@@ -31,6 +31,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.budget import request_bytes
 from attnserve.service.core.plan import plan_request
+from attnserve.service.core.view import ModelView
 from attnserve.service.process import spawn_server
 from attnserve.service.v1.options import inputs_of, options_of
 
@@ -45,7 +46,7 @@ def reserved_mib(model_dir: Path, seq_len: int) -> float:
     )
     request = build_request([[1] * seq_len], **BURST)
     plan = plan_request(
-        inputs_of(request), options_of(request.options), config, ByteTokenizer(config)
+        inputs_of(request), options_of(request.options), ModelView(config, ByteTokenizer(config))
     )
     return request_bytes(plan, config) / MIB
 

@@ -12,10 +12,11 @@ from attnserve.model.tokenizer import ByteTokenizer
 
 try:
     from attnserve.service.core.plan import plan_request
+    from attnserve.service.core.view import ModelView
     from attnserve.service.v1.options import inputs_of, options_of
 
     def plan(r, c, t):
-        return plan_request(inputs_of(r), options_of(r.options), c, t)
+        return plan_request(inputs_of(r), options_of(r.options), ModelView(c, t))
 except ImportError:
     from attnserve.service.core.plan import inputs_of, plan_request
 

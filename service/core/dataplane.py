@@ -32,6 +32,7 @@ from attnserve.service.core.metrics import ModelMetrics
 from attnserve.service.core.plan import EncodePlan, check_response_size, plan_request
 from attnserve.service.core.readouts import DECODE
 from attnserve.service.core.request import EncodeOptions, GenerateOptions, Input
+from attnserve.service.core.view import ModelView
 from attnserve.service.generate.chat import ChatTemplate
 from attnserve.service.generate.output import Token, detokenized, interleaved
 from attnserve.service.generate.plan import GenerationPlan, generation_bytes, plan_generation
@@ -78,6 +79,7 @@ class DataPlane:
         self.release_after_idle_s = release_after_idle_s
         self.weights = weights or WeightsInfo()  # what GetModelInfo reports of them
         self.chat = chat  # the checkpoint's chat template, where it had one
+        self.view = self._viewed()  # what requests are planned against
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
         self._releasing: asyncio.Future[None] | None = None
@@ -93,7 +95,7 @@ class DataPlane:
 
     def matches(self, version: str) -> bool:
         """Whether a request's version names this one ("": any; the weights' hash too)."""
-        return version in ("", self.version, self.backend.version)
+        return version in ("", self.version, self.view.version)
 
     async def start(self) -> None:
         """Start the engine, warm every backend up, then let requests in."""
@@ -110,7 +112,8 @@ class DataPlane:
         while True:
             await asyncio.sleep(SAE_WATCH_S)
             try:
-                await asyncio.to_thread(self.backend.refresh_saes)
+                if await asyncio.to_thread(self.backend.refresh_saes):
+                    self.view = self._viewed()
             except Exception:  # what it cannot open it logs; the model serves on regardless
                 log.exception("%s: looking for new SAEs failed", self.name)
 
@@ -151,16 +154,9 @@ class DataPlane:
         Open Inference Protocol's outputs, OpenAI's vectors). `by_layer`: the answer goes out as
         EncodeLayers' messages (only the largest must fit in one)."""
         with self._admitted():
-            config = self.backend.config
-            plan = plan_request(
-                inputs,
-                options,
-                config,
-                self.tokenizer,
-                self.backend.graphs,
-                self.backend.saes,
-                self._direction,
-            )
+            view = self.view
+            config = view.config
+            plan = plan_request(inputs, options, view)
             check_response_size(plan, config, self.max_message_bytes, by_layer)
             deadline = None if timeout is None else time.monotonic() + timeout
             async with self._room(request_bytes(plan, config), timeout):
@@ -183,21 +179,16 @@ class DataPlane:
         tokens as (choice, token) as they are made, the choices' interleaved. `timeout`
         bounds the wait for room in the memory budget (their KV caches), not the
         generation: a client stops it by going away."""
-        backend = self.backend
+        view = self.view
         with self._admitted():
-            if DECODE not in backend.graphs:
+            if DECODE not in view.graphs:
                 raise UnsupportedError(
-                    f"{backend.config.name} has no decode graph to generate with in "
-                    f"{backend.precision}: it comes with the graphs of a directory exported "
+                    f"{view.config.name} has no decode graph to generate with in "
+                    f"{view.precision}: it comes with the graphs of a directory exported "
                     "by this version from a model with an unembedding (re-export it)"
                 )
-            plans = [
-                plan_generation(
-                    item, options, backend.config, self.tokenizer, backend.saes, self._direction
-                )
-                for item, options in choices
-            ]
-            reserved = sum(generation_bytes(plan, backend.config) for plan in plans)
+            plans = [plan_generation(item, options, view) for item, options in choices]
+            reserved = sum(generation_bytes(plan, view.config) for plan in plans)
             async with self._room(reserved, timeout), contextlib.AsyncExitStack() as stack:
                 streams = [
                     await stack.enter_async_context(contextlib.aclosing(self._tokens(plan)))
@@ -239,6 +230,20 @@ class DataPlane:
 
     def _direction(self, sae: str, feature: int) -> np.ndarray:
         return self.backend.feature_direction(sae, feature)
+
+    def _viewed(self) -> ModelView:
+        """The backend as planners see it (its SAEs as they are now)."""
+        b = self.backend
+        return ModelView(
+            b.config,
+            self.tokenizer,
+            b.graphs,
+            dict(b.saes),
+            self._direction,
+            b.version,
+            b.provider,
+            b.precision,
+        )
 
     def _give_back(self, reserved: int) -> None:
         """Return a request's room to the budget; after a burst, give memory back once idle."""

@@ -8,7 +8,7 @@ first ("options.attention.layers: 7 is outside [0, 4)", "inputs[1] has 1101 toke
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 # The field a message names first: a path of names and indices, then ":" or " has ".
@@ -16,7 +16,26 @@ _FIELD = re.compile(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*)(?::| has )")
 
 
 class AttnserveError(Exception):
-    """Base of the service's own errors."""
+    """Base of the service's own errors. A request's field path, where its message names one
+    first, is `field`; a protocol that names the field otherwise says it in its own words
+    with `named`."""
+
+    @property
+    def field(self) -> str | None:
+        return field_of(self)
+
+    def named(self, names: Mapping[str, str]) -> AttnserveError:
+        """This error with its field as a protocol names it: the longest path of `names`
+        (the core's -> the protocol's) that the field begins with is replaced
+        ({"options.interventions": "interventions"}: "options.interventions[0].hook: ..."
+        -> "interventions[0].hook: ..."); itself where none is."""
+        field = self.field
+        if field is None:
+            return self
+        for path in sorted(names, key=len, reverse=True):
+            if field == path or field.startswith((path + ".", path + "[")):
+                return type(self)(names[path] + str(self)[len(path) :])
+        return self
 
 
 class InvalidInputError(AttnserveError):
@@ -74,22 +93,15 @@ def field_of(error: BaseException) -> str | None:
     return match.group(1) if match else None
 
 
-def word(name: str) -> re.Pattern[str]:
-    """`name` as a whole field name in a message (not inside a longer one)."""
-    return re.compile(r"(?<![\w.])" + re.escape(name) + r"(?!\w)")
-
-
 @contextmanager
-def renamed(*renames: tuple[re.Pattern[str], str]) -> Iterator[None]:
-    """Errors raised inside name fields as the request named them: each pattern of
-    `renames` in their messages replaced by its name (an API whose request says
-    "interventions[0].hook" where the plan says "options.interventions[0].hook")."""
+def fields_named(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors raised inside name their field as the request named it (AttnserveError.named:
+    an API whose request says "interventions[0].hook" where the plan says
+    "options.interventions[0].hook")."""
     try:
         yield
     except AttnserveError as exc:
-        message = str(exc)
-        for pattern, name in renames:
-            message = pattern.sub(name, message)
-        if message == str(exc):
+        renamed = exc.named(names)
+        if renamed is exc:
             raise
-        raise type(exc)(message) from exc
+        raise renamed from exc

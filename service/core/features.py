@@ -9,8 +9,6 @@ its outputs: model/artifacts.py `stream_site`) by each SAE's own graph
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
@@ -18,6 +16,7 @@ from attnserve.service.core.backend import FeaturesSelection
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.fields import positions
 from attnserve.service.core.request import FeaturesOptions
+from attnserve.service.core.view import ModelView
 
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000
@@ -26,14 +25,11 @@ FIELD = "options.features"
 
 
 def plan_features(
-    request: FeaturesOptions,
-    saes: Mapping[str, SAEConfig],
-    config: ModelConfig,
-    length: int,
-    index: int,
+    request: FeaturesOptions, view: ModelView, length: int, index: int
 ) -> FeaturesSelection:
     """inputs[index]'s (`length` tokens) FeaturesSelection; InvalidInputError names the field
     and the limit."""
+    saes, config = view.saes, view.config
     served = ", ".join(sorted(saes)) or "none (add one with `attnserve sae add`)"
     if not request.saes:
         raise InvalidInputError(f"{FIELD}.saes: name at least one; {config.name} serves {served}")

@@ -10,7 +10,7 @@ whatever came before, a `set` replaces it, a `scale` scales both.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +23,6 @@ from attnserve.model.hooks import (
     kind_heads,
     parse_site,
 )
-from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     Clamp,
     SiteChange,
@@ -34,10 +33,9 @@ from attnserve.service.core.request import (
     HeadScale,
     Intervention,
 )
+from attnserve.service.core.view import ModelView
 
 OPS = ("add", "set", "scale", "clamp")
-# (SAE name, feature id) -> the feature's decoder row (d_in,) (Backend.feature_direction)
-Direction = Callable[[str, int], np.ndarray]
 # SAE normalisations under which the decoder's output is rescaled per position
 _PER_POSITION = ("constant_norm_rescale", "layer_norm")
 
@@ -45,15 +43,14 @@ _PER_POSITION = ("constant_norm_rescale", "layer_norm")
 def plan_changes(
     interventions: tuple[Intervention, ...],
     head_mask: tuple[HeadScale, ...],
-    config: ModelConfig,
+    view: ModelView,
     length: int,
     index: int,
-    saes: Mapping[str, SAEConfig] | None = None,
-    direction: Direction | None = None,
 ) -> dict[str, SiteChange]:
     """The changes of inputs[index] (`length` tokens) by kind of site: its head mask (on
-    every hook_z) and then its interventions, in order (a feature's through `direction`,
-    of one of `saes`)."""
+    every hook_z) and then its interventions, in order (a feature's by its decoder row, of
+    one of the view's SAEs)."""
+    config = view.config
     changes: dict[str, _Change] = {}
     if head_mask:
         mask, means = head_mask_arrays(head_mask, config)
@@ -66,7 +63,7 @@ def plan_changes(
         if entry.op == "clamp":  # plan_clamps'
             continue
         if entry.feature is not None:
-            entry = _feature(f"options.interventions[{i}]", entry, saes or {}, direction)
+            entry = _feature(f"options.interventions[{i}]", entry, view)
         planned.append(_plan(i, entry, config, length, index))
     for kind, layer, rows, heads, op, values, scale in planned:
         change = changes.get(kind)
@@ -80,15 +77,10 @@ def plan_changes(
 
 
 def plan_clamps(
-    interventions: tuple[Intervention, ...],
-    config: ModelConfig,
-    length: int,
-    index: int,
-    saes: Mapping[str, SAEConfig],
-    direction: Direction | None,
+    interventions: tuple[Intervention, ...], view: ModelView, length: int, index: int
 ) -> tuple[Clamp, ...]:
     """The features inputs[index] clamps, each at its SAE's site."""
-    clamps = []
+    config, clamps = view.config, []
     for i, entry in enumerate(interventions):
         if entry.op != "clamp":
             continue
@@ -101,7 +93,7 @@ def plan_clamps(
             raise InvalidInputError(
                 f"{field}.scale: op clamp sets the feature's activation to it; set a finite value"
             )
-        row = _feature(field, replace(entry, op="add"), saes, direction)
+        row = _feature(field, replace(entry, op="add"), view)
         kind, layer = parse_site(row.hook, config) or ("", 0)
         if not kind:
             raise InvalidInputError(f"{field}.feature: {unknown_site(row.hook, config)}")
@@ -224,12 +216,11 @@ class _Change:
             self.add[index] += scale * values
 
 
-def _feature(
-    field: str, entry: Intervention, saes: Mapping[str, SAEConfig], direction: Direction | None
-) -> Intervention:
+def _feature(field: str, entry: Intervention, view: ModelView) -> Intervention:
     """An intervention by an SAE feature as one by its values: the feature's decoder row,
     at the SAE's site."""
     name, feature_id = entry.feature or ("", 0)
+    saes, direction = view.saes, view.direction
     sae = saes.get(name)
     if sae is None or direction is None:
         raise InvalidInputError(

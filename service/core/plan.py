@@ -8,7 +8,7 @@ the backend may trust.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -17,7 +17,6 @@ import numpy as np
 from attnserve.model.artifacts import QUERIES_ONNX_FILENAME
 from attnserve.model.config import ModelConfig
 from attnserve.model.packing import packed_length
-from attnserve.model.sae_config import SAEConfig
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.errors import (
@@ -26,7 +25,6 @@ from attnserve.service.core.errors import (
     UnsupportedError,
 )
 from attnserve.service.core.fields import indices, positions
-from attnserve.service.core.interventions import Direction
 from attnserve.service.core.readouts import QUERIES, plan_readouts, readout_response_bytes
 from attnserve.service.core.request import (
     AttentionOptions,
@@ -36,6 +34,7 @@ from attnserve.service.core.request import (
     Layout,
     Pooling,
 )
+from attnserve.service.core.view import ModelView
 
 # Where a sequence's full weights (every selected layer's and head's T x T, held twice)
 # would pass this, its attention is computed by query blocks instead (when it can be).
@@ -66,15 +65,11 @@ class EncodePlan:
 def plan_request(
     inputs: Sequence[Input],
     options: EncodeOptions,
-    config: ModelConfig,
-    tokenizer: Tokenizer,
-    readable: frozenset[str] = frozenset(),
-    saes: Mapping[str, SAEConfig] | None = None,
-    direction: Direction | None = None,
+    view: ModelView,
 ) -> EncodePlan:
-    """Validate and tokenize; InvalidInputError names the field and the limit. `readable`:
-    the readouts the backend computes (Backend.graphs); `saes`: the SAEs it serves;
-    `direction`: an SAE feature's decoder row (Backend.feature_direction)."""
+    """Validate and tokenize against the served model's view; InvalidInputError names the
+    field and the limit."""
+    config, tokenizer = view.config, view.tokenizer
     if not len(inputs):
         raise InvalidInputError("inputs: at least one input is required")
     sequences, truncated = [], []
@@ -94,10 +89,8 @@ def plan_request(
         options = replace(options, patching=replace(patching, target=target, contrast=contrast))
     attention = None
     if options.attention is not None:
-        attention = _plan_attention(options.attention, config, sequences, readable)
-    readouts = plan_readouts(
-        options, config, sequences, attention, readable, saes or {}, source, direction
-    )
+        attention = _plan_attention(options.attention, config, sequences, view.graphs)
+    readouts = plan_readouts(options, view, sequences, attention, source)
     if readouts and attention and any(s.blocked for s in attention):
         if options.attention is not None and _statistics(options.attention):
             raise InvalidInputError(

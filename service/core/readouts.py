@@ -10,12 +10,9 @@ logit); `Backend.graphs` says which of them a served model has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import (
     AttentionSelection,
     AttributionSelection,
@@ -31,12 +28,7 @@ from attnserve.service.core.features import (
     plan_features,
 )
 from attnserve.service.core.fields import indices, positions
-from attnserve.service.core.interventions import (
-    Direction,
-    changes_bytes,
-    plan_changes,
-    plan_clamps,
-)
+from attnserve.service.core.interventions import changes_bytes, plan_changes, plan_clamps
 from attnserve.service.core.patching import plan_patching
 from attnserve.service.core.request import (
     AttributionOptions,
@@ -45,6 +37,7 @@ from attnserve.service.core.request import (
     LensNorm,
     PredictionsOptions,
 )
+from attnserve.service.core.view import ModelView
 
 # The graphs a request may need, by their kinds in model/artifacts.py GRAPHS
 STREAM = "readouts"  # the readouts graph: hidden states and head masks
@@ -80,18 +73,15 @@ _TOKEN_STRING_BYTES = 16  # about what a top token's display string weighs on th
 
 def plan_readouts(
     options: EncodeOptions,
-    config: ModelConfig,
+    view: ModelView,
     sequences: list[np.ndarray],
     attention: list[AttentionSelection] | None,
-    readable: frozenset[str],
-    saes: Mapping[str, SAEConfig],
     source: np.ndarray | None = None,
-    direction: Direction | None = None,
 ) -> list[ReadoutSelection] | None:
-    """One ReadoutSelection per sequence, or None when the request asks for no readout.
-    `readable`: the graphs the backend has (Backend.graphs); `saes`: the SAEs it serves;
-    `source`: options.patching's source, tokenized and checked; `direction`: an SAE
-    feature's decoder row."""
+    """One ReadoutSelection per sequence, or None when the request asks for no readout,
+    from the graphs the view has; `source`: options.patching's source, tokenized and
+    checked."""
+    config, readable = view.config, view.graphs
     asked = [
         f
         for f in ("hidden_states", "predictions", "logit_lens", "attribution", "features")
@@ -137,10 +127,8 @@ def plan_readouts(
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
-        changes = plan_changes(
-            options.interventions, options.head_mask, config, length, index, saes, direction
-        )
-        clamps = plan_clamps(options.interventions, config, length, index, saes, direction)
+        changes = plan_changes(options.interventions, options.head_mask, view, length, index)
+        clamps = plan_clamps(options.interventions, view, length, index)
         changed = {*changes, *(clamp.kind for clamp in clamps)}
         if attribution is not None and changed & set(_STREAM_KINDS):
             raise InvalidInputError(
@@ -171,9 +159,7 @@ def plan_readouts(
                 attribution=None
                 if attribution is None
                 else _attribution(attribution, config, length, index),
-                features=None
-                if features is None
-                else plan_features(features, saes, config, length, index),
+                features=None if features is None else plan_features(features, view, length, index),
             )
         )
     return selections

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnserve.model.config import ModelConfig
-from attnserve.model.sae_config import SAEConfig
-from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.core.backend import SiteChange
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.interventions import Direction, changes_bytes, plan_changes
+from attnserve.service.core.interventions import changes_bytes, plan_changes
 from attnserve.service.core.plan import tokenized
 from attnserve.service.core.request import EncodeOptions, GenerateOptions, Input
+from attnserve.service.core.view import ModelView
 from attnserve.service.generate.sampling import MAX_LOGPROBS, Sampling
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
@@ -47,16 +46,10 @@ def generation_bytes(plan: GenerationPlan, config: ModelConfig) -> int:
     return 2 * positions * per_position + changes_bytes(plan.prompt_changes)
 
 
-def plan_generation(
-    item: Input,
-    options: GenerateOptions,
-    config: ModelConfig,
-    tokenizer: Tokenizer,
-    saes: Mapping[str, SAEConfig] | None = None,
-    direction: Direction | None = None,
-) -> GenerationPlan:
+def plan_generation(item: Input, options: GenerateOptions, view: ModelView) -> GenerationPlan:
     """The checked plan of one text's generation; InvalidInputError names the field."""
-    prompt, _ = tokenized("prompt", item, EncodeOptions(), config, tokenizer)
+    config = view.config
+    prompt, _ = tokenized("prompt", item, EncodeOptions(), config, view.tokenizer)
     if len(prompt) >= config.max_seq_len:
         raise InvalidInputError(
             f"prompt: {len(prompt)} tokens leave no room to generate in the model's context "
@@ -112,8 +105,6 @@ def plan_generation(
         sampling=Sampling(options.temperature, options.top_p, options.seed, options.logprobs),
         stop=options.stop,
         stop_ids=frozenset(stop_ids),
-        prompt_changes=plan_changes(
-            options.interventions, (), config, len(prompt), 0, saes, direction
-        ),
-        step_changes=plan_changes(everywhere, (), config, 1, 0, saes, direction),
+        prompt_changes=plan_changes(options.interventions, (), view, len(prompt), 0),
+        step_changes=plan_changes(everywhere, (), view, 1, 0),
     )

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from attnserve.service.core.dataplane import DataPlane
-from attnserve.service.core.errors import renamed, word
+from attnserve.service.core.errors import fields_named
 from attnserve.service.core.request import GenerateOptions, Input
 from attnserve.service.core.status import log_unexpected
 from attnserve.service.generate.output import Token
@@ -25,7 +25,7 @@ from attnserve.service.openai.protocol import ChatRequest, CompletionRequest, Sa
 from attnserve.service.openai.translate import chat_choices, completion_choices
 
 # The plan's names of what these bodies name otherwise.
-OPENAI_NAMES = ((word("options.interventions"), "interventions"),)
+OPENAI_NAMES = {"options.interventions": "interventions"}
 
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=ErrorRoute, dependencies=[Depends(authorized)]
@@ -37,10 +37,10 @@ async def completions(body: CompletionRequest, request: Request) -> dict | Strea
     """Each prompt continued (a choice each; two with `compare`: the interventions' first)."""
     with (
         state(request).repository.observed("POST /v1/completions") as find,
-        renamed(*OPENAI_NAMES),
+        fields_named(OPENAI_NAMES),
     ):
         plane = find(body.model or "")
-        chosen = completion_choices(body, plane.tokenizer, plane.backend.config.max_seq_len)
+        chosen = completion_choices(body, plane.tokenizer, plane.view.config.max_seq_len)
         answers = [
             Completion(i, plane.tokenizer, body.logprobs is not None, body.return_token_ids)
             for i in range(len(chosen))
@@ -52,15 +52,15 @@ async def completions(body: CompletionRequest, request: Request) -> dict | Strea
 async def chat_completions(body: ChatRequest, request: Request) -> dict | StreamingResponse:
     """The assistant's reply to the conversation (two with `compare`)."""
     # chat names the plan's logprobs top_logprobs, and its prompt the messages
-    names = [*OPENAI_NAMES, (word("logprobs"), "top_logprobs"), (word("prompt"), "messages")]
+    names = OPENAI_NAMES | {"logprobs": "top_logprobs", "prompt": "messages"}
     if body.max_completion_tokens is not None:
-        names.append((word("max_tokens"), "max_completion_tokens"))
+        names["max_tokens"] = "max_completion_tokens"
     with (
         state(request).repository.observed("POST /v1/chat/completions") as find,
-        renamed(*names),
+        fields_named(names),
     ):
         plane = find(body.model or "")
-        context = plane.backend.config.max_seq_len
+        context = plane.view.config.max_seq_len
         chosen = chat_choices(body, plane.chat, plane.tokenizer, plane.name, context)
         answers: list[Completion] = [
             ChatCompletion(i, plane.tokenizer, body.logprobs, body.return_token_ids)

@@ -38,7 +38,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> dict:
     s = state(request)
     with s.repository.observed("POST /v1/embeddings") as find:
         dataplane = find(body.model or "")
-        config = dataplane.backend.config
+        config = dataplane.view.config
         inputs = embedding_inputs(body, config.embedding_dim)
         limit = (config.max_seq_len, f"max_seq_len={config.max_seq_len}")
         keep = body.truncate_prompt_tokens

@@ -40,7 +40,7 @@ class Prompt:
 
 
 def prompt_of(plane: DataPlane, text: str) -> Prompt:
-    config = plane.backend.config
+    config = plane.view.config
     ids = list(plane.tokenizer.encode(text))
     if not ids or ids[0] != config.bos_id:
         ids.insert(0, config.bos_id)
@@ -52,7 +52,7 @@ def prompt_of(plane: DataPlane, text: str) -> Prompt:
 
 def check_sources(plane: DataPlane, field: str, sources: Sequence[str]) -> None:
     """Each source must be an SAE the model serves; the error names Neuronpedia's field."""
-    served = plane.backend.saes
+    served = plane.view.saes
     for source in sources:
         if source not in served:
             listed = ", ".join(sorted(served)) or "none (add one with `attnserve sae add`)"
@@ -83,7 +83,7 @@ async def topk_by_token(
     """Each token's strongest features of one SAE (ActivationTopkByTokenResponse)."""
     check_sources(plane, "source", [source])
     prompt = prompt_of(plane, text)
-    width = plane.backend.saes[source].d_sae
+    width = plane.view.saes[source].d_sae
     k = max(1, min(DEFAULT_TOP_K if top_k is None else top_k, width, MAX_TOP_K))  # clamped
     features = await features_of(
         plane, prompt, FeaturesOptions((source,), top_k=k, skip_error_norm=True), timeout
@@ -112,7 +112,7 @@ async def single(
     """One feature's activation at every token (ActivationSingleResponse): a BOS position
     reads 0 and, where there is one, the first position is left out."""
     check_sources(plane, "source", [source])
-    width = plane.backend.saes[source].d_sae
+    width = plane.view.saes[source].d_sae
     if not index.isdigit() or int(index) >= width:
         raise InvalidInputError(f"index: {index!r} is not a feature of {source} (0 to {width - 1})")
     prompt = prompt_of(plane, text)
@@ -120,7 +120,7 @@ async def single(
     features = await features_of(plane, prompt, options, timeout)
     assert features.feature_activations is not None  # asked for
     values = features.feature_activations[0, :, 0].copy()  # (T,)
-    bos = prompt.ids == plane.backend.config.bos_id
+    bos = prompt.ids == plane.view.config.bos_id
     values[bos] = 0
     first = 1 if bos.any() else 0
     values = values[first:]
@@ -148,9 +148,9 @@ async def all_features(
     """The features of a source set that fire most on the prompt, each with its activation
     at every token (ActivationAllResponse): ranked by their largest activation, or by
     their sum over `sort_by_token_indexes`; ties keep the sources' order."""
-    members = [n for n in sorted(plane.backend.saes, key=_layer_first) if _set_of(n) == source_set]
+    members = [n for n in sorted(plane.view.saes, key=_layer_first) if _set_of(n) == source_set]
     if not members:
-        sets = sorted({s for s in map(_set_of, plane.backend.saes) if s})
+        sets = sorted({s for s in map(_set_of, plane.view.saes) if s})
         raise InvalidInputError(
             f"source_set: {source_set!r} is not a set of SAEs named LAYER-{source_set} "
             f"in {plane.name}; its sets: {', '.join(sets) or 'none'}"
@@ -200,10 +200,10 @@ def _groups(plane: DataPlane, sources: list[str], length: int) -> list[list[str]
     positions) weigh at most GROUP_BYTES: one model run serves each run."""
     groups: list[list[str]] = []
     for source in sources:
-        width = plane.backend.saes[source].d_sae
+        width = plane.view.saes[source].d_sae
         room = max(1, GROUP_BYTES // (width * length * 4))
         last = groups[-1] if groups else None
-        if last and plane.backend.saes[last[0]].d_sae == width and len(last) < room:
+        if last and plane.view.saes[last[0]].d_sae == width and len(last) < room:
             last.append(source)
         else:
             groups.append([source])

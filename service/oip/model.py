@@ -245,7 +245,7 @@ class OipModel:
         try:
             for i, tensor in enumerate(request.inputs):
                 self._read_input(i, tensor)
-            plan = translate(request, self.dataplane.backend.config)
+            plan = translate(request, self.dataplane.view.config)
             translated = time.perf_counter_ns()
             run = self.dataplane.results(plan.inputs, plan.options, timeout)
             # the plan's errors name the parameters this client sent, not attnserve.v1's fields
@@ -338,7 +338,7 @@ class OipModel:
         """The outputs metadata and config list: not the readouts (hidden_states, logits,
         ...), which perf_analyzer would ask of every request (it asks for every listed
         output; docs/api.md names them)."""
-        d = self.dataplane.backend.config.embedding_dim
+        d = self.dataplane.view.config.embedding_dim
         shapes = {
             "embeddings": [-1, -1, d],
             "pooled": [-1, d],

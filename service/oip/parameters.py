@@ -4,7 +4,6 @@ never converted; unknown ones refused, the ones clients send on their own ignore
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from attnserve.oip.wire import Parameter
-from attnserve.service.core.errors import InvalidInputError, renamed
+from attnserve.service.core.errors import InvalidInputError, fields_named
 from attnserve.service.core.request import HeadReduction, Layout, LensNorm, Pooling
 
 # Parameters that clients of the protocol send on their own (Triton reserves the prefix
@@ -109,20 +108,17 @@ PARAMETERS = {
                                 "interventions[0].positions"),
 }  # fmt: skip
 STEERING_PARAMETERS = ("steering_hook", "steering_scale", "steering_positions")
-# an option's name, as a whole word ("options.truncate", not "options.truncation") -> the
-# V2 parameter (or input) that sets it
+# an option's field path -> the V2 parameter (or input) that sets it
 _PARAMETER_OF = {
-    re.compile(re.escape(field) + r"\b"): f"parameters.{name}"
-    for name, spec in PARAMETERS.items()
-    for field in spec.fields
-} | {re.compile(re.escape("options.interventions[0].values")): "inputs.steering"}
+    field: f"parameters.{name}" for name, spec in PARAMETERS.items() for field in spec.fields
+} | {"options.interventions[0].values": "inputs.steering"}
 
 
 def parameter_names() -> AbstractContextManager[None]:
     """Errors raised inside name the V2 parameter a client sent where they named the option
     it set ("parameters.lens_layers: 7 is outside ..." rather than
     "options.logit_lens.layers: ...")."""
-    return renamed(*_PARAMETER_OF.items())
+    return fields_named(_PARAMETER_OF)
 
 
 def checked_parameters(parameters: dict[str, Parameter]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ async def encode(
     inputs, options = inputs_of(request), options_of(request.options)
     async with plane.results(inputs, options, timeout) as (plan, results):
         answer = build_response(
-            plan, results, plane.tokenizer, plane.backend.version, request.request_id
+            plan, results, plane.tokenizer, plane.view.version, request.request_id
         )
         answer.message.timings.total_ns = time.perf_counter_ns() - start
         return finish(answer)
@@ -47,9 +47,7 @@ async def encode_layers(
     inputs, options = inputs_of(request), options_of(request.options)
     async with plane.results(inputs, options, timeout, by_layer=True) as (plan, results):
         rest, layers = split_attention_layers(plan, results)
-        answer = build_response(
-            plan, rest, plane.tokenizer, plane.backend.version, request.request_id
-        )
+        answer = build_response(plan, rest, plane.tokenizer, plane.view.version, request.request_id)
         answer.message.timings.total_ns = time.perf_counter_ns() - start
         yield answer.serialize_in(pb.EncodeLayersResponse(), "response")
         for layer in layers:
@@ -57,10 +55,10 @@ async def encode_layers(
 
 
 def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
-    c, weights = plane.backend.config, plane.weights
+    c, weights = plane.view.config, plane.weights
     return pb.GetModelInfoResponse(
         name=plane.name,
-        version=plane.backend.version,
+        version=plane.view.version,
         n_layers=c.n_layers,
         n_heads=c.n_heads,
         n_kv_heads=c.kv_heads,
@@ -69,8 +67,8 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         max_seq_len=c.max_seq_len,
         vocab_size=c.vocab_size,
         tokenizer=plane.tokenizer.kind,
-        provider=plane.backend.provider,
-        precision=plane.backend.precision,
+        provider=plane.view.provider,
+        precision=plane.view.precision,
         config_json=c.to_json(),
         max_message_bytes=plane.max_message_bytes,
         max_batch_tokens=plane.engine.options.max_batch_tokens,
@@ -90,9 +88,9 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
                 d_in=sae.d_in,
                 d_sae=sae.d_sae,
             )
-            for name, sae in sorted(plane.backend.saes.items())
+            for name, sae in sorted(plane.view.saes.items())
         ],
-        generates=DECODE in plane.backend.graphs,
+        generates=DECODE in plane.view.graphs,
         chat_template=plane.chat is not None,
         eos_id=c.eos_id,
     )

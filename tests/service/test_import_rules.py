@@ -99,3 +99,27 @@ def test_the_core_may_not_speak_an_api(tmp_path):
         "service/core/bad.py:1 imports grpc",
         "service/core/bad.py:2 imports attnserve.v1",
     ]
+
+
+def backend_reads(folder: str, service: Path = SERVICE) -> list[str]:
+    """Where a module of `folder` reads an object's `.backend`."""
+    return [
+        f"{path.relative_to(service.parent)}:{node.lineno}"
+        for path in sorted((service / folder).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "backend"
+    ]
+
+
+@pytest.mark.parametrize("folder", [*PROTOCOLS, "grpc", "http", "ray"])
+def test_protocols_and_transports_read_the_model_off_the_data_plane(folder):
+    """They ask the data plane (DataPlane.view, core/view.py), never its backend."""
+    assert backend_reads(folder) == []
+
+
+def test_a_read_of_the_backend_is_named(tmp_path):
+    (tmp_path / "service" / "http").mkdir(parents=True)
+    (tmp_path / "service" / "http" / "bad.py").write_text(
+        "def f(plane):\n    return plane.backend.saes\n"
+    )
+    assert backend_reads("http", tmp_path / "service") == ["service/http/bad.py:2"]

@@ -16,6 +16,7 @@ from attnserve.service.core.budget import ByteBudget, request_bytes
 from attnserve.service.core.errors import DeadlineExceededError
 from attnserve.service.core.plan import plan_request
 from attnserve.service.core.request import AttentionOptions, EncodeOptions, Layout
+from attnserve.service.core.view import ModelView
 from tests.conftest import SMALL_CONFIG, ServerThread
 from tests.service.fakes import FakeBackend
 
@@ -126,7 +127,7 @@ def test_a_packed_request_also_reserves_the_square_map_it_is_packed_from():
 
     def reserved(layout: Layout) -> int:
         options = EncodeOptions(attention=AttentionOptions(float16=True, layout=layout))
-        plan = plan_request([np.ones(length, np.int64)], options, config, tokenizer)
+        plan = plan_request([np.ones(length, np.int64)], options, ModelView(config, tokenizer))
         return request_bytes(plan, config)
 
     square = config.n_layers * config.n_heads * length * length * 2

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
+from attnserve.service.core.errors import InvalidInputError, UnsupportedError, fields_named
 from attnserve.service.ort.runtime import OrtRuntime
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -268,3 +269,27 @@ def test_a_failed_batch_is_internal_and_the_server_keeps_serving(
             assert len(c.encode([[1, 2]]).encodings) == 1
     finally:
         failing.stop()
+
+
+def test_a_protocol_names_the_field_path_in_its_own_words():
+    """AttnserveError.named renames the field a message names first, by the longest path of
+    a protocol's names it begins with, on a path's boundary; the rest of the message stays."""
+    names = {
+        "options.interventions": "interventions",
+        "options.interventions[0].values": "inputs.steering",
+        "options.truncate": "parameters.truncate",
+    }
+    error = InvalidInputError("options.interventions[1].hook: blocks.9 is not a site")
+    renamed = error.named(names)
+    assert type(renamed) is InvalidInputError and renamed.field == "interventions[1].hook"
+    assert str(renamed) == "interventions[1].hook: blocks.9 is not a site"
+    steering = InvalidInputError("options.interventions[0].values: 3 floats, want 8")
+    assert str(steering.named(names)) == "inputs.steering: 3 floats, want 8"
+    # not a path that merely begins with the same letters, nor a path in the message's body
+    for message in ("options.truncation: 3 is not one of", "inputs[0]: set options.truncate"):
+        error = InvalidInputError(message)
+        assert error.named(names) is error
+    match = r"^interventions\[0\]\.op: no"
+    with pytest.raises(UnsupportedError, match=match) as caught, fields_named(names):
+        raise UnsupportedError("options.interventions[0].op: no")
+    assert isinstance(caught.value.__cause__, UnsupportedError)

@@ -13,6 +13,7 @@ from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.plan import plan_request
+from attnserve.service.core.view import ModelView
 from attnserve.service.v1.options import inputs_of, options_of
 from attnserve.v1.wire import ATTRIBUTION_PARTS
 from tests.conftest import SMALL_CONFIG
@@ -279,9 +280,7 @@ def plan(request, config: ModelConfig, readable: set[str]):
     return plan_request(
         inputs_of(request),
         options_of(request.options),
-        config,
-        ByteTokenizer(config),
-        frozenset(readable),
+        ModelView(config, ByteTokenizer(config), frozenset(readable)),
     )
 
 

@@ -18,6 +18,7 @@ from attnserve.service.core.budget import ATTENTION_BLOCK_BYTES, queries_bytes, 
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.plan import LONG_ATTENTION_BYTES, plan_request, response_bytes
 from attnserve.service.core.request import AttentionOptions, EncodeOptions, HeadReduction
+from attnserve.service.core.view import ModelView
 from attnserve.service.ort import runtime as runtime_module
 from attnserve.service.ort.blocks import block_rows
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
@@ -29,8 +30,8 @@ EVERY = dict(layers=tuple(range(SMALL_CONFIG.n_layers)), heads=tuple(range(SMALL
 def planned(runtime: OrtRuntime, length: int, **attention):
     options = EncodeOptions(attention=AttentionOptions(**attention))
     ids = np.random.default_rng(length).integers(0, 256, length)
-    return plan_request([ids], options, runtime.config, ByteTokenizer(runtime.config),
-                        runtime.graphs)  # fmt: skip
+    view = ModelView(runtime.config, ByteTokenizer(runtime.config), runtime.graphs)
+    return plan_request([ids], options, view)
 
 
 def test_the_plan_sends_statistics_and_long_maps_to_blocks(small_runtime):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.interventions import plan_changes
 from attnserve.service.core.request import Intervention
+from attnserve.service.core.view import ModelView
 from tests.conftest import SMALL_CONFIG
 
 
@@ -20,7 +22,8 @@ def test_a_prompt_run_in_chunks_is_the_prompt_run_whole(small_runtime):
     # a change of the prompt's positions 3 and 20 (one per position: sliced by chunk)
     values = np.random.default_rng(1).normal(0, 4, SMALL_CONFIG.d_model).astype(np.float32)
     change = Intervention("blocks.1.hook_resid_pre", "add", values, 2.0, positions=(3, 20))
-    changes = plan_changes((change,), (), SMALL_CONFIG, len(prompt), 0)
+    view = ModelView(SMALL_CONFIG, ByteTokenizer(SMALL_CONFIG))
+    changes = plan_changes((change,), (), view, len(prompt), 0)
     assert changes and next(iter(changes.values())).scale.shape[1] == len(prompt)
     whole_batch, chunked_batch = small_runtime.decode_batch(), small_runtime.decode_batch()
     whole = whole_batch.prefill(prompt, changes).advance(len(prompt))
