@@ -43,7 +43,13 @@ def add_commands(root: argparse._SubParsersAction) -> None:
     attention.add_argument("--out", type=Path, required=True, help="for attention.json/.md")
     attention.add_argument("--model", type=Path, required=True, help="model directory")
     attention.add_argument("--quick", action="store_true", help="short lengths (smoke)")
-    load = commands.add_parser("load", help="load-test a running server (open or closed loop)")
+    _load_arguments(
+        commands.add_parser("load", help="load-test a running server (open or closed loop)")
+    )
+    parser.set_defaults(run=run_bench)
+
+
+def _load_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--target",
         required=True,
@@ -112,8 +118,6 @@ def add_commands(root: argparse._SubParsersAction) -> None:
         help="first wait up to this long for the target to report SERVING (0: don't)",
     )
     load.add_argument("--out", type=Path, help="write the report (and every request) as JSON")
-
-    parser.set_defaults(run=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:

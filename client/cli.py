@@ -36,7 +36,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     health.add_argument("--service", default="", help="health service name (default: server)")
     command("info", "describe the served model", _info)
 
-    encode = command("encode", "encode texts or token ids", _encode)
+    _encode_arguments(command("encode", "encode texts or token ids", _encode))
+    generate_command.add_arguments(
+        command(
+            "generate", "continue a text, steered by SAE features if asked", generate_command.run
+        )
+    )
+
+    _heatmap_arguments(
+        command(
+            "heatmap",
+            "attention as a PNG: one head, a layer's heads reduced, rollout, or an entropy grid",
+            _heatmap,
+        )
+    )
+
+
+def _encode_arguments(encode: argparse.ArgumentParser) -> None:
     source = encode.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", action="append", help="a text to encode (repeatable)")
     source.add_argument("--ids", action="append", help="comma-separated token ids (repeatable)")
@@ -49,6 +65,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     _attention_options(encode)
     encode.add_argument("--top-k", type=int, default=0, help="k largest weights per row")
     encode.add_argument("--entropy", action="store_true", help="each head's mean row entropy")
+    _readout_arguments(encode)
+    _patching_arguments(encode)
+    _feature_arguments(encode)
+    encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
+    encode.add_argument("--tokens", action="store_true", help="show each token's text")
+    encode.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _readout_arguments(encode: argparse.ArgumentParser) -> None:
     readouts = encode.add_argument_group("beyond attention")
     readouts.add_argument("--predict", action="store_true", help="the next-token predictions")
     readouts.add_argument("--lens", action="store_true", help="the logit lens of every layer")
@@ -100,6 +125,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "embedding's part; each an id or a token's text, e.g. ' Mary: John' (repeatable: "
         "all with contrasts or none)",
     )
+
+
+def _patching_arguments(encode: argparse.ArgumentParser) -> None:
     changes = encode.add_argument_group("activation patching")
     changes.add_argument(
         "--patch",
@@ -115,6 +143,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default="resid_pre",
         help="the kind of site patched (z: each head's output at every position)",
     )
+
+
+def _feature_arguments(encode: argparse.ArgumentParser) -> None:
     features = encode.add_argument_group("sparse-autoencoder features")
     features.add_argument(
         "--sae",
@@ -128,21 +159,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     features.add_argument(
         "--skip-first-token", action="store_true", help="leave the first token's out"
     )
-    encode.add_argument("--truncate", action="store_true", help="cut inputs to max_seq_len")
-    encode.add_argument("--tokens", action="store_true", help="show each token's text")
-    encode.add_argument("--json", action="store_true", help="machine-readable output")
 
-    generate_command.add_arguments(
-        command(
-            "generate", "continue a text, steered by SAE features if asked", generate_command.run
-        )
-    )
 
-    heatmap = command(
-        "heatmap",
-        "attention as a PNG: one head, a layer's heads reduced, rollout, or an entropy grid",
-        _heatmap,
-    )
+def _heatmap_arguments(heatmap: argparse.ArgumentParser) -> None:
     heatmap.add_argument("--text", required=True)
     heatmap.add_argument("--layer", type=int, default=0)
     heatmap.add_argument("--head", type=int, default=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import TypedDict, TypeVar, Unpack, cast
 
 import numpy as np
 
@@ -178,23 +178,68 @@ def _choice(name: str, value: str, choices: Mapping[str, Choice]) -> Choice:
     return choices[value]
 
 
+class AttentionArgs(TypedDict, total=False):
+    """build_request's attention options (AttentionRequest in the .proto): `attention`
+    alone asks for every layer's and head's weights; `layers`, `heads` (empty: all), `rows`
+    (query positions, negative from the end), `attention_dtype` ("float32", "float16"),
+    `attention_layout` ("full", "causal-packed"), a `head_reduction` ("mean", "max"),
+    `rollout`, `top_k`, `head_entropy`, `row_entropy`, `received` (each key's attention over
+    the rows), `keys` (a tile: keys (start, end) of each row; end 0: T), and `omit_weights`
+    to get only the summaries."""
+
+    attention: bool
+    layers: Sequence[int]
+    heads: Sequence[int]
+    attention_dtype: str
+    attention_layout: str
+    rows: Sequence[int]
+    head_reduction: str
+    rollout: bool
+    top_k: int
+    head_entropy: bool
+    omit_weights: bool
+    row_entropy: bool
+    received: bool
+    keys: tuple[int, int] | None
+
+
+def _attention_request(a: pb.AttentionRequest, asked: AttentionArgs) -> None:
+    """Fill `a` from build_request's attention options."""
+    a.layers.extend(asked.get("layers", ()))
+    a.heads.extend(asked.get("heads", ()))
+    a.dtype = _choice("attention_dtype", asked.get("attention_dtype", "float32"), DTYPES)
+    # "causal-packed" as the CLI spells it, or "causal_packed" as the Open Inference
+    # Protocol's parameter does
+    layout = asked.get("attention_layout", "full").replace("-", "_")
+    a.layout = _choice("attention_layout", layout, LAYOUTS)
+    a.query_positions.extend(asked.get("rows", ()))
+    reduction = asked.get("head_reduction", "none")
+    if reduction != "none":  # left unspecified: rollout then averages the heads
+        a.head_reduction = _choice("head_reduction", reduction, HEAD_REDUCTIONS)
+    a.rollout = asked.get("rollout", False)
+    a.top_k = asked.get("top_k", 0)
+    a.head_entropy = asked.get("head_entropy", False)
+    a.omit_weights = asked.get("omit_weights", False)
+    a.row_entropy = asked.get("row_entropy", False)
+    a.received = asked.get("received", False)
+    a.key_start, a.key_end = asked.get("keys") or (0, 0)
+
+
+def _inputs(inputs: Input | Sequence[Input]) -> list[pb.Input]:
+    """One text, one id sequence, or a list of those, as the request's inputs."""
+    single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
+    items = [inputs] if single else list(cast(Sequence[Input], inputs))
+    return [
+        pb.Input(text=item)
+        if isinstance(item, str)
+        else pb.Input(token_ids=pb.TokenIds(ids=[int(i) for i in cast(Sequence[int], item)]))
+        for item in items
+    ]
+
+
 def build_request(
     inputs: Input | Sequence[Input],
     *,
-    attention: bool = False,
-    layers: Sequence[int] = (),
-    heads: Sequence[int] = (),
-    attention_dtype: str = "float32",
-    attention_layout: str = "full",
-    rows: Sequence[int] = (),
-    head_reduction: str = "none",
-    rollout: bool = False,
-    top_k: int = 0,
-    head_entropy: bool = False,
-    omit_weights: bool = False,
-    row_entropy: bool = False,
-    received: bool = False,
-    keys: tuple[int, int] | None = None,
     pooling: str = "none",
     token_embeddings: bool = True,
     truncate: bool = False,
@@ -211,15 +256,11 @@ def build_request(
     patching: Mapping | None = None,
     request_id: str = "",
     model: str = "",
+    **attention: Unpack[AttentionArgs],
 ) -> pb.EncodeRequest:
     """inputs: one text, one id sequence, or a list of those.
 
-    Attention is returned when `attention` or any attention option is set: `layers`,
-    `heads` (empty: all), `rows` (query positions, negative from the end), a
-    `head_reduction` ("mean", "max"), `rollout`, `top_k`, `head_entropy`, `row_entropy`,
-    `received` (each key's attention over the rows), `keys` (a tile: keys (start, end) of
-    each row; end 0: T), and `omit_weights` to get only the summaries (see AttentionRequest
-    in the .proto).
+    Attention is returned when `attention` or any attention option is set (AttentionArgs).
     `hidden_states`, `predictions`, `logit_lens`: True, or the fields of the .proto's
     HiddenStatesRequest / TokenPredictionsRequest as a dict (e.g. `logit_lens={"positions":
     [-1], "top_k": 3, "lens_norm": "own"}`). `attribution`: the fields of
@@ -239,40 +280,17 @@ def build_request(
     one token's text, or its id).
     `model` names a served model (empty: the server's default).
     """
-    single = isinstance(inputs, str) or (len(inputs) > 0 and _is_id(inputs[0]))
-    items = [inputs] if single else list(cast(Sequence[Input], inputs))
-    request = pb.EncodeRequest(request_id=request_id, model=model)
-    for item in items:
-        if isinstance(item, str):
-            request.inputs.add(text=item)
-        else:
-            ids = cast(Sequence[int], item)
-            request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in ids]))
+    request = pb.EncodeRequest(request_id=request_id, model=model, inputs=_inputs(inputs))
     options = request.options
     options.pooling = _choice("pooling", pooling, POOLINGS)
     options.skip_token_embeddings = not token_embeddings
     options.truncation = pb.TRUNCATION_RIGHT if truncate else pb.TRUNCATION_NONE
     options.return_tokens = return_tokens
-    wanted = [layers, heads, rows, rollout, top_k, head_entropy, omit_weights]
-    wanted += [row_entropy, received, keys]
-    if attention or any(wanted) or head_reduction != "none":
-        a = options.attention
-        a.layers.extend(layers)
-        a.heads.extend(heads)
-        a.dtype = _choice("attention_dtype", attention_dtype, DTYPES)
-        # "causal-packed" as the CLI spells it, or "causal_packed" as the Open Inference
-        # Protocol's parameter does
-        a.layout = _choice("attention_layout", attention_layout.replace("-", "_"), LAYOUTS)
-        a.query_positions.extend(rows)
-        if head_reduction != "none":  # left unspecified: rollout then averages the heads
-            a.head_reduction = _choice("head_reduction", head_reduction, HEAD_REDUCTIONS)
-        a.rollout = rollout
-        a.top_k = top_k
-        a.head_entropy = head_entropy
-        a.omit_weights = omit_weights
-        a.row_entropy = row_entropy
-        a.received = received
-        a.key_start, a.key_end = keys or (0, 0)
+    # a dtype, a layout or no head reduction alone ask for nothing
+    choices = ("attention_dtype", "attention_layout", "head_reduction")
+    asked = [value for name, value in attention.items() if name not in choices]
+    if any(asked) or attention.get("head_reduction", "none") != "none":
+        _attention_request(options.attention, attention)
     for name, value in (
         ("hidden_states", hidden_states),
         ("predictions", predictions),

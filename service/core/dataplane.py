@@ -71,7 +71,6 @@ class DataPlane:
         self.version = version  # the repository's version folder; "1" for --model
         self.backend = backend
         self.engine = engine
-        self.tokenizer = tokenizer
         self.metrics = metrics
         self.budget = budget  # the process's: every model's requests count in it
         self.max_message_bytes = max_message_bytes
@@ -79,7 +78,7 @@ class DataPlane:
         self.release_after_idle_s = release_after_idle_s
         self.weights = weights or WeightsInfo()  # what GetModelInfo reports of them
         self.chat = chat  # the checkpoint's chat template, where it had one
-        self.view = self._viewed()  # what requests are planned against
+        self.view = self._viewed(tokenizer)  # what requests are planned against
         self._released_since_trim = 0
         self._release_timer: asyncio.TimerHandle | None = None
         self._releasing: asyncio.Future[None] | None = None
@@ -113,7 +112,7 @@ class DataPlane:
             await asyncio.sleep(SAE_WATCH_S)
             try:
                 if await asyncio.to_thread(self.backend.refresh_saes):
-                    self.view = self._viewed()
+                    self.view = self._viewed(self.tokenizer)
             except Exception:  # what it cannot open it logs; the model serves on regardless
                 log.exception("%s: looking for new SAEs failed", self.name)
 
@@ -231,12 +230,16 @@ class DataPlane:
     def _direction(self, sae: str, feature: int) -> np.ndarray:
         return self.backend.feature_direction(sae, feature)
 
-    def _viewed(self) -> ModelView:
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.view.tokenizer
+
+    def _viewed(self, tokenizer: Tokenizer) -> ModelView:
         """The backend as planners see it (its SAEs as they are now)."""
         b = self.backend
         return ModelView(
             b.config,
-            self.tokenizer,
+            tokenizer,
             b.graphs,
             dict(b.saes),
             self._direction,

@@ -47,13 +47,13 @@ ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
 DECODE = "decode"  # the decode graph: generation
 QUERIES = "queries"  # the queries graph: attention statistics by query blocks
 # the graph each option is read from
-_GRAPH_OF = {
+_GRAPH_OF = {  # in the order a refusal names them
     "hidden_states": STREAM,
-    "head_mask": STREAM,
     "predictions": LENS,
     "logit_lens": LENS,
     "attribution": ATTRIBUTION,
     "features": STREAM,
+    "head_mask": STREAM,
     "interventions": STREAM,
     "capture": STREAM,
     "patching": LENS,
@@ -81,47 +81,11 @@ def plan_readouts(
     """One ReadoutSelection per sequence, or None when the request asks for no readout,
     from the graphs the view has; `source`: options.patching's source, tokenized and
     checked."""
-    config, readable = view.config, view.graphs
-    asked = [
-        f
-        for f in ("hidden_states", "predictions", "logit_lens", "attribution", "features")
-        if getattr(options, f) is not None
-    ]
-    if options.head_mask:
-        asked.append("head_mask")
-    if options.interventions:
-        asked.append("interventions")
-    if options.capture is not None:
-        asked.append("capture")
-    if options.patching is not None:
-        asked.append("patching")
+    config = view.config
+    asked = [field for field in _GRAPH_OF if getattr(options, field) not in (None, ())]
     if not asked:
         return None
-    for field in asked:
-        graph = _GRAPH_OF[field]
-        if field == "attribution" and config.attribution_refusal is not None:
-            raise UnsupportedError(
-                f"options.attribution: {config.name} has no direct logit attribution: "
-                f"{config.attribution_refusal}"
-            )
-        if graph not in readable:
-            raise UnsupportedError(
-                f"options.{field}: {config.name} cannot compute it as served: readouts come "
-                "from the graphs of a directory exported with them"
-                + (", of a model with an unembedding" if graph != STREAM else "")
-                + " (re-export it with `attnserve export`)"
-            )
-    for field in ("interventions", "patching"):
-        if getattr(options, field) and CHANGES not in readable:
-            raise UnsupportedError(
-                f"options.{field}: {config.name} was exported before interventions: its "
-                "readouts graph changes heads only (re-export it with `attnserve export`)"
-            )
-    if options.patching is not None and (options.interventions or options.head_mask):
-        raise InvalidInputError(
-            "options.patching: patches the inputs as they are; leave options.interventions "
-            "and options.head_mask empty (or patch with captures and interventions yourself)"
-        )
+    _refuse(asked, options, view)
     hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
     attribution, features = options.attribution, options.features
     selections = []
@@ -163,6 +127,37 @@ def plan_readouts(
             )
         )
     return selections
+
+
+def _refuse(asked: list[str], options: EncodeOptions, view: ModelView) -> None:
+    """The readouts asked for that the served graphs cannot compute, or that cannot go
+    together."""
+    config, readable = view.config, view.graphs
+    for field in asked:
+        graph = _GRAPH_OF[field]
+        if field == "attribution" and config.attribution_refusal is not None:
+            raise UnsupportedError(
+                f"options.attribution: {config.name} has no direct logit attribution: "
+                f"{config.attribution_refusal}"
+            )
+        if graph not in readable:
+            raise UnsupportedError(
+                f"options.{field}: {config.name} cannot compute it as served: readouts come "
+                "from the graphs of a directory exported with them"
+                + (", of a model with an unembedding" if graph != STREAM else "")
+                + " (re-export it with `attnserve export`)"
+            )
+    for field in ("interventions", "patching"):
+        if getattr(options, field) and CHANGES not in readable:
+            raise UnsupportedError(
+                f"options.{field}: {config.name} was exported before interventions: its "
+                "readouts graph changes heads only (re-export it with `attnserve export`)"
+            )
+    if options.patching is not None and (options.interventions or options.head_mask):
+        raise InvalidInputError(
+            "options.patching: patches the inputs as they are; leave options.interventions "
+            "and options.head_mask empty (or patch with captures and interventions yourself)"
+        )
 
 
 def _hidden_states(

@@ -62,6 +62,30 @@ log = logging.getLogger(__name__)
 LONG_EMBEDDINGS_BYTES = 64 * 2**20
 
 
+def _checked_options(model_dir: ModelDirectory, options: RuntimeOptions) -> RuntimeOptions:
+    """`options` as `model_dir` can be served with (int8 on the CPU provider), or why not."""
+    if options.precision == "int8":  # MatMulNBits and the fused graph: the CPU provider's
+        if options.provider == "cuda":
+            raise ProviderUnavailableError(
+                "precision=int8 runs on the CPU provider only (8-bit weights with int8 "
+                "arithmetic); use precision=fp16 on CUDA"
+            )
+        options = replace(options, provider="cpu")
+    model_path = model_dir.graph(options.precision, attention=True)
+    if not model_dir.precisions:
+        raise ModelLoadError(
+            f"no {model_path.name} in {model_dir.path}: write a model directory with "
+            "`attnserve export --out DIR`"
+        )
+    if not model_path.is_file():
+        raise ModelLoadError(
+            f"{model_dir.path} holds no {options.precision} graphs (precisions held: "
+            f"{', '.join(model_dir.precisions)}); write them with "
+            f"`attnserve export --precision {options.precision} --out DIR`"
+        )
+    return options
+
+
 class OrtRuntime:
     """A model directory in ONNX Runtime sessions; implements service.backend.Backend.
 
@@ -80,30 +104,12 @@ class OrtRuntime:
     ) -> None:
         """`sae_graphs`: the SAEs' sessions of another instance of this model, shared (else
         this one opens them)."""
-        options = options or RuntimeOptions()
         if not isinstance(model_dir, ModelDirectory):
             model_dir = ModelDirectory(model_dir)
         self.model_dir = model_dir
-        if options.precision == "int8":  # MatMulNBits and the fused graph: the CPU provider's
-            if options.provider == "cuda":
-                raise ProviderUnavailableError(
-                    "precision=int8 runs on the CPU provider only (8-bit weights with int8 "
-                    "arithmetic); use precision=fp16 on CUDA"
-                )
-            options = replace(options, provider="cpu")
+        options = _checked_options(model_dir, options or RuntimeOptions())
         self.precision = options.precision
         self.model_path = model_path = model_dir.graph(options.precision, attention=True)
-        if not model_dir.precisions:
-            raise ModelLoadError(
-                f"no {model_path.name} in {model_dir.path}: write a model directory with "
-                "`attnserve export --out DIR`"
-            )
-        if not model_path.is_file():
-            raise ModelLoadError(
-                f"{model_dir.path} holds no {options.precision} graphs (precisions held: "
-                f"{', '.join(model_dir.precisions)}); write them with "
-                f"`attnserve export --precision {options.precision} --out DIR`"
-            )
         # One session (one copy of the weights) runs the readouts graph where there is one:
         # every head kept, it answers what the graph with attention does, and reading the
         # residual stream then opens no second copy (a 9B int8 model: 10.9 GiB, not 23).
@@ -132,11 +138,9 @@ class OrtRuntime:
             self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
         # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
+        c = self.config
         self.reducer = AttentionReducer(
-            providers(self.provider),
-            session_options(options),
-            self.config.n_layers,
-            self.config.n_heads,
+            providers(self.provider), session_options(options), c.n_layers, c.n_heads
         )
         # ... and long texts' statistics, by query blocks of the queries graph's outputs
         self.blocks = BlockStatistics(
@@ -164,29 +168,36 @@ class OrtRuntime:
         self.readouts = Readouts(self.graph_sessions)
         # The SAEs the directory holds, served where the readouts graph feeds them.
         owns_saes = sae_graphs is None and STREAM in self.graph_sessions.available
-        self.sae_graphs = sae_graphs
-        if owns_saes:
-            self.sae_graphs = SAEGraphs(
-                model_dir,
-                self.config,
-                lambda path, so: open_session(Path(path), so, providers(self.provider)),
-                lambda: session_options(options),
-                lambda: self.graph_sessions.names(STREAM, "outputs"),
-                prepack=self.graph_sessions.prepack,
-            )
+        self.sae_graphs = self._open_saes(options) if owns_saes else sae_graphs
 
         self.embeddings_session = self.session
         fast_path = model_dir.graph(options.precision, attention=False)
         if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
-        # Each session holds its own (prepacked) copy of the weights (the decode graph's, when
-        # opened, is not counted here: it opens at the first generation).
+        self.weights_info = self._weights_info(owns_saes)
+
+    def _open_saes(self, options: RuntimeOptions) -> SAEGraphs:
+        """The SAEs of the directory, fed by the readouts graph's outputs."""
+        return SAEGraphs(
+            self.model_dir,
+            self.config,
+            lambda path, so: open_session(Path(path), so, providers(self.provider)),
+            lambda: session_options(options),
+            lambda: self.graph_sessions.names(STREAM, "outputs"),
+            prepack=self.graph_sessions.prepack,
+        )
+
+    def _weights_info(self, owns_saes: bool) -> WeightsInfo:
+        """What the weights cost and how exact the served graphs are. Each session holds its
+        own (prepacked) copy of the weights (the decode graph's, when opened, is not counted
+        here: it opens at the first generation)."""
+        model_dir = self.model_dir
         weight_bytes = model_dir.weight_bytes(self.precision)
         sessions = 1 + (self.embeddings_session is not self.session)
         served = [self.attention_graph.name, model_dir.graph(self.precision, False).name]
         served += [graph_file(kind, self.precision) for kind in ON_DEMAND]
         sae_bytes = self.sae_graphs.weight_bytes if owns_saes and self.sae_graphs else 0
-        self.weights_info = WeightsInfo(
+        return WeightsInfo(
             weight_bytes,
             sessions * weight_bytes + sae_bytes,
             **model_dir.fidelity(self.attention_graph.name),

@@ -3,6 +3,7 @@ and any failure, even a bug, answered in-stream while the stream goes on."""
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import grpc
 
@@ -69,7 +70,7 @@ def test_a_bug_in_a_stream_is_logged_counted_answered_internal_and_the_stream_go
 ):
     server = ServerThread(small_model_dir, FakeBackend())
     dataplane = server.running.dataplane
-    dataplane.tokenizer = ExplodingTokenizer(dataplane.tokenizer)
+    dataplane.view = replace(dataplane.view, tokenizer=ExplodingTokenizer(dataplane.tokenizer))
     try:
 
         async def scenario():

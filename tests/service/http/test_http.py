@@ -7,6 +7,7 @@ import base64
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -220,7 +221,8 @@ def test_the_explorer_is_served_offline(server):
 
 def test_an_unexpected_error_is_500_logged_and_counted(small_model_dir, caplog):
     server = ServerThread(small_model_dir, FakeBackend())
-    server.running.dataplane.tokenizer = None  # a bug: text cannot be tokenized
+    plane = server.running.dataplane
+    plane.view = replace(plane.view, tokenizer=None)  # a bug: text cannot be tokenized
     try:
         response = httpx.post(server.http_url + "/v1/embeddings", json={"input": "boom"})
         assert response.status_code == 500
