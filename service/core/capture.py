@@ -4,8 +4,6 @@ core/patching.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, RESID_PRE, hook_names, kind_heads, parse_site
@@ -14,17 +12,13 @@ from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import positions as checked_positions
 from attnserve.service.core.interventions import unknown_site
 from attnserve.service.core.request import CaptureOptions
+from attnserve.service.core.view import InputContext
 
 
-def plan_capture(
-    capture: CaptureOptions,
-    config: ModelConfig,
-    length: int,
-    index: int,
-    changed: Collection[str],
-) -> CaptureSelection:
+def plan_capture(capture: CaptureOptions, at: InputContext) -> CaptureSelection:
     """Where each hook site `capture` names is among the readouts graph's outputs, and the
-    positions of inputs[index] it returns; `changed`: the kinds of site the input changes."""
+    positions of the input it returns (after the input's changes)."""
+    config, changed = at.config, at.changed
     if not capture.hooks:
         raise InvalidInputError("options.capture.hooks: name at least one hook site")
     sites: dict[str, tuple[str, int, tuple[int, ...]]] = {}
@@ -49,7 +43,9 @@ def plan_capture(
         sites[hook] = (*place, shape)
     positions = capture.positions
     field = "options.capture.positions"
-    chosen = checked_positions(field, positions, length, index) if positions else range(length)
+    chosen = (
+        checked_positions(field, positions, at.length, at.index) if positions else range(at.length)
+    )
     return CaptureSelection(sites=sites, positions=tuple(chosen))
 
 

@@ -16,7 +16,7 @@ from attnserve.service.core.backend import FeaturesSelection
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.fields import positions
 from attnserve.service.core.request import FeaturesOptions
-from attnserve.service.core.view import ModelView
+from attnserve.service.core.view import InputContext
 
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 1000
@@ -24,12 +24,9 @@ MAX_FEATURE_IDS = 1000
 FIELD = "options.features"
 
 
-def plan_features(
-    request: FeaturesOptions, view: ModelView, length: int, index: int
-) -> FeaturesSelection:
-    """inputs[index]'s (`length` tokens) FeaturesSelection; InvalidInputError names the field
-    and the limit."""
-    saes, config = view.saes, view.config
+def plan_features(request: FeaturesOptions, at: InputContext) -> FeaturesSelection:
+    """The input's FeaturesSelection; InvalidInputError names the field and the limit."""
+    saes, config, length, index = at.view.saes, at.config, at.length, at.index
     served = ", ".join(sorted(saes)) or "none (add one with `attnserve sae add`)"
     if not request.saes:
         raise InvalidInputError(f"{FIELD}.saes: name at least one; {config.name} serves {served}")
@@ -88,7 +85,7 @@ def site_of(sae: SAEConfig, config: ModelConfig) -> tuple[str, int]:
     return site
 
 
-def features_response_bytes(selection: FeaturesSelection) -> int:
+def features_response_bytes(selection: FeaturesSelection, config: ModelConfig) -> int:
     """Bytes of what `selection` returns: per SAE and position, the top k (ids and
     activations), L0, the error's norm, the feature_ids' activations and the dense ones."""
     per_row = selection.top_k * 12 + 8 + 4 * selection.error_norm + 4 * len(selection.feature_ids)

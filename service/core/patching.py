@@ -3,29 +3,27 @@ the input, the two answer tokens, and the work bounded (service/ort/patching.py 
 
 from __future__ import annotations
 
-import numpy as np
-
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import kind_heads
 from attnserve.service.core.backend import PatchingSelection
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.interventions import returned
 from attnserve.service.core.request import PatchingOptions
+from attnserve.service.core.residual import lens_work_bytes
+from attnserve.service.core.view import InputContext
 
 # The most tokens one patching grid runs (runs x input length): GPT-2 small's 12 x 20 grid is
 # 4,800; this bound keeps one request from holding a model's worker for hours.
 MAX_PATCHED_TOKENS = 2**18
+# Activation patching's runs go through the readouts graph this many bytes of work at a time.
+PATCHING_CHUNK_BYTES = 256 * 1024 * 1024
 
 
-def plan_patching(
-    patching: PatchingOptions,
-    config: ModelConfig,
-    source: np.ndarray,
-    length: int,
-    index: int,
-) -> PatchingSelection:
-    """Activation patching of inputs[index] (`length` tokens) against `source` (its ids)."""
-    field = "options.patching"
+def plan_patching(patching: PatchingOptions, at: InputContext) -> PatchingSelection:
+    """Activation patching of the input against the options' source (its ids, checked)."""
+    field, config, source, length = "options.patching", at.config, at.source, at.length
+    assert source is not None  # tokenized and checked by the plan
+    index = at.index
     kinds = returned(config)
     if patching.hook not in kinds:
         raise InvalidInputError(
@@ -55,3 +53,22 @@ def plan_patching(
             )
         tokens.append(token)
     return PatchingSelection(patching.hook, source, *tokens)
+
+
+def patching_bytes(selection: PatchingSelection, config: ModelConfig) -> int:
+    """The grid: a value per layer and position (or head)."""
+    return config.n_layers * max(len(selection.source), config.n_heads) * 4
+
+
+def patching_work_bytes(selection: PatchingSelection, config: ModelConfig, length: int) -> int:
+    """Its runs' chunk, and the lens's of their rows."""
+    return PATCHING_CHUNK_BYTES + lens_work_bytes(selection, config, length)
+
+
+def patching_chunk_rows(config: ModelConfig, length: int) -> int:
+    """How many patched runs of `length` tokens go through the readouts graph at a time:
+    each computes its attention weights (L, H, T, T) and holds its residual stream and a few
+    more of its width (L + 1, T, D)."""
+    L, H, D = config.n_layers, config.n_heads, max(config.d_model, config.n_heads * config.head_dim)
+    per_row = 4 * (L * H * length * length + 6 * (L + 1) * length * D)
+    return max(1, PATCHING_CHUNK_BYTES // per_row)

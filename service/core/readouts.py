@@ -1,6 +1,6 @@
-"""A request's readouts, planned: its changes and captures (core/interventions.py), hidden
-states, predictions, logit lens, direct logit attribution and sparse-autoencoder features of
-each input, validated against the model and what its directory can compute.
+"""A request's readouts, planned: its changes (core/interventions.py), then each readout it
+asks of each input, by the table of readout kinds (READOUTS), validated against the model
+and what its directory can compute; what they return and what computing them holds.
 
 Readouts come from the readouts graph (the residual stream and its parts, a head-mask
 input; SAE features of them, core/features.py), the lens graph (the final norm and
@@ -10,16 +10,15 @@ logit); `Backend.graphs` says which of them a served model has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
 import numpy as np
 
+from attnserve.model.artifacts import ATTRIBUTION_PARTS
 from attnserve.model.config import ModelConfig
-from attnserve.service.core.backend import (
-    AttentionSelection,
-    AttributionSelection,
-    HiddenStatesSelection,
-    PredictionsSelection,
-    ReadoutSelection,
-)
+from attnserve.service.core.backend import AttentionSelection, ReadoutSelection
 from attnserve.service.core.capture import capture_bytes, plan_capture
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
 from attnserve.service.core.features import (
@@ -27,17 +26,33 @@ from attnserve.service.core.features import (
     features_work_bytes,
     plan_features,
 )
-from attnserve.service.core.fields import indices, positions
 from attnserve.service.core.interventions import changes_bytes, plan_changes, plan_clamps
-from attnserve.service.core.patching import plan_patching
+from attnserve.service.core.patching import (
+    patching_bytes,
+    patching_work_bytes,
+    plan_patching,
+)
 from attnserve.service.core.request import (
     AttributionOptions,
+    CaptureOptions,
     EncodeOptions,
+    FeaturesOptions,
     HiddenStatesOptions,
-    LensNorm,
+    PatchingOptions,
     PredictionsOptions,
 )
-from attnserve.service.core.view import ModelView
+from attnserve.service.core.residual import (
+    attribution_bytes,
+    attribution_work_bytes,
+    hidden_states_bytes,
+    lens_work_bytes,
+    plan_attribution,
+    plan_hidden_states,
+    plan_lens,
+    plan_predictions,
+    predictions_bytes,
+)
+from attnserve.service.core.view import InputContext, ModelView
 
 # The graphs a request may need, by their kinds in model/artifacts.py GRAPHS
 STREAM = "readouts"  # the readouts graph: hidden states and head masks
@@ -46,29 +61,63 @@ LENS = "lens"  # the lens graph: predictions and the logit lens
 ATTRIBUTION = "attribution"  # the attribution graph: direct logit attribution
 DECODE = "decode"  # the decode graph: generation
 QUERIES = "queries"  # the queries graph: attention statistics by query blocks
-# the graph each option is read from
-_GRAPH_OF = {  # in the order a refusal names them
-    "hidden_states": STREAM,
-    "predictions": LENS,
-    "logit_lens": LENS,
-    "attribution": ATTRIBUTION,
-    "features": STREAM,
-    "head_mask": STREAM,
-    "interventions": STREAM,
-    "capture": STREAM,
-    "patching": LENS,
-}
-_STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post")  # changes to the stream itself
-DEFAULT_TOP_K = 5
-MAX_TOP_K = 1000
-MAX_TARGETS = 1000
-MAX_ATTRIBUTION_TARGETS = 64
-# The lens runs over this many bytes of float32 logits at a time (the rows of a large grid
-# go through in chunks), so that its memory is bounded whatever the grid.
-LENS_CHUNK_BYTES = 64 * 1024 * 1024
-# Activation patching's runs go through the readouts graph this many bytes of work at a time.
-PATCHING_CHUNK_BYTES = 256 * 1024 * 1024
-_TOKEN_STRING_BYTES = 16  # about what a top token's display string weighs on the wire
+
+
+def _none(*_: object) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class ReadoutKind:
+    """One kind of readout, as every layer names it: a row of READOUTS, from which the plan,
+    the memory budget and the Open Inference Protocol's outputs are derived (a new readout
+    is a row, its kernel in service/ort/readouts.py and each protocol's fields)."""
+
+    option: str  # its field of EncodeOptions (and of attnserve.v1's EncodeOptions)
+    options: type  # that field's type (core/request.py)
+    graph: str  # the graph it is read from (a kind of model/artifacts.py GRAPHS)
+    selection: str  # its field of ReadoutSelection (and of ReadoutOutput)
+    plan: Callable[[Any, InputContext], Any]  # options, one input -> its selection
+    answer_bytes: Callable[[Any, ModelConfig], int]  # what a selection returns
+    work_bytes: Callable[[Any, ModelConfig, int], int] = _none  # what computing it holds
+    v2: tuple[str, ...] = ()  # the Open Inference Protocol outputs it fills
+
+
+READOUTS = (
+    ReadoutKind(
+        "hidden_states", HiddenStatesOptions, STREAM, "hidden_states", plan_hidden_states,
+        hidden_states_bytes, v2=("hidden_states", "hidden_state_norms"),
+    ),
+    ReadoutKind(
+        "predictions", PredictionsOptions, LENS, "predictions", plan_predictions,
+        predictions_bytes, lens_work_bytes,
+        v2=("logits", "next_token_ids", "next_token_probabilities", "target_probabilities"),
+    ),
+    ReadoutKind(
+        "logit_lens", PredictionsOptions, LENS, "lens", plan_lens, predictions_bytes,
+        lens_work_bytes, v2=("lens_token_ids", "lens_probabilities", "lens_target_probabilities"),
+    ),
+    ReadoutKind(
+        "attribution", AttributionOptions, ATTRIBUTION, "attribution", plan_attribution,
+        attribution_bytes, attribution_work_bytes,
+        v2=tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS),
+    ),
+    ReadoutKind(
+        "features", FeaturesOptions, STREAM, "features", plan_features, features_response_bytes,
+        features_work_bytes,
+        v2=("sae_top_ids", "sae_top_activations", "sae_l0", "sae_error_norm",
+            "sae_feature_activations", "sae_activations"),
+    ),
+    ReadoutKind("capture", CaptureOptions, STREAM, "capture", plan_capture, capture_bytes),
+    ReadoutKind(
+        "patching", PatchingOptions, LENS, "patching", plan_patching, patching_bytes,
+        patching_work_bytes, v2=("patching", "patching_clean", "patching_corrupted"),
+    ),
+)  # fmt: skip
+# The changes, planned before the readouts (which are read under them), from the stream's
+# graph; and the options that change sites other than hook_z, from a graph that takes them.
+_CHANGES = ("head_mask", "interventions")
+_CHANGING = ("interventions", "patching")
 
 
 def plan_readouts(
@@ -81,60 +130,32 @@ def plan_readouts(
     """One ReadoutSelection per sequence, or None when the request asks for no readout,
     from the graphs the view has; `source`: options.patching's source, tokenized and
     checked."""
-    config = view.config
-    asked = [field for field in _GRAPH_OF if getattr(options, field) not in (None, ())]
-    if not asked:
+    asked = [kind for kind in READOUTS if getattr(options, kind.option) is not None]
+    if not asked and not any(getattr(options, field) for field in _CHANGES):
         return None
     _refuse(asked, options, view)
-    hidden, predictions, lens = options.hidden_states, options.predictions, options.logit_lens
-    attribution, features = options.attribution, options.features
     selections = []
     for index, ids in enumerate(sequences):
         length = len(ids)
         changes = plan_changes(options.interventions, options.head_mask, view, length, index)
         clamps = plan_clamps(options.interventions, view, length, index)
-        changed = {*changes, *(clamp.kind for clamp in clamps)}
-        if attribution is not None and changed & set(_STREAM_KINDS):
-            raise InvalidInputError(
-                "options.attribution: the residual stream is changed by options.interventions, "
-                "so its parts no longer add up to the logits; change what a sublayer writes "
-                "(hook_attn_out, hook_mlp_out, hook_z) instead"
-            )
-        selections.append(
-            ReadoutSelection(
-                changes=changes,
-                clamps=clamps,
-                capture=None
-                if options.capture is None
-                else plan_capture(options.capture, config, length, index, changed),
-                patching=None
-                if options.patching is None or source is None
-                else plan_patching(options.patching, config, source, length, index),
-                attention=attention[index] if attention else None,
-                hidden_states=None
-                if hidden is None
-                else _hidden_states(hidden, config, length, index),
-                predictions=None
-                if predictions is None
-                else _predictions("options.predictions", predictions, config, length, index),
-                lens=None
-                if lens is None
-                else _predictions("options.logit_lens", lens, config, length, index),
-                attribution=None
-                if attribution is None
-                else _attribution(attribution, config, length, index),
-                features=None if features is None else plan_features(features, view, length, index),
-            )
+        changed = frozenset({*changes, *(clamp.kind for clamp in clamps)})
+        at = InputContext(view, length, index, changed, source)
+        selection = ReadoutSelection(
+            changes=changes, clamps=clamps, attention=attention[index] if attention else None
         )
+        planned = {kind.selection: kind.plan(getattr(options, kind.option), at) for kind in asked}
+        selections.append(replace(selection, **planned))
     return selections
 
 
-def _refuse(asked: list[str], options: EncodeOptions, view: ModelView) -> None:
+def _refuse(asked: list[ReadoutKind], options: EncodeOptions, view: ModelView) -> None:
     """The readouts asked for that the served graphs cannot compute, or that cannot go
     together."""
     config, readable = view.config, view.graphs
-    for field in asked:
-        graph = _GRAPH_OF[field]
+    needs = [(kind.option, kind.graph) for kind in asked]
+    needs += [(field, STREAM) for field in _CHANGES if getattr(options, field)]
+    for field, graph in needs:
         if field == "attribution" and config.attribution_refusal is not None:
             raise UnsupportedError(
                 f"options.attribution: {config.name} has no direct logit attribution: "
@@ -147,7 +168,7 @@ def _refuse(asked: list[str], options: EncodeOptions, view: ModelView) -> None:
                 + (", of a model with an unembedding" if graph != STREAM else "")
                 + " (re-export it with `attnserve export`)"
             )
-    for field in ("interventions", "patching"):
+    for field in _CHANGING:
         if getattr(options, field) and CHANGES not in readable:
             raise UnsupportedError(
                 f"options.{field}: {config.name} was exported before interventions: its "
@@ -160,161 +181,22 @@ def _refuse(asked: list[str], options: EncodeOptions, view: ModelView) -> None:
         )
 
 
-def _hidden_states(
-    request: HiddenStatesOptions, config: ModelConfig, length: int, index: int
-) -> HiddenStatesSelection:
-    field = "options.hidden_states"
-    layers = indices(f"{field}.layers", request.layers, config.n_layers + 1)
-    if config.d_embed is not None and config.n_layers in layers:
-        raise InvalidInputError(
-            f"{field}.layers: state {config.n_layers} of {config.name} is its final norm's "
-            f"output before the projection to the embeddings' {config.d_embed} dims, which "
-            f"the served graphs do not return; ask for layers below {config.n_layers}"
-        )
-    if request.omit_states and not request.norms:
-        raise InvalidInputError(
-            f"{field}.omit_states leaves nothing to return: set {field}.norms too"
-        )
-    return HiddenStatesSelection(
-        layers=tuple(layers),
-        positions=_positions(f"{field}.positions", request.positions, length, index),
-        states=not request.omit_states,
-        norms=request.norms,
-    )
-
-
-def _predictions(
-    field: str,
-    request: PredictionsOptions,
-    config: ModelConfig,
-    length: int,
-    index: int,
-) -> PredictionsSelection:
-    if field == "options.predictions":
-        if request.layers:
-            raise InvalidInputError(
-                f"{field}.layers: predictions read the last layer; ask options.logit_lens "
-                "for other layers"
-            )
-        layers = [config.n_layers]
-    else:
-        layers = indices(f"{field}.layers", request.layers, config.n_layers + 1)
-    top_k = request.top_k or DEFAULT_TOP_K
-    limit = min(MAX_TOP_K, config.vocab_size)
-    if not 1 <= top_k <= limit:
-        raise InvalidInputError(f"{field}.top_k: {request.top_k} is outside [1, {limit}]")
-    if len(request.target_ids) > MAX_TARGETS:
-        raise InvalidInputError(
-            f"{field}.target_ids: {len(request.target_ids)} ids, more than {MAX_TARGETS}"
-        )
-    _token_ids(f"{field}.target_ids", request.target_ids, config)
-    return PredictionsSelection(
-        layers=tuple(layers),
-        positions=_positions(f"{field}.positions", request.positions, length, index),
-        top_k=top_k,
-        targets=tuple(request.target_ids),
-        logits=request.logits,
-        own_norm=request.lens_norm == LensNorm.OWN,
-    )
-
-
-def _attribution(
-    request: AttributionOptions, config: ModelConfig, length: int, index: int
-) -> AttributionSelection:
-    field = "options.attribution"
-    targets, contrasts = request.target_ids, request.contrast_ids
-    if not 1 <= len(targets) <= MAX_ATTRIBUTION_TARGETS:
-        raise InvalidInputError(
-            f"{field}.target_ids: {len(targets)} ids; give 1 to {MAX_ATTRIBUTION_TARGETS}"
-        )
-    if contrasts and len(contrasts) != len(targets):
-        raise InvalidInputError(
-            f"{field}.contrast_ids: {len(contrasts)} ids for {len(targets)} target_ids; "
-            "give one per target, or none"
-        )
-    _token_ids(f"{field}.target_ids", targets, config)
-    _token_ids(f"{field}.contrast_ids", contrasts, config)
-    return AttributionSelection(
-        positions=_positions(f"{field}.positions", request.positions, length, index),
-        targets=tuple(targets),
-        contrasts=tuple(contrasts),
-    )
-
-
-def _token_ids(field: str, ids: tuple[int, ...], config: ModelConfig) -> None:
-    for token in ids:
-        if not 0 <= token < config.vocab_size:
-            raise InvalidInputError(
-                f"{field}: {token} is outside the vocabulary [0, {config.vocab_size})"
-            )
-
-
-def _positions(name: str, values: tuple[int, ...], length: int, index: int) -> tuple[int, ...]:
-    return positions(name, values, length, index) if values else tuple(range(length))
+def _planned(selection: ReadoutSelection) -> list[tuple[ReadoutKind, Any]]:
+    """The readouts `selection` asks for, each with its kind's selection."""
+    chosen = ((kind, getattr(selection, kind.selection)) for kind in READOUTS)
+    return [(kind, asked) for kind, asked in chosen if asked is not None]
 
 
 def readout_response_bytes(selection: ReadoutSelection, config: ModelConfig) -> int:
     """Bytes of what `selection` returns (attention is counted with the attention)."""
-    total = 0
-    hidden = selection.hidden_states
-    if hidden is not None:
-        vectors = len(hidden.layers) * len(hidden.positions)
-        total += vectors * ((config.d_model * 4 if hidden.states else 0) + 4 * hidden.norms)
-    for p in (selection.predictions, selection.lens):
-        if p is not None:
-            per_row = p.top_k * (8 + _TOKEN_STRING_BYTES) + 4 * len(p.targets)
-            per_row += config.vocab_size * 4 if p.logits else 0
-            total += len(p.layers) * len(p.positions) * per_row
-    a = selection.attribution
-    if a is not None:
-        parts = config.n_layers * (config.n_heads + 2) + 2  # heads, biases, MLPs, x_0, 1
-        total += len(a.positions) * len(a.targets) * parts * 4
-    if selection.features is not None:
-        total += features_response_bytes(selection.features)
-    if selection.capture is not None:
-        total += capture_bytes(selection.capture, config)
-    if selection.patching is not None:
-        total += config.n_layers * max(len(selection.patching.source), config.n_heads) * 4
-    return total
+    return sum(kind.answer_bytes(asked, config) for kind, asked in _planned(selection))
 
 
 def readout_work_bytes(selection: ReadoutSelection, config: ModelConfig, length: int) -> int:
     """What computing `selection` holds besides its answer: the readouts graph's residual
-    stream (and its parts, for attribution), the lens's or the attribution's chunk
-    (bounded by LENS_CHUNK_BYTES) while it runs, and the features' work."""
+    stream, its changes, and each readout's work while it runs (the lens's chunk counted
+    once, whichever readouts use it)."""
     total = 2 * (config.n_layers + 1) * length * config.d_model * 4
-    if selection.attribution is not None:
-        width = config.n_heads * config.head_dim + config.d_model  # heads and MLP, each layer
-        total += 2 * config.n_layers * length * width * 4 + LENS_CHUNK_BYTES
-    if selection.predictions is not None or selection.lens is not None:
-        total += 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
-    if selection.features is not None:
-        total += features_work_bytes(selection.features, config, length)
-    if selection.patching is not None:  # its runs' chunk, and the lens' of their rows
-        total += (
-            PATCHING_CHUNK_BYTES + 2 * lens_chunk_rows(config.vocab_size) * config.vocab_size * 4
-        )
+    works = {kind.work_bytes: asked for kind, asked in _planned(selection)}
+    total += sum(work(asked, config, length) for work, asked in works.items())
     return total + changes_bytes(selection.changes)
-
-
-def patching_chunk_rows(config: ModelConfig, length: int) -> int:
-    """How many patched runs of `length` tokens go through the readouts graph at a time:
-    each computes its attention weights (L, H, T, T) and holds its residual stream and a few
-    more of its width (L + 1, T, D)."""
-    L, H, D = config.n_layers, config.n_heads, max(config.d_model, config.n_heads * config.head_dim)
-    per_row = 4 * (L * H * length * length + 6 * (L + 1) * length * D)
-    return max(1, PATCHING_CHUNK_BYTES // per_row)
-
-
-def lens_chunk_rows(vocab_size: int) -> int:
-    """How many residual rows the lens runs at a time."""
-    return max(1, LENS_CHUNK_BYTES // (vocab_size * 4))
-
-
-def attribution_chunk_rows(config: ModelConfig, ids: int) -> int:
-    """How many positions the attribution graph runs at a time, for `ids` target and
-    contrast ids: each holds its ids' directions through the final norm and through each
-    head's output projection, (ids, D + H*d_k) floats, and each head's output (H, D)."""
-    per_row = 4 * (ids * (config.d_model + config.n_heads * config.head_dim))
-    per_row += 4 * config.n_heads * config.d_model
-    return max(1, LENS_CHUNK_BYTES // per_row)

@@ -33,3 +33,18 @@ class ModelView:
     version: str = ""  # its weights' hash (Backend.version)
     provider: str = ""  # where it runs: "cpu" or "cuda"
     precision: str = ""  # "fp32", "fp16" or "int8"
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """One input of a request as its readouts are planned (core/readouts.py READOUTS)."""
+
+    view: ModelView
+    length: int  # its tokens
+    index: int  # its place among the request's inputs (errors name inputs[index])
+    changed: frozenset[str] = frozenset()  # the kinds of site its changes change
+    source: np.ndarray | None = None  # options.patching's source, tokenized and checked
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.view.config

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.model.artifacts import ATTRIBUTION_PARTS
 from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.plan import EncodePlan, pooled
-from attnserve.service.core.request import (
-    AttentionOptions,
-    AttributionOptions,
-    FeaturesOptions,
-    HiddenStatesOptions,
-    PatchingOptions,
-    PredictionsOptions,
-)
+from attnserve.service.core.readouts import READOUTS
+from attnserve.service.core.request import AttentionOptions
 
 OUTPUT_DATATYPES = {
     "embeddings": "FP32",
@@ -55,21 +48,15 @@ OUTPUT_DATATYPES = {
 # the statistics only query blocks compute, returned only when named
 STATISTICS_OUTPUTS = ("attention_received", "attention_row_entropy")
 ATTENTION_OUTPUTS = ("attention", "attention_indices", "head_entropy", *STATISTICS_OUTPUTS)
-HIDDEN_OUTPUTS = ("hidden_states", "hidden_state_norms")
-PREDICTION_OUTPUTS = (
-    "logits",
-    "next_token_ids",
-    "next_token_probabilities",
-    "target_probabilities",
-)
-LENS_OUTPUTS = ("lens_token_ids", "lens_probabilities", "lens_target_probabilities")
+# each readout's outputs, as its row of the readout table names them
+_OUTPUTS_OF = {kind.option: kind.v2 for kind in READOUTS}
+HIDDEN_OUTPUTS = _OUTPUTS_OF["hidden_states"]
 # attribution_<field> is the field of the data plane's Attribution
-ATTRIBUTION_V2_OUTPUTS = tuple(f"attribution_{part}" for part in ATTRIBUTION_PARTS)
+ATTRIBUTION_V2_OUTPUTS = _OUTPUTS_OF["attribution"]
 # sae_<field> is the field of the data plane's Features, of the one SAE asked for
-SAE_V2_OUTPUTS = tuple(name for name in OUTPUT_DATATYPES if name.startswith("sae_"))
-READOUT_OUTPUTS = HIDDEN_OUTPUTS + PREDICTION_OUTPUTS + LENS_OUTPUTS + ATTRIBUTION_V2_OUTPUTS
-PATCHING_OUTPUTS = ("patching", "patching_clean", "patching_corrupted")
-READOUT_OUTPUTS += SAE_V2_OUTPUTS + PATCHING_OUTPUTS
+SAE_V2_OUTPUTS = _OUTPUTS_OF["features"]
+PATCHING_OUTPUTS = _OUTPUTS_OF["patching"]
+READOUT_OUTPUTS = tuple(name for kind in READOUTS for name in kind.v2)
 _INDEX_OUTPUTS = ("attention_indices", "next_token_ids", "lens_token_ids", "sae_top_ids")
 # An output's field of the data plane's Predictions (its layers axis dropped where "next").
 _PREDICTION_FIELDS = {
@@ -83,14 +70,8 @@ _PREDICTION_FIELDS = {
 }
 # The group of options (a field of EncodeOptions) each set of outputs asks for: a group is
 # computed when one of its outputs is asked, and its parameters are refused otherwise.
-OPTION_GROUPS = {
-    "attention": (ATTENTION_OUTPUTS, AttentionOptions),
-    "hidden_states": (HIDDEN_OUTPUTS, HiddenStatesOptions),
-    "predictions": (PREDICTION_OUTPUTS, PredictionsOptions),
-    "logit_lens": (LENS_OUTPUTS, PredictionsOptions),
-    "attribution": (ATTRIBUTION_V2_OUTPUTS, AttributionOptions),
-    "features": (SAE_V2_OUTPUTS, FeaturesOptions),
-    "patching": (PATCHING_OUTPUTS, PatchingOptions),
+OPTION_GROUPS = {"attention": (ATTENTION_OUTPUTS, AttentionOptions)} | {
+    kind.option: (kind.v2, kind.options) for kind in READOUTS if kind.v2
 }
 
 

@@ -15,7 +15,7 @@ from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import Patching, PatchingSelection
-from attnserve.service.core.readouts import patching_chunk_rows
+from attnserve.service.core.patching import patching_chunk_rows
 from attnserve.service.ort.readouts import Readouts
 
 

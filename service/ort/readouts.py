@@ -35,14 +35,8 @@ from attnserve.service.core.backend import (
     SiteChange,
 )
 from attnserve.service.core.errors import InferenceError
-from attnserve.service.core.readouts import (
-    ATTRIBUTION,
-    CHANGES,
-    LENS,
-    STREAM,
-    attribution_chunk_rows,
-    lens_chunk_rows,
-)
+from attnserve.service.core.readouts import ATTRIBUTION, CHANGES, LENS, STREAM
+from attnserve.service.core.residual import attribution_chunk_rows, lens_chunk_rows
 from attnserve.service.ort.graphs import GraphSessions
 
 

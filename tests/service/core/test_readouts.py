@@ -1,6 +1,9 @@
 """Hidden states, predictions, the logit lens and head masks through the real server (gRPC
 and JSON), against the PyTorch model the served graphs were exported from."""
 
+import dataclasses
+import typing
+
 import httpx
 import numpy as np
 import pytest
@@ -11,10 +14,15 @@ from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, readout
 from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
 from attnserve.model.tokenizer import ByteTokenizer
+from attnserve.service.core.backend import ReadoutOutput, ReadoutSelection
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.plan import plan_request
+from attnserve.service.core.readouts import READOUTS
+from attnserve.service.core.request import EncodeOptions
 from attnserve.service.core.view import ModelView
+from attnserve.service.oip.outputs import OUTPUT_DATATYPES
 from attnserve.service.v1.options import inputs_of, options_of
+from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import ATTRIBUTION_PARTS
 from tests.conftest import SMALL_CONFIG
 
@@ -322,3 +330,22 @@ def test_layers_count_from_the_end_as_positions_do(client):
     np.testing.assert_array_equal(last.hidden_states, named.hidden_states)
     np.testing.assert_array_equal(last.attention, named.attention)
     np.testing.assert_array_equal(last.logit_lens.top_ids, named.logit_lens.top_ids)
+
+
+def test_every_readout_is_a_row_every_layer_names():
+    """The readout table against the types it names: each row's option is a field of
+    EncodeOptions (core's and attnserve.v1's) of its options' type, its selection a field of
+    ReadoutSelection and ReadoutOutput, its V2 outputs typed; and every selection a request
+    can make is some row's (besides the changes and attention, planned before them)."""
+    hints = typing.get_type_hints(EncodeOptions)
+    selections = {f.name for f in dataclasses.fields(ReadoutSelection)}
+    outputs = {f.name for f in dataclasses.fields(ReadoutOutput)}
+    for kind in READOUTS:
+        assert typing.get_args(hints[kind.option]) == (kind.options, type(None)), kind.option
+        assert kind.option in pb.EncodeOptions.DESCRIPTOR.fields_by_name, kind.option
+        assert kind.selection in selections, kind.option
+        assert kind.selection in outputs or kind.option == "capture", kind.option
+        assert set(kind.v2) <= set(OUTPUT_DATATYPES), kind.option
+    rows = {kind.selection for kind in READOUTS}
+    assert selections - rows == {"changes", "clamps", "attention"}
+    assert len(rows) == len(READOUTS)

@@ -15,7 +15,7 @@ from attnserve.service.core.backend import ReadoutSelection
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.core.features import plan_features
 from attnserve.service.core.request import FeaturesOptions
-from attnserve.service.core.view import ModelView
+from attnserve.service.core.view import InputContext, ModelView
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import linked_copy
 from tests.export.test_hf_families import padded_batch
@@ -102,7 +102,7 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
     ids, lengths = padded_batch(reference.config.vocab_size, seed=3)
     options = FeaturesOptions(saes=tuple(hooks), top_k=12, dense=True, feature_ids=(5, 0, 7))
     selections = [
-        ReadoutSelection(features=plan_features(options, view_of(runtime), t, row))
+        ReadoutSelection(features=plan_features(options, InputContext(view_of(runtime), t, row)))
         for row, t in enumerate(lengths)
     ]
     _, outputs = runtime.read(ids, list(lengths), selections)
@@ -180,7 +180,9 @@ def test_a_batch_of_different_selections_reads_as_each_row_alone(small_model_dir
         o = options[row]
         if o is None:
             return ReadoutSelection()
-        return ReadoutSelection(features=plan_features(o, view_of(runtime), lengths[row], row))
+        return ReadoutSelection(
+            features=plan_features(o, InputContext(view_of(runtime), lengths[row], row))
+        )
 
     _, together = runtime.read(ids, lengths, [selection(row) for row in range(4)])
     for row in range(4):
