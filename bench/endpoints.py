@@ -18,7 +18,7 @@ import numpy as np
 
 from attnserve.bench.results import save
 from attnserve.bench.timing import repeated
-from attnserve.client import ClientOptions, EncoderClient, InferenceClient
+from attnserve.client import ClientOptions, EncoderClient, OipClient
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
 
@@ -37,7 +37,7 @@ def run_endpoints(
     try:
         with (
             EncoderClient(server.address, options) as grpc_client,
-            InferenceClient(server.address, options, shared_memory=False) as v2,
+            OipClient(server.address, options, shared_memory=False) as v2,
             httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as http,
         ):
             name = grpc_client.model_info()["name"]

@@ -1,6 +1,6 @@
-"""InferenceClient: the Open Inference Protocol (KServe V2) from Python, shared memory by itself.
+"""OipClient: the Open Inference Protocol (KServe V2) from Python, shared memory by itself.
 
-    with InferenceClient("localhost:50051") as client:
+    with OipClient("localhost:50051") as client:
         out = client.infer(input_ids=[[1, 2, 3], [4, 5]], outputs=["embeddings", "attention"])
         out["attention"]  # (2, layers, heads, 3, 3) float32, rows past a length are zeros
 
@@ -63,7 +63,7 @@ class _Region:
         self.path.unlink(missing_ok=True)
 
 
-class InferenceClient:
+class OipClient:
     """Blocking Open Inference Protocol client of attnserve's
     `inference.GRPCInferenceService`. Not thread-safe (one region per client): give each
     thread its own."""
@@ -204,7 +204,7 @@ class InferenceClient:
             self._unregister()
         self.channel.close()
 
-    def __enter__(self) -> InferenceClient:
+    def __enter__(self) -> OipClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

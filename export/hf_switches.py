@@ -8,16 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from attnserve.export.hf_config import LAYER_TYPES, HFConfig, HFImportError
-from attnserve.model.config import ROPE_KINDS, RopeScaling
+from attnserve.model.config import ACTIVATIONS, ROPE_KINDS, RopeScaling
 
-ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
+# a Hugging Face config's activation -> ours
+_ACTIVATION_OF = {hf: ours for ours, names in ACTIVATIONS.items() for hf in names}
 
 
 def rope_switches(hf: HFConfig, layered: bool = False) -> dict[str, Any]:
@@ -107,9 +101,9 @@ def _yarn_mscale(scale: float, mscale: float) -> float:
 
 def activation(hf: HFConfig, field: str) -> str:
     name = hf.get(field, "gelu_new")
-    if name not in ACTIVATIONS:
-        raise HFImportError(f"{field}={name!r} is not supported (one of {sorted(ACTIVATIONS)})")
-    return ACTIVATIONS[name]
+    if name not in _ACTIVATION_OF:
+        raise HFImportError(f"{field}={name!r} is not supported (one of {sorted(_ACTIVATION_OF)})")
+    return _ACTIVATION_OF[name]
 
 
 def gpt2_switches(hf: HFConfig) -> dict[str, Any]:

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 TOKENIZER_KINDS = ("byte", "hf")  # hf: the model directory's tokenizer.json
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+# The MLP's activations, each with its names in Hugging Face configs (export/hf_switches.py
+# reads a checkpoint's hidden_act by them; model/layers.py builds each)
+ACTIVATIONS = {
+    "gelu": ("gelu",),
+    "gelu_tanh": ("gelu_new", "gelu_pytorch_tanh"),  # GPT-2's and Gemma's
+    "relu": ("relu",),
+    "silu": ("silu", "swish"),
+}
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 POSITIONS = ("learned", "rotary")
 MLPS = ("plain", "gated")
@@ -217,7 +224,7 @@ class ModelConfig:
                 )
         for field, choices in (
             ("tokenizer", TOKENIZER_KINDS),
-            ("activation", ACTIVATIONS),
+            ("activation", tuple(ACTIVATIONS)),
             ("norm", NORMS),
             ("positions", POSITIONS),
             ("mlp", MLPS),

@@ -19,7 +19,8 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import HookPoint
 from attnserve.model.rope import frequencies
 
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+# each of model/config.py's ACTIVATIONS
+ACTIVATION_MODULES: dict[str, Callable[[], nn.Module]] = {
     "gelu": lambda: nn.GELU(approximate="none"),
     # GPT-2 (and Gemma) were trained with the tanh approximation; match it exactly.
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
@@ -293,7 +294,7 @@ class MLP(nn.Module):
         self.gated = config.mlp == "gated"
         width = 2 * config.d_ff if self.gated else config.d_ff
         self.fc = nn.Linear(config.d_model, width, bias=bias)
-        self.act = ACTIVATIONS[config.activation]()
+        self.act = ACTIVATION_MODULES[config.activation]()
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

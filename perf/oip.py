@@ -5,7 +5,7 @@
 2. All attention weights at the longest length, float32 full and float16 causal-packed:
    ONNX Runtime alone in this process, Encode over the wire, ModelInfer over the wire, and
    ModelInfer through a system shared-memory region (the client on the same host), and
-   attnserve's own InferenceClient, which registers a region by itself.
+   attnserve's own OipClient, which registers a region by itself.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.results import save
-from attnserve.client import AsyncEncoderClient, ClientOptions, InferenceClient
+from attnserve.client import AsyncEncoderClient, ClientOptions, OipClient
 from attnserve.model.packing import packed_length
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from attnserve.service.process import spawn_server
@@ -27,7 +27,7 @@ from perf.peer_env import TritonDriver, peer_venv
 from perf.peers import LATENCY_LENGTHS
 
 
-def _infer_ms(client: InferenceClient, seq_len: int, n: int) -> list:
+def _infer_ms(client: OipClient, seq_len: int, n: int) -> list:
     ids = np.random.default_rng(seq_len).integers(0, 256, size=(1, seq_len)).tolist()
     times = []
     for _ in range(n):
@@ -60,7 +60,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
             "Encode, f32 full",
             "ModelInfer, f32 full",
             "ModelInfer + shared memory, f32 full",
-            "attnserve InferenceClient (shared memory by itself), f32 full",
+            "attnserve OipClient (shared memory by itself), f32 full",
             "Encode, f16 packed",
             "ModelInfer + shared memory, f16 packed",
         )
@@ -70,7 +70,7 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
             raise RuntimeError("attnserve's V2 service did not answer ModelReady")
         with asyncio.Runner() as runner:
             client = AsyncEncoderClient(server.address, ClientOptions(timeout_s=120))
-            v2 = InferenceClient(server.address, ClientOptions(timeout_s=120))
+            v2 = OipClient(server.address, ClientOptions(timeout_s=120))
             for block in range(blocks):
                 for t in lengths:
                     n = 30 if t < longest else 8
@@ -91,8 +91,8 @@ def run_oip(out: Path, model_dir: Path, venv: Path, blocks: int = 5, log: Callab
                 attention["ModelInfer + shared memory, f32 full"] += driver.ask(
                     "v2_latency", seq_len=t, n=n, outputs=["attention"], shm_bytes=f32_bytes
                 )["ms"]
-                attention["attnserve InferenceClient (shared memory by itself), f32 full"] += (
-                    _infer_ms(v2, t, n)
+                attention["attnserve OipClient (shared memory by itself), f32 full"] += _infer_ms(
+                    v2, t, n
                 )
                 attention["Encode, f16 packed"] += runner.run(
                     encode_ms(

@@ -37,7 +37,7 @@ from attnserve.service.core.repository import ModelRepository
 from attnserve.service.grpc.auth import BearerTokenInterceptor
 from attnserve.service.grpc.encoder import EncoderServicer, add_encoder_service
 from attnserve.service.grpc.oip import SERVICE_NAME as OIP_SERVICE_NAME
-from attnserve.service.grpc.oip import InferenceServicer
+from attnserve.service.grpc.oip import OipServicer
 from attnserve.service.grpc.reflection import enable_reflection
 from attnserve.service.http.app import create_app
 from attnserve.service.http.server import HttpServer
@@ -170,7 +170,7 @@ class Services:
     repository: ModelRepository
     oip_protocol: OipProtocol
     encoder: EncoderServicer
-    inference: InferenceServicer
+    oip: OipServicer
 
 
 async def compose(
@@ -184,7 +184,7 @@ async def compose(
     repository = await load_models(settings, backend)
     oip_protocol = OipProtocol(repository, shared_memory or SharedMemoryRegistry(), repository_api)
     return Services(
-        repository, oip_protocol, EncoderServicer(repository), InferenceServicer(oip_protocol)
+        repository, oip_protocol, EncoderServicer(repository), OipServicer(oip_protocol)
     )
 
 
@@ -201,7 +201,7 @@ async def _grpc_server(
     server = grpc.aio.server(options=limits, interceptors=interceptors)
     add_encoder_service(services.encoder, server)
     # The Open Inference Protocol (KServe V2) beside attnserve.v1, over the same models.
-    oip_grpc.add_GRPCInferenceServiceServicer_to_server(services.inference, server)
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(services.oip, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection(

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.bench.timing import p50_ms, repeated
-from attnserve.client import ClientOptions, EncoderClient, InferenceClient
+from attnserve.client import ClientOptions, EncoderClient, OipClient
 from attnserve.service.process import spawn_server
 from perf.sources import environment, sources_of
 
@@ -40,7 +40,7 @@ def main(old_model: Path, new_model: Path) -> None:
             k: stack.enter_context(EncoderClient(s.address, options)) for k, s in servers.items()
         }
         infer = {
-            k: stack.enter_context(InferenceClient(s.address, options, shared_memory=False))
+            k: stack.enter_context(OipClient(s.address, options, shared_memory=False))
             for k, s in servers.items()
         }
         rng = np.random.default_rng(0)

@@ -39,7 +39,7 @@ SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 CONTENTS_FIELDS = {"INT64": "int64_contents", "INT32": "int_contents", BYTES: "bytes_contents"}
 
 
-class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
+class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     def __init__(self, oip_protocol: OipProtocol) -> None:
         self.oip_protocol = oip_protocol
 

@@ -100,7 +100,7 @@ class Encoder:
         # replica of many).
         services = await compose(self.settings, None, SharedMemoryRegistry(root=None), False)
         self.repository, self.oip_protocol = services.repository, services.oip_protocol
-        self.encoder, self.inference = services.encoder, services.inference
+        self.encoder, self.oip = services.encoder, services.oip
         await self.repository.warm_up()
 
     def __serve_build_asgi_app__(self):
@@ -143,24 +143,24 @@ class Encoder:
     # load would reach one replica of many).
 
     async def ServerLive(self, request, grpc_context: Any) -> oip.ServerLiveResponse:
-        return await self.inference.ServerLive(request, RayContext(grpc_context))
+        return await self.oip.ServerLive(request, RayContext(grpc_context))
 
     async def ServerReady(self, request, grpc_context: Any) -> oip.ServerReadyResponse:
-        return await self.inference.ServerReady(request, RayContext(grpc_context))
+        return await self.oip.ServerReady(request, RayContext(grpc_context))
 
     async def ModelReady(self, request, grpc_context: Any) -> oip.ModelReadyResponse:
-        return await self.inference.ModelReady(request, RayContext(grpc_context))
+        return await self.oip.ModelReady(request, RayContext(grpc_context))
 
     async def ServerMetadata(self, request, grpc_context: Any) -> oip.ServerMetadataResponse:
-        return await self.inference.ServerMetadata(request, RayContext(grpc_context))
+        return await self.oip.ServerMetadata(request, RayContext(grpc_context))
 
     async def ModelMetadata(self, request, grpc_context: Any) -> oip.ModelMetadataResponse:
-        return await self.inference.ModelMetadata(request, RayContext(grpc_context))
+        return await self.oip.ModelMetadata(request, RayContext(grpc_context))
 
     async def ModelInfer(
         self, request: oip.ModelInferRequest, grpc_context: Any
     ) -> oip.ModelInferResponse:
-        return await self.inference.ModelInfer(request, RayContext(grpc_context))
+        return await self.oip.ModelInfer(request, RayContext(grpc_context))
 
 
 def build(args: dict[str, Any]) -> Application:

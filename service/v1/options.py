@@ -8,20 +8,20 @@ refused with the field's name, as protobuf keeps numbers it does not know).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from google.protobuf.message import Message
 
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.readouts import READOUTS, ReadoutKind
 from attnserve.service.core.request import (
     AttentionOptions,
-    AttributionOptions,
-    CaptureOptions,
     EncodeOptions,
-    FeaturesOptions,
     HeadReduction,
     HeadScale,
-    HiddenStatesOptions,
     Input,
     Intervention,
     Layout,
@@ -77,68 +77,69 @@ def input_of(field: str, item: pb.Input) -> Input:
 
 def options_of(options: pb.EncodeOptions) -> EncodeOptions:
     """The data plane's options of an EncodeRequest's."""
+    readouts: dict[str, Any] = {
+        kind.option: _TRANSLATED.get(kind.option, _plain)(kind, getattr(options, kind.option))
+        if options.HasField(kind.option)
+        else None
+        for kind in READOUTS
+    }
     return EncodeOptions(
         truncate=bool(_TRUNCATE("options.truncation", options.truncation)),
         pooling=_POOLING("options.pooling", options.pooling) or Pooling.NONE,
         token_embeddings=not options.skip_token_embeddings,
         return_tokens=options.return_tokens,
         attention=_attention(options.attention) if options.HasField("attention") else None,
-        hidden_states=HiddenStatesOptions(
-            layers=tuple(options.hidden_states.layers),
-            positions=tuple(options.hidden_states.positions),
-            omit_states=options.hidden_states.omit_states,
-            norms=options.hidden_states.norms,
-        )
-        if options.HasField("hidden_states")
-        else None,
-        predictions=_predictions("options.predictions", options.predictions)
-        if options.HasField("predictions")
-        else None,
-        logit_lens=_predictions("options.logit_lens", options.logit_lens)
-        if options.HasField("logit_lens")
-        else None,
-        attribution=AttributionOptions(
-            positions=tuple(options.attribution.positions),
-            target_ids=tuple(options.attribution.target_ids),
-            contrast_ids=tuple(options.attribution.contrast_ids),
-        )
-        if options.HasField("attribution")
-        else None,
         head_mask=tuple(
             HeadScale(entry.layer, entry.head, entry.scale, tuple(entry.mean))
             for entry in options.head_mask
-        )
-        if options.head_mask
-        else (),
-        features=FeaturesOptions(
-            saes=tuple(options.features.saes),
-            positions=tuple(options.features.positions),
-            top_k=options.features.top_k,
-            feature_ids=tuple(options.features.feature_ids),
-            dense=options.features.dense,
-            skip_first_token=options.features.skip_first_token,
-            skip_error_norm=options.features.skip_error_norm,
-        )
-        if options.HasField("features")
-        else None,
+        ),
         interventions=tuple(
             intervention_of(f"options.interventions[{i}]", entry)
             for i, entry in enumerate(options.interventions)
         ),
-        capture=CaptureOptions(
-            hooks=tuple(options.capture.hooks), positions=tuple(options.capture.positions)
-        )
-        if options.HasField("capture")
-        else None,
-        patching=PatchingOptions(
-            source=input_of("options.patching.source", options.patching.source),
-            hook=options.patching.hook,
-            target=_token(options.patching, "target"),
-            contrast=_token(options.patching, "contrast"),
-        )
-        if options.HasField("patching")
-        else None,
+        **readouts,
     )
+
+
+def _plain(kind: ReadoutKind, message: Message) -> object:
+    """A readout's options whose fields are its message's, by name (a repeated one as a
+    tuple): most readouts' (a new one's too)."""
+    fields = message.DESCRIPTOR.fields_by_name
+    values = {}
+    for field in dataclasses.fields(kind.options):
+        value = getattr(message, field.name)
+        values[field.name] = tuple(value) if fields[field.name].is_repeated else value
+    return kind.options(**values)
+
+
+def _predictions(kind: ReadoutKind, request: pb.TokenPredictionsRequest) -> PredictionsOptions:
+    field = f"options.{kind.option}"
+    norm = _LENS_NORM(f"{field}.lens_norm", request.lens_norm)
+    return PredictionsOptions(
+        layers=tuple(request.layers),
+        positions=tuple(request.positions),
+        top_k=request.top_k,
+        target_ids=tuple(request.target_ids),
+        logits=request.logits,
+        lens_norm=norm or LensNorm.FROZEN,
+    )
+
+
+def _patching(_: ReadoutKind, request: pb.PatchingRequest) -> PatchingOptions:
+    return PatchingOptions(
+        source=input_of("options.patching.source", request.source),
+        hook=request.hook,
+        target=_token(request, "target"),
+        contrast=_token(request, "contrast"),
+    )
+
+
+# The readouts whose messages are not their options field by field (an enum, a oneof)
+_TRANSLATED: dict[str, Callable[[ReadoutKind, Any], object]] = {
+    "predictions": _predictions,
+    "logit_lens": _predictions,
+    "patching": _patching,
+}
 
 
 def _token(patching: pb.PatchingRequest, name: str) -> int | str:
@@ -204,16 +205,4 @@ def _attention(request: pb.AttentionRequest) -> AttentionOptions:
         received=request.received,
         key_start=request.key_start,
         key_end=request.key_end,
-    )
-
-
-def _predictions(field: str, request: pb.TokenPredictionsRequest) -> PredictionsOptions:
-    norm = _LENS_NORM(f"{field}.lens_norm", request.lens_norm)
-    return PredictionsOptions(
-        layers=tuple(request.layers),
-        positions=tuple(request.positions),
-        top_k=request.top_k,
-        target_ids=tuple(request.target_ids),
-        logits=request.logits,
-        lens_norm=norm or LensNorm.FROZEN,
     )

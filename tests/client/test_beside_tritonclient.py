@@ -21,10 +21,10 @@ IMPORTS = {
 CALLS = """
 import numpy as np
 import tritonclient.grpc as triton
-from attnserve.client.oip import InferenceClient
+from attnserve.client.oip import OipClient
 
 ids = np.array([[3, 1, 4, 1, 5]], dtype=np.int64)
-with InferenceClient(ADDRESS, shared_memory=False) as ours:
+with OipClient(ADDRESS, shared_memory=False) as ours:
     name = ours.model_info().name
     mine = ours.infer(input_ids=ids.tolist(), outputs=["embeddings"])["embeddings"]
 theirs = triton.InferenceServerClient(ADDRESS)

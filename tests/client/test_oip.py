@@ -1,4 +1,4 @@
-"""InferenceClient (the Open Inference Protocol) against the real in-process server: through a
+"""OipClient (the Open Inference Protocol) against the real in-process server: through a
 shared-memory region on this host, over the wire when the server cannot open the region, the
 same numbers as Encode."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.client import ClientOptions, InferenceClient
+from attnserve.client import ClientOptions, OipClient
 from attnserve.oip import grpc_service_pb2 as oip
 
 ROWS = [[3, 1, 4, 1, 5, 9, 2], [6, 5, 3]]  # ragged: the second row is padded by the client
@@ -29,7 +29,7 @@ def _check_against_encode(out: dict, encoded) -> None:
 
 def test_outputs_come_through_a_shared_memory_region(server, encoded):
     outputs = ["embeddings", "attention", "lengths"]
-    with InferenceClient(server.address, ClientOptions(timeout_s=60)) as client:
+    with OipClient(server.address, ClientOptions(timeout_s=60)) as client:
         out = client.infer(input_ids=ROWS, outputs=outputs)
         assert client.uses_shared_memory
         region = client._region
@@ -40,7 +40,7 @@ def test_outputs_come_through_a_shared_memory_region(server, encoded):
         again = client.infer(input_ids=ROWS, outputs=outputs)  # the region is reused
         np.testing.assert_array_equal(again["attention"], out["attention"])
     assert not region.path.exists()  # closed: unregistered and unlinked
-    with InferenceClient(server.address) as other:
+    with OipClient(server.address) as other:
         status = other._stub.SystemSharedMemoryStatus(oip.SystemSharedMemoryStatusRequest())
         assert region.name not in status.regions
 
@@ -48,7 +48,7 @@ def test_outputs_come_through_a_shared_memory_region(server, encoded):
 def test_a_region_the_server_cannot_open_falls_back_to_the_wire(server, encoded, tmp_path):
     # Objects under tmp_path are invisible to the server, as another host's memory would be.
     options = ClientOptions(timeout_s=60)
-    with InferenceClient(server.address, options, shared_memory_root=tmp_path) as client:
+    with OipClient(server.address, options, shared_memory_root=tmp_path) as client:
         out = client.infer(input_ids=ROWS, outputs=["embeddings", "attention", "lengths"])
         assert not client.uses_shared_memory
         assert not list(tmp_path.iterdir())  # the object it tried is gone
@@ -60,7 +60,7 @@ def test_text_and_parameters_match_encode_on_both_paths(server, client):
         ["hello", "hi"], attention=True, layers=[1], attention_dtype="float16"
     ).encodings
     for shared in (True, False):
-        with InferenceClient(server.address, shared_memory=shared) as v2:
+        with OipClient(server.address, shared_memory=shared) as v2:
             out = v2.infer(
                 text=["hello", "hi"],
                 outputs=["attention", "lengths"],
@@ -75,7 +75,7 @@ def test_text_and_parameters_match_encode_on_both_paths(server, client):
 
 
 def test_the_region_grows_with_the_requests(server):
-    with InferenceClient(server.address) as client:
+    with OipClient(server.address) as client:
         client.infer(input_ids=[[1, 2]], outputs=["attention"])
         small = client._region.size
         long_row = list(range(1, 33))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.client import ClientOptions, EncoderClient, InferenceClient
+from attnserve.client import ClientOptions, EncoderClient, OipClient
 from attnserve.export.hf_import import HFImportError, config_from_hf, load_hf
 from attnserve.model.artifacts import FUSED_ONNX_FILENAME, TOKENIZER_FILENAME
 from attnserve.model.encoder import encoder_from_weights
@@ -113,7 +113,7 @@ def test_served_encode_http_and_v2_match_transformers(families, family):
             got = np.array(answer["results"][0]["embeddings"]["values"])
             want_emb, _ = reference_outputs(reference, ids[None])
             assert np.abs(got - want_emb[0]).max() <= TOLERANCE
-        with InferenceClient(server.address, shared_memory=False) as v2:
+        with OipClient(server.address, shared_memory=False) as v2:
             result = v2.infer(input_ids=[ids.tolist()], outputs=["attention"])
             assert np.abs(result["attention"][0] - want_att[0]).max() <= TOLERANCE
     finally:

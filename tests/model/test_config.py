@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from attnserve.model.config import ConfigError, ModelConfig
+from attnserve.model.config import ACTIVATIONS, ConfigError, ModelConfig
 
 
 def test_default_config_matches_the_design():
@@ -52,3 +52,18 @@ def test_unknown_fields_and_bad_json_are_rejected():
         ModelConfig.from_json("{not json")
     with pytest.raises(ConfigError, match="must be a JSON object"):
         ModelConfig.from_json("[1, 2]")
+
+
+def test_every_activation_is_built_and_computes_what_its_hugging_face_names_do():
+    """model/config.py's ACTIVATIONS is the one table: the model builds each, and each
+    computes what transformers computes under every name the table gives it."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    from attnserve.model.layers import ACTIVATION_MODULES
+
+    assert set(ACTIVATION_MODULES) == set(ACTIVATIONS)
+    x = torch.linspace(-6, 6, 101)
+    for ours, names in ACTIVATIONS.items():
+        for name in names:
+            torch.testing.assert_close(ACTIVATION_MODULES[ours]()(x), ACT2FN[name](x))

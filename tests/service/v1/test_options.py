@@ -6,6 +6,7 @@ import pytest
 
 from attnserve.client import build_request
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.readouts import READOUTS
 from attnserve.service.core.request import (
     AttentionOptions,
     AttributionOptions,
@@ -84,3 +85,20 @@ def test_every_field_arrives():
     assert options.logit_lens == PredictionsOptions(layers=(1,), lens_norm=LensNorm.OWN)
     assert options.attribution == AttributionOptions(target_ids=(1,), contrast_ids=(2,))
     assert options.head_mask == (HeadScale(1, 2, 1.0, (0.5, 0.25)),)  # a mean added, kept
+
+
+@pytest.mark.parametrize("kind", READOUTS, ids=lambda kind: kind.option)
+def test_every_readout_of_the_table_arrives_as_its_options(kind):
+    """A row of core/readouts.py READOUTS is read off attnserve.v1's message of the same
+    name (field by field, unless v1/options.py translates it), as the row's options type."""
+    options = pb.EncodeOptions()
+    getattr(options, kind.option).SetInParent()
+    if kind.option == "patching":  # its tokens are a oneof: one must be set
+        options.patching.target_id, options.patching.contrast_id = 1, 2
+        options.patching.source.text = "a"
+    got = getattr(options_of(options), kind.option)
+    assert type(got) is kind.options
+    if kind.option != "patching":  # an empty message: every option at its default
+        assert got == kind.options()
+    others = [k.option for k in READOUTS if k is not kind]
+    assert all(getattr(options_of(options), other) is None for other in others)
