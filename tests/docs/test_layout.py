@@ -62,3 +62,29 @@ def test_the_layout_names_no_module_that_is_not_there():
         if not (REPO_ROOT / folder / name).is_file()
     ]
     assert ghosts == []
+
+
+def request_paths() -> str:
+    text = (REPO_ROOT / "docs" / "development.md").read_text()
+    return text.split("## How a request travels", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_request_paths_name_modules_and_functions_that_are_there():
+    """The paths a request takes (Encode, generation, V2 with an SAE, patching) name the
+    service's modules as folder/module.py and its calls as Name.call() or module.py's
+    call(): each is in the tree, where the page says."""
+    text = request_paths()
+    service = REPO_ROOT / "service"
+    modules = set(re.findall(r"(?<![\w/])(\w+/\w+\.py)\b", text))
+    assert len(modules) > 20
+    assert sorted(m for m in modules if not (service / m).is_file()) == []
+    source = "\n".join(p.read_text() for p in service.rglob("*.py"))
+    calls = re.findall(r"(?:(\w+)\.|\b)(\w+)\(\)", text)
+    assert len(calls) > 5
+    missing = []
+    for owner, name in calls:
+        if owner and not re.search(rf"^class {owner}\b", source, re.M):
+            missing.append(f"class {owner}")
+        if not re.search(rf"^\s*(?:async )?def {name}\(", source, re.M):
+            missing.append(f"def {name}")
+    assert missing == []
