@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch
 from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
-from attnserve.export.sae_sources import SAEError, read_sae
+from attnserve.export.sae_sources import SAEError, read_sae, read_transcoder_set
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
@@ -40,6 +41,7 @@ from attnserve.model.artifacts import (
     SAE_OUTPUTS,
     SAE_WEIGHTS,
     SAES_DIRNAME,
+    TRANSCODER_TARGET,
     ModelDirectory,
     graph_file,
     readout_sites,
@@ -84,17 +86,26 @@ def served_model(model_dir: Path) -> tuple[ModelConfig, set[str]]:
 
 def check_against(sae: SAEConfig, config: ModelConfig, returned: set[str]) -> None:
     """Refuse an SAE whose site this model lacks, whose d_in is not the site's width, or
-    whose site the directory's readouts graph (its outputs `returned`) does not return."""
-    if sae.hook_name not in hook_names(config):
+    whose site the directory's readouts graph (its outputs `returned`) does not return; a
+    transcoder's output site likewise (d_out its width)."""
+    _check_site("hook_name", sae.hook_name, "d_in", sae.d_in, config, returned)
+    if sae.transcoder:
+        _check_site("hook_name_out", sae.hook_name_out, "d_out", sae.width_out, config, returned)
+
+
+def _check_site(
+    field: str, hook: str, width_field: str, width: int, config: ModelConfig, returned: set[str]
+) -> None:
+    if hook not in hook_names(config):
         last = RESID_POST.format(layer=config.n_layers - 1)
         raise SAEError(
-            f"hook_name {sae.hook_name!r} is not a site of this model (layers 0-"
+            f"{field} {hook!r} is not a site of this model (layers 0-"
             f"{config.n_layers - 1}; e.g. {last!r})"
         )
-    width = site_width(config, sae.hook_name)
-    if width is None:
-        raise SAEError(f"hook_name {sae.hook_name!r}: an SAE cannot read attention patterns")
-    site = stream_site(config, sae.hook_name)
+    served_width = site_width(config, hook)
+    if served_width is None:
+        raise SAEError(f"{field} {hook!r}: an SAE cannot read attention patterns")
+    site = stream_site(config, hook)
     if site is None or site[0] not in returned:
         served = {  # each site's name without its layer: blocks.0.attn.hook_z -> attn.hook_z
             name.split(".", 2)[-1]
@@ -103,11 +114,11 @@ def check_against(sae: SAEConfig, config: ModelConfig, returned: set[str]) -> No
             for name in names
         }
         raise SAEError(
-            f"hook_name {sae.hook_name!r}: this model directory's readouts graph does not "
+            f"{field} {hook!r}: this model directory's readouts graph does not "
             f"return this site; SAEs are served on {', '.join(sorted(served)) or 'none'}"
         )
-    if sae.d_in != width:
-        raise SAEError(f"d_in is {sae.d_in}, but {sae.hook_name} is {width} wide in this model")
+    if width != served_width:
+        raise SAEError(f"{width_field} is {width}, but {hook} is {served_width} wide in this model")
 
 
 def add_sae(
@@ -122,12 +133,55 @@ def add_sae(
     and write its graph into model_dir/saes/NAME (NAME: the source's folder's name), its
     matrices in 8 bits with precision "int8" (export/int8.py, as a model's); nothing is
     written if a check fails."""
-    if precision not in SAE_PRECISIONS:
-        raise SAEError(f"precision {precision!r} is not one of {SAE_PRECISIONS}")
     model_dir, source = Path(model_dir), Path(source)
     config, weights = read_sae(source, hook)
     check_against(config, *served_model(model_dir))
     name = name or (source.parent.name if source.is_file() else source.name)
+    return _write(model_dir, source, config, weights, name, log, precision)
+
+
+def add_transcoder_set(
+    model_dir: str | Path,
+    source: str | Path,
+    name: str | None = None,
+    log: Callable[[str], None] = print,
+    precision: str = "fp32",
+) -> list[Path]:
+    """circuit-tracer's transcoder set at `source` (export/sae_sources.py), each layer's
+    transcoder checked against the model in `model_dir`, then written as
+    model_dir/saes/LAYER-NAME (Neuronpedia's names of a set's members); nothing is left
+    written if a check fails."""
+    model_dir, source = Path(model_dir), Path(source)
+    layers = read_transcoder_set(source)
+    served = served_model(model_dir)
+    for _, config, _ in layers:
+        check_against(config, *served)
+    name = name or source.name
+    written: list[Path] = []
+    try:
+        for layer, config, weights in layers:
+            written.append(
+                _write(model_dir, source, config, weights, f"{layer}-{name}", log, precision)
+            )
+    except BaseException:
+        for path in written:
+            shutil.rmtree(path)
+        raise
+    return written
+
+
+def _write(
+    model_dir: Path,
+    source: Path,
+    config: SAEConfig,
+    weights: dict[str, torch.Tensor],
+    name: str,
+    log: Callable[[str], None],
+    precision: str,
+) -> Path:
+    """One checked SAE's graph into model_dir/saes/NAME."""
+    if precision not in SAE_PRECISIONS:
+        raise SAEError(f"precision {precision!r} is not one of {SAE_PRECISIONS}")
     if not NAME_PATTERN.fullmatch(name):
         raise SAEError(f"name {name!r}: letters, digits, '.', '_' and '-', not first '.'")
     out = model_dir / SAES_DIRNAME / name
@@ -138,8 +192,9 @@ def add_sae(
     if not expected <= set(weights):
         raise SAEError(f"{source}: the weights lack {sorted(expected - set(weights))}")
     sae.load_state_dict({k: weights[k] for k in expected})
+    kind = "transcoder" if config.transcoder else "SAE"
     with scratch_beside(out) as scratch:
-        log(f"tracing the {config.architecture} SAE ({config.d_in} -> {config.d_sae})...")
+        log(f"tracing the {config.architecture} {kind} ({config.d_in} -> {config.d_sae})...")
         graph = export_sae(sae, scratch)
         if precision == "int8":  # beside the float32 graph (its weights are read from there)
             log("its matrices into 8 bits...")
@@ -155,8 +210,9 @@ def add_sae(
         info["fidelity"] = fidelity
         (scratch / SAE_JSON).write_text(json.dumps(info, indent=2) + "\n")
         scratch.rename(out)
+    sites = config.hook_name + (f" -> {config.hook_name_out}" if config.transcoder else "")
     log(
-        f"wrote {out}: {config.architecture}, {config.d_sae} features on {config.hook_name} "
+        f"wrote {out}: {config.architecture}, {config.d_sae} features on {sites} "
         f"({precision}; the largest difference from PyTorch over each position's largest "
         f"activation: {fidelity['activations']:.2g})"
     )
@@ -174,16 +230,21 @@ def export_sae(sae: SparseAutoencoder, out: Path) -> Path:
     """Trace `sae` to out/sae.onnx, its weights in out/sae.data, with `top_k` an input."""
     out.mkdir(parents=True, exist_ok=True)
     batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=1)
-    example = torch.zeros(2, 3, sae.config.d_in)
+    examples: tuple[torch.Tensor, ...] = (torch.zeros(2, 3, sae.config.d_in),)
+    names = [SAE_INPUTS[0]]
+    if sae.config.transcoder:  # the output site's values, for the error
+        examples += (torch.zeros(2, 3, sae.config.width_out),)
+        names.append(TRANSCODER_TARGET)
+    dims = {0: batch, 1: seq}
     quiet_exporter()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         program = torch.onnx.export(
             sae.eval(),
-            (example,),
+            examples,
             dynamo=True,
-            dynamic_shapes={"x": {0: batch, 1: seq}},
-            input_names=[SAE_INPUTS[0]],
+            dynamic_shapes={"x": dims, "target": dims} if sae.config.transcoder else {"x": dims},
+            input_names=names,
             output_names=["l0", "error_norm", "activations"],
             opset_version=ONNX_OPSET,
             verbose=False,
@@ -273,12 +334,17 @@ def check_sae(
     generator = torch.Generator().manual_seed(seed)
     x = CHECK_SCALE * torch.randn(2, 7, sae.config.d_in, generator=generator)
     x[..., :: max(1, sae.config.d_in // 4)] *= OUTLIER_SCALE / CHECK_SCALE
+    target = None
+    if sae.config.transcoder:
+        target = CHECK_SCALE * torch.randn(2, 7, sae.config.width_out, generator=generator)
     k = min(16, sae.config.d_sae)
     with torch.no_grad():
-        l0, error_norm, acts = (t.numpy() for t in sae(x))
+        l0, error_norm, acts = (t.numpy() for t in sae(x, target))
         distance = sae.distance_to_switch(x).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = dict(zip(SAE_INPUTS, (x.numpy(), np.array([k]), np.array(True)), strict=True))
+    if target is not None:
+        feeds[TRANSCODER_TARGET] = target.numpy()
     got = dict(zip(SAE_OUTPUTS, session.run(None, feeds), strict=True))
     # without the decoder: the same features, no error norm
     without = session.run(None, feeds | {SAE_INPUTS[2]: np.array(False)})
@@ -287,6 +353,7 @@ def check_sae(
         not np.array_equal(encoded[name], got[name]) for name in SAE_OUTPUTS[:3] + SAE_OUTPUTS[4:]
     ):
         raise SAEError("the graph's features differ without its decoder")
+    against = (x if target is None else target).numpy()  # what the error is measured to
     scale = np.maximum(np.abs(acts).max(-1), 1.0)  # (B, T): each position's largest
     # Features a rounding away from switching may switch either way: left out, and the
     # positions holding one from the top k's comparison.
@@ -300,7 +367,7 @@ def check_sae(
         "activations": float(act_diff.max()),
         "l0": float(np.maximum(np.abs(got["l0"] - l0) - near.sum(-1), 0).max()),
         "error_norm": float(
-            (np.abs(got["error_norm"] - error_norm) / np.linalg.norm(x.numpy(), axis=-1)).max()
+            (np.abs(got["error_norm"] - error_norm) / np.linalg.norm(against, axis=-1)).max()
         ),
     }
     failed = {name: d for name, d in diffs.items() if d > tolerance}

@@ -24,7 +24,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="check an SAE against the model and write its graph into MODEL_DIR/saes/NAME",
         description="Check an SAE (SAELens' directory: cfg.json + sae_weights.safetensors; "
         "Gemma Scope's params.npz, with --hook; Llama Scope's directory: hyperparams.json + "
-        "checkpoints/final.safetensors) against the model, then write its ONNX graph into "
+        "checkpoints/final.safetensors) or a transcoder (SAELens' transcoder directories; "
+        "circuit-tracer's transcoder set: config.yaml + layer_{i}.safetensors, each layer "
+        "written as LAYER-NAME) against the model, then write its ONNX graph into "
         "MODEL_DIR/saes/NAME.",
     )
     add.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
@@ -66,13 +68,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from attnserve.export.sae import SAEError, add_sae
+    from attnserve.export.sae import SAEError, add_sae, add_transcoder_set
+    from attnserve.export.sae_sources import CIRCUIT_TRACER_CONFIG
     from attnserve.export.scratch import ExportWriteError
 
     try:
-        add_sae(
-            args.model_dir, args.source, name=args.name, hook=args.hook, precision=args.precision
-        )
+        if (args.source / CIRCUIT_TRACER_CONFIG).is_file():  # a set: one per layer
+            if args.hook:
+                raise SAEError("--hook: a transcoder set names its sites in its config.yaml")
+            add_transcoder_set(args.model_dir, args.source, args.name, precision=args.precision)
+        else:
+            add_sae(
+                args.model_dir,
+                args.source,
+                name=args.name,
+                hook=args.hook,
+                precision=args.precision,
+            )
     except SAEError as exc:
         print(f"error: {exc}; nothing was written", file=sys.stderr)
         return 1

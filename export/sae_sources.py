@@ -12,6 +12,14 @@ weights named as model/sae.py names them (SAELens' names). Nothing is unpickled.
   SAE with one threshold, trained on inputs scaled to norm sqrt(d_model) on average; that
   dataset-wide scale is folded into the weights as SAELens' loader and from_pretrained
   fold it (W_enc times it, W_dec and b_dec over it, the threshold times it).
+
+Transcoders (model/sae_config.py): SAELens' transcoder, skip_transcoder,
+jumprelu_transcoder and jumprelu_skip_transcoder directories (as its SAEs', d_out and
+metadata.hook_name_out beside), and circuit-tracer's transcoder sets: a directory with
+`config.yaml` (model_kind transcoder_set, feature_input_hook, feature_output_hook, and the
+layers' files as `transcoders` or `layer_{i}.safetensors` beside it), each layer's file
+holding W_enc and W_dec (d_transcoder, d_model), b_enc, b_dec, optionally
+`activation_function.threshold` (JumpReLU; else ReLU) and W_skip (applied as x @ W_skip.T).
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ from safetensors.torch import load_file
 from attnserve.model.sae_config import ARCHITECTURES, NORMALIZATIONS, SAEConfig
 
 GEMMA_SCOPE_FILE = "params.npz"
+CIRCUIT_TRACER_CONFIG = "config.yaml"
+# SAELens' transcoders' architectures -> (the activation's, with a skip connection)
+TRANSCODER_ARCHITECTURES = {
+    "transcoder": ("standard", False),
+    "skip_transcoder": ("standard", True),
+    "jumprelu_transcoder": ("jumprelu", False),
+    "jumprelu_skip_transcoder": ("jumprelu", True),
+}
 LLAMA_SCOPE_CONFIG, LLAMA_SCOPE_WEIGHTS = "hyperparams.json", "checkpoints/final.safetensors"
 
 Weights = dict[str, torch.Tensor]
@@ -61,8 +77,11 @@ def read_saelens(source: Path, hook: str | None = None) -> tuple[SAEConfig, Weig
     if not hook:
         raise SAEError(f"{cfg_path}: no metadata.hook_name (or hook_point); name it with --hook")
     architecture = cfg.get("architecture", "standard")
+    if architecture in TRANSCODER_ARCHITECTURES:
+        return _saelens_transcoder(cfg_path, cfg, hook), _weights(weights_path)
     if architecture not in ARCHITECTURES:
-        raise SAEError(f"{cfg_path}: architecture {architecture!r} is not one of {ARCHITECTURES}")
+        known = (*ARCHITECTURES, *TRANSCODER_ARCHITECTURES)
+        raise SAEError(f"{cfg_path}: architecture {architecture!r} is not one of {known}")
     normalize = cfg.get("normalize_activations") or "none"
     if normalize not in NORMALIZATIONS:
         raise SAEError(
@@ -78,7 +97,106 @@ def read_saelens(source: Path, hook: str | None = None) -> tuple[SAEConfig, Weig
         k=int(cfg.get("k", 0)) if architecture == "topk" else 0,
         rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
     )
-    return config, {name: t.float() for name, t in load_file(weights_path).items()}
+    return config, _weights(weights_path)
+
+
+def _weights(path: Path) -> Weights:
+    return {name: t.float() for name, t in load_file(path).items()}
+
+
+def _saelens_transcoder(cfg_path: Path, cfg: dict, hook: str) -> SAEConfig:
+    """A SAELens transcoder's config: its output site in metadata.hook_name_out."""
+    metadata = cfg.get("metadata") or {}
+    hook_out = metadata.get("hook_name_out") or cfg.get("hook_name_out")
+    if not hook_out:
+        raise SAEError(f"{cfg_path}: a transcoder without metadata.hook_name_out")
+    if cfg.get("apply_b_dec_to_input"):
+        raise SAEError(f"{cfg_path}: apply_b_dec_to_input is not a transcoder's")
+    normalize = cfg.get("normalize_activations") or "none"
+    if normalize != "none":
+        raise SAEError(f"{cfg_path}: a transcoder normalizing its input ({normalize!r})")
+    activation, skip = TRANSCODER_ARCHITECTURES[cfg["architecture"]]
+    return SAEConfig(
+        architecture=activation,
+        d_in=int(cfg["d_in"]),
+        d_sae=int(cfg["d_sae"]),
+        hook_name=hook,
+        apply_b_dec_to_input=False,
+        hook_name_out=hook_out,
+        d_out=int(cfg.get("d_out") or cfg["d_in"]),
+        skip=skip,
+    )
+
+
+def read_transcoder_set(source: Path) -> list[tuple[int, SAEConfig, Weights]]:
+    """circuit-tracer's transcoder set at `source` (a directory with config.yaml): each
+    layer's (layer, config, weights), in SAELens' layout (W_enc (d_in, d_sae))."""
+    import yaml  # safe_load: plain data, never objects
+
+    cfg_path = source / CIRCUIT_TRACER_CONFIG
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    kind = cfg.get("model_kind")
+    if kind != "transcoder_set":
+        raise SAEError(
+            f"{cfg_path}: model_kind {kind!r}; per-layer transcoders (transcoder_set) are "
+            "served, cross-layer ones are not"
+        )
+    hooks = []
+    for field in ("feature_input_hook", "feature_output_hook"):
+        if not cfg.get(field):
+            raise SAEError(f"{cfg_path}: no {field}")
+        hooks.append(str(cfg[field]))
+    files = [Path(path) for path in cfg.get("transcoders") or ()]
+    for path in files:
+        if str(path).startswith("hf:"):
+            raise SAEError(
+                f"{cfg_path}: transcoders name {path}, on the Hugging Face Hub: download the "
+                "set and name local files (or put layer_{i}.safetensors beside config.yaml)"
+            )
+    folder = source / cfg.get("subfolder", "")
+    count = len(list(folder.glob("layer_*.safetensors")))
+    files = [source / p for p in files] or [folder / f"layer_{i}.safetensors" for i in range(count)]
+    if not files:
+        raise SAEError(f"{source}: config.yaml lists no transcoders and no layer_*.safetensors")
+    return [
+        (layer, *_circuit_tracer_layer(path, layer, *hooks)) for layer, path in enumerate(files)
+    ]
+
+
+def _circuit_tracer_layer(
+    path: Path, layer: int, input_hook: str, output_hook: str
+) -> tuple[SAEConfig, Weights]:
+    if not path.is_file():
+        raise SAEError(f"{path}: no such transcoder file (layer {layer})")
+    loaded = _weights(path)
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+        if name not in loaded:
+            raise SAEError(f"{path}: no {name}")
+    weights = {
+        "W_enc": loaded["W_enc"].T.contiguous(),  # (d_transcoder, d_model) -> (d_in, d_sae)
+        "W_dec": loaded["W_dec"],
+        "b_enc": loaded["b_enc"],
+        "b_dec": loaded["b_dec"],
+    }
+    threshold = loaded.get("activation_function.threshold")
+    if threshold is not None:
+        if (threshold < 0).any():  # x * (x > t) passes negative values a ReLU would not
+            raise SAEError(f"{path}: a negative JumpReLU threshold is not served")
+        weights["threshold"] = threshold.expand(weights["b_enc"].shape).contiguous()
+    if "W_skip" in loaded:
+        weights["W_skip"] = loaded["W_skip"]
+    d_sae, d_in = loaded["W_enc"].shape
+    config = SAEConfig(
+        architecture="standard" if threshold is None else "jumprelu",
+        d_in=int(d_in),
+        d_sae=int(d_sae),
+        hook_name=f"blocks.{layer}.{input_hook}",
+        apply_b_dec_to_input=False,
+        hook_name_out=f"blocks.{layer}.{output_hook}",
+        d_out=int(loaded["W_dec"].shape[1]),
+        skip="W_skip" in loaded,
+    )
+    return config, weights
 
 
 def read_gemma_scope(path: Path, hook: str | None) -> tuple[SAEConfig, Weights]:

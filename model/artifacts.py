@@ -140,6 +140,9 @@ SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
 # x float32 (B, T, d_in), top_k int64 [1], with_error_norm bool []: false leaves the
 # decoder unread (error_norm zeros); SAEs added before 2026-11-28 lack it (always read)
 SAE_INPUTS = ("x", "top_k", "with_error_norm")
+# a transcoder's graph's fourth input: its output site's values (B, T, d_out), which its
+# reconstruction error is measured against
+TRANSCODER_TARGET = "target"
 SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # The first two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
 # for the CUDA execution provider (precision="fp16").

@@ -12,8 +12,13 @@ the site's width `d_in`, S the SAE's width `d_sae`):
     topk:     acts = relu of the k largest of pre, 0 elsewhere
     gated:    acts = relu(x' @ (W_enc * exp(r_mag)) + b_mag) * (x' @ W_enc + b_gate > 0)
 
-and the reconstruction `denormalize(acts @ W_dec + b_dec)`. SAEConfig (model/sae_config.py)
-is plain data (an SAE directory's sae.json holds it); export/sae.py traces the module to ONNX.
+and the reconstruction `denormalize(acts @ W_dec + b_dec)`. A transcoder (SAELens'
+Transcoder, SkipTranscoder and JumpReLU ones; circuit-tracer's per-layer transcoders)
+reconstructs another site, E wide: W_dec (S, E), b_dec (E), plus `x @ W_skip.T` with a
+skip connection (W_skip (E, D)); it neither normalizes its input nor subtracts b_dec from
+it, and its error is measured against that other site's values. SAEConfig
+(model/sae_config.py) is plain data (an SAE directory's sae.json holds it); export/sae.py
+traces the module to ONNX.
 """
 
 from __future__ import annotations
@@ -31,8 +36,15 @@ class SparseAutoencoder(nn.Module):
 
     def __init__(self, config: SAEConfig) -> None:
         super().__init__()
+        if config.transcoder and (
+            config.apply_b_dec_to_input or config.normalize_activations != "none"
+        ):
+            raise ValueError(
+                "a transcoder's b_dec is of its output site: it neither subtracts it from its "
+                "input nor normalizes that input"
+            )
         self.config = config
-        d, s = config.d_in, config.d_sae
+        d, s, e = config.d_in, config.d_sae, config.width_out
         self.W_enc = nn.Parameter(torch.empty(d, s))
         if config.architecture == "gated":  # a gate and a magnitude share W_enc
             self.b_gate = nn.Parameter(torch.empty(s))
@@ -40,8 +52,10 @@ class SparseAutoencoder(nn.Module):
             self.b_mag = nn.Parameter(torch.empty(s))
         else:
             self.b_enc = nn.Parameter(torch.empty(s))
-        self.W_dec = nn.Parameter(torch.empty(s, d))
-        self.b_dec = nn.Parameter(torch.empty(d))
+        self.W_dec = nn.Parameter(torch.empty(s, e))
+        self.b_dec = nn.Parameter(torch.empty(e))
+        if config.skip:
+            self.W_skip = nn.Parameter(torch.empty(e, d))
         if config.architecture == "jumprelu":
             self.threshold = nn.Parameter(torch.empty(s))
 
@@ -72,18 +86,30 @@ class SparseAutoencoder(nn.Module):
             return sae_in @ (self.W_enc * self.r_mag.exp()) + self.b_mag
         return sae_in @ self.W_enc + self.b_enc
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, target: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (L0 (B, T), the reconstruction error's norm (B, T), the
-        activations (B, T, S)). The strongest features are the activations' top k
+        activations (B, T, S)); a transcoder's error is against `target` (B, T, E), its
+        output site's values. The strongest features are the activations' top k
         (export/sae.py appends them to the graph, k an input)."""
         sae_in, scale, shift = self.sae_in(x)
         acts = self.activate(self.pre_activations(sae_in), sae_in)  # (B, T, S)
+        l0 = (acts > 0).sum(dim=-1)  # (B, T)
+        reconstruction = self.decode(acts, x) * scale + shift  # (B, T, E)
+        against = x if target is None else target
+        return l0, (against - reconstruction).norm(dim=-1), acts
+
+    def decode(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """What the activations (B, T, S) write at the decoder's site (B, T, E), before
+        denormalizing; a skip connection adds x's (B, T, D) share."""
         decoded = acts
         if self.config.rescale_acts_by_decoder_norm:  # ranked in units of W_dec's norms
             decoded = acts / self.W_dec.norm(dim=-1)
-        reconstruction = (decoded @ self.W_dec + self.b_dec) * scale + shift  # (B, T, D)
-        l0 = (acts > 0).sum(dim=-1)  # (B, T)
-        return l0, (x - reconstruction).norm(dim=-1), acts
+        out = decoded @ self.W_dec + self.b_dec
+        if self.config.skip:
+            out = out + x @ self.W_skip.T
+        return out
 
     def activate(self, pre: torch.Tensor, sae_in: torch.Tensor) -> torch.Tensor:
         """The architecture's activation of the pre-activations (B, T, S)."""

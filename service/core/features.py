@@ -72,17 +72,28 @@ def plan_features(request: FeaturesOptions, at: InputContext) -> FeaturesSelecti
         feature_ids=tuple(request.feature_ids),
         dense=request.dense,
         error_norm=not request.skip_error_norm,
-        sites=tuple(dict.fromkeys(site_of(saes[name], config)[0] for name in request.saes)),
+        sites=_sites([saes[name] for name in request.saes], config, not request.skip_error_norm),
     )
 
 
-def site_of(sae: SAEConfig, config: ModelConfig) -> tuple[str, int]:
-    """The readouts graph's output that holds the site `sae` reads, and its index there
-    (`attnserve sae add` writes only SAEs whose site it returns)."""
-    site = stream_site(config, sae.hook_name)
+def site_of(sae: SAEConfig, config: ModelConfig, output: bool = False) -> tuple[str, int]:
+    """The readouts graph's output that holds the site `sae` reads (`output`: the one its
+    decoder writes, a transcoder's other site), and its index there (`attnserve sae add`
+    writes only SAEs whose sites it returns)."""
+    hook = sae.output_hook if output else sae.hook_name
+    site = stream_site(config, hook)
     if site is None:
-        raise UnsupportedError(f"{sae.hook_name} is not a site the readouts graph returns")
+        raise UnsupportedError(f"{hook} is not a site the readouts graph returns")
     return site
+
+
+def _sites(saes: list[SAEConfig], config: ModelConfig, error_norm: bool) -> tuple[str, ...]:
+    """The readouts graph's outputs `saes` read: their sites, and the transcoders' output
+    sites where the error is measured."""
+    sites = [site_of(sae, config)[0] for sae in saes]
+    if error_norm:
+        sites += [site_of(sae, config, output=True)[0] for sae in saes if sae.transcoder]
+    return tuple(dict.fromkeys(sites))
 
 
 def features_response_bytes(selection: FeaturesSelection, config: ModelConfig) -> int:

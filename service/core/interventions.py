@@ -93,6 +93,13 @@ def plan_clamps(
             raise InvalidInputError(
                 f"{field}.scale: op clamp sets the feature's activation to it; set a finite value"
             )
+        sae = view.saes.get(entry.feature[0])
+        if sae is not None and sae.transcoder:
+            raise InvalidInputError(
+                f"{field}.feature: {entry.feature[0]!r} is a transcoder: its features are read "
+                f"at {sae.hook_name} and written at {sae.hook_name_out}, so clamping one is "
+                "not served; steer with op add instead"
+            )
         row = _feature(field, replace(entry, op="add"), view)
         kind, layer = parse_site(row.hook, config) or ("", 0)
         if not kind:
@@ -232,9 +239,10 @@ def _feature(field: str, entry: Intervention, view: ModelView) -> Intervention:
         )
     if entry.values is not None and entry.values.size:
         raise InvalidInputError(f"{field}: give values or feature, not both")
-    if entry.hook and entry.hook != sae.hook_name:
+    site = sae.output_hook  # where its decoder writes (a transcoder's: not where it reads)
+    if entry.hook and entry.hook != site:
         raise InvalidInputError(
-            f"{field}.hook: {entry.hook}, but SAE {name!r} reads {sae.hook_name}: name its "
+            f"{field}.hook: {entry.hook}, but SAE {name!r} writes {site}: name its "
             "site or leave hook empty"
         )
     if entry.op == "scale" or entry.heads:
@@ -246,7 +254,7 @@ def _feature(field: str, entry: Intervention, view: ModelView) -> Intervention:
             f"({sae.normalize_activations}), so a feature has no one direction at its site; "
             "send the direction as values"
         )
-    return replace(entry, hook=sae.hook_name, values=direction(name, feature_id), feature=None)
+    return replace(entry, hook=site, values=direction(name, feature_id), feature=None)
 
 
 def _plan(

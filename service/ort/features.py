@@ -27,6 +27,7 @@ from attnserve.model.artifacts import (
     SAE_ONNX,
     SAE_OUTPUTS,
     SAES_DIRNAME,
+    TRANSCODER_TARGET,
     ModelDirectory,
 )
 from attnserve.model.config import ModelConfig
@@ -64,6 +65,7 @@ class SAEGraphs:
         self._decoders: dict[str, np.ndarray] = {}  # W_dec (d_sae, d_in), mapped when asked
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
+        self._targets: dict[str, tuple[str, int]] = {}  # transcoders' output sites
         self._seen: dict[str, int] = {}  # each SAE folder's sae.json time, as last opened
         self.configs: dict[str, SAEConfig] = {}
         self.decoder_on_demand: frozenset[str] = frozenset()
@@ -89,7 +91,7 @@ class SAEGraphs:
         ModelLoadError where one cannot be (at start), else it is logged and left out."""
         listing, opened = self._listing(), self._seen
         self._seen = listing
-        sessions, sites = dict(self._sessions), dict(self._sites)
+        sessions, sites, targets = dict(self._sessions), dict(self._sites), dict(self._targets)
         outputs = self._returned() if configs else frozenset()
         for name, sae in configs.items():
             if name in sessions and opened.get(name) == listing.get(name):
@@ -97,12 +99,14 @@ class SAEGraphs:
             self._decoders.pop(name, None)
             try:
                 sites[name], sessions[name] = self._session(name, sae, outputs)
+                if sae.transcoder:
+                    targets[name] = self._site(name, sae, outputs, output=True)
             except ModelLoadError as exc:
                 if strict:
                     raise
                 log.error("SAE %s not served: %s", name, exc)
         # larger tables, then the list: a run sees no name it cannot run
-        self._sites, self._sessions = sites, sessions
+        self._sites, self._targets, self._sessions = sites, targets, sessions
         self.decoder_on_demand = frozenset(
             name
             for name, session in sessions.items()
@@ -117,16 +121,7 @@ class SAEGraphs:
         self, name: str, sae: SAEConfig, outputs: Collection[str]
     ) -> tuple[tuple[str, int], ort.InferenceSession]:
         folder = self._folder / name
-        try:
-            site = site_of(sae, self._config)
-        except UnsupportedError as exc:
-            raise ModelLoadError(f"{folder}: {exc}") from None
-        if site[0] not in outputs:
-            raise ModelLoadError(
-                f"{folder}: the SAE reads {sae.hook_name}, which this directory's "
-                f"readouts graph does not return (written before attnserve returned "
-                f"{site[0]}): export the model again"
-            )
+        site = self._site(name, sae, outputs)
         so = self._options()
         if not self._prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
@@ -138,6 +133,23 @@ class SAEGraphs:
         if missing:
             raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
         return site, session
+
+    def _site(
+        self, name: str, sae: SAEConfig, outputs: Collection[str], output: bool = False
+    ) -> tuple[str, int]:
+        """Where the readouts graph returns the site SAE `name` reads (`output`: writes)."""
+        folder, hook = self._folder / name, sae.output_hook if output else sae.hook_name
+        try:
+            site = site_of(sae, self._config, output)
+        except UnsupportedError as exc:
+            raise ModelLoadError(f"{folder}: {exc}") from None
+        if site[0] not in outputs:
+            raise ModelLoadError(
+                f"{folder}: the SAE reads {hook}, which this directory's readouts graph does "
+                f"not return (written before attnserve returned {site[0]}): export the model "
+                "again"
+            )
+        return site
 
     def direction(self, name: str, feature_id: int) -> np.ndarray:
         """Feature `feature_id`'s decoder row (d_in,) of SAE `name`: what a unit of its
@@ -181,15 +193,23 @@ class SAEGraphs:
         got: dict[tuple[int, str], dict[str, np.ndarray]] = {}
         for sae in dict.fromkeys(name for s in asked.values() for name in s.saes):
             rows = [row for row, s in asked.items() if sae in s.saes]
-            output, index = self._sites[sae]
-            site = run.output(output)  # (B, sites, T, d_in)
-            x = np.concatenate([site[row, index, list(asked[row].positions)] for row in rows])
+            error_norm = any(asked[row].error_norm for row in rows)
+            x = _rows(run, self._sites[sae], rows, asked)  # (1, positions of every row, d_in)
+            target = None
+            if sae in self._targets:  # a transcoder: its error against its output site
+                width = self.configs[sae].width_out
+                target = (
+                    _rows(run, self._targets[sae], rows, asked)
+                    if error_norm
+                    else np.zeros((1, x.shape[1], width), np.float32)  # unread (no decoder)
+                )
             values = self._run(
                 sae,
-                x[None],  # (1, positions of every row, d_in)
+                x,
                 top_k=max(asked[row].top_k for row in rows),
-                error_norm=any(asked[row].error_norm for row in rows),
+                error_norm=error_norm,
                 activations=any(asked[row].dense or asked[row].feature_ids for row in rows),
+                target=target,
             )
             start = 0
             for row in rows:
@@ -202,20 +222,41 @@ class SAEGraphs:
         ]
 
     def _run(
-        self, sae: str, x: np.ndarray, top_k: int, error_norm: bool, activations: bool
+        self,
+        sae: str,
+        x: np.ndarray,
+        top_k: int,
+        error_norm: bool,
+        activations: bool,
+        target: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
-        """SAE `sae`'s graph on x (1, P, d_in): its outputs by name, (P, ...) each."""
+        """SAE `sae`'s graph on x (1, P, d_in) (a transcoder's error against `target`
+        (1, P, d_out)): its outputs by name, (P, ...) each."""
         names = [name for name in SAE_OUTPUTS[:-1] if error_norm or name != _ERROR]
         names += [_ACTIVATIONS] if activations else []
         k = np.array([top_k], dtype=np.int64)
         feeds = dict(zip(SAE_INPUTS, (x, k, np.array(error_norm)), strict=True))
         if sae not in self.decoder_on_demand:
             del feeds[SAE_INPUTS[2]]
+        if target is not None:
+            feeds[TRANSCODER_TARGET] = target
         try:
             outputs = self._sessions[sae].run(names, feeds)
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on SAE {sae!r}: {exc}") from exc
         return {name: value[0] for name, value in zip(names, outputs, strict=True)}
+
+
+def _rows(
+    run: StreamRun,
+    place: tuple[str, int],
+    rows: list[int],
+    asked: dict[int, FeaturesSelection],
+) -> np.ndarray:
+    """One site's values (1, P, width) at every asking row's positions, side by side."""
+    output, index = place
+    site = run.output(output)  # (B, sites, T, width)
+    return np.concatenate([site[row, index, list(asked[row].positions)] for row in rows])[None]
 
 
 def _features(selection: FeaturesSelection, per_sae: list[dict[str, np.ndarray]]) -> Features:
