@@ -87,6 +87,7 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
                 architecture=sae.architecture,
                 d_in=sae.d_in,
                 d_sae=sae.d_sae,
+                hook_name_out=sae.hook_name_out if sae.transcoder else "",
             )
             for name, sae in sorted(plane.view.saes.items())
         ],

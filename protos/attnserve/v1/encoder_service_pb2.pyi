@@ -224,18 +224,20 @@ class SAEFeatures(_message.Message):
     def __init__(self, saes: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ..., top_ids: _Optional[_Union[Tensor, _Mapping]] = ..., top_activations: _Optional[_Union[Tensor, _Mapping]] = ..., l0: _Optional[_Union[Tensor, _Mapping]] = ..., error_norm: _Optional[_Union[Tensor, _Mapping]] = ..., feature_ids: _Optional[_Iterable[int]] = ..., feature_activations: _Optional[_Union[Tensor, _Mapping]] = ..., activations: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class SAEInfo(_message.Message):
-    __slots__ = ("name", "hook_name", "architecture", "d_in", "d_sae")
+    __slots__ = ("name", "hook_name", "architecture", "d_in", "d_sae", "hook_name_out")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOOK_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     D_IN_FIELD_NUMBER: _ClassVar[int]
     D_SAE_FIELD_NUMBER: _ClassVar[int]
+    HOOK_NAME_OUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     hook_name: str
     architecture: str
     d_in: int
     d_sae: int
-    def __init__(self, name: _Optional[str] = ..., hook_name: _Optional[str] = ..., architecture: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ...) -> None: ...
+    hook_name_out: str
+    def __init__(self, name: _Optional[str] = ..., hook_name: _Optional[str] = ..., architecture: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ..., hook_name_out: _Optional[str] = ...) -> None: ...
 
 class HeadScale(_message.Message):
     __slots__ = ("layer", "head", "scale", "mean")

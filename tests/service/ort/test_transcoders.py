@@ -17,6 +17,7 @@ import yaml
 from sae_lens import SAE
 from safetensors.torch import save_file
 
+from attnserve.client import EncoderClient
 from attnserve.export.sae import add_sae, add_transcoder_set
 from attnserve.export.sae_sources import SAEError
 from attnserve.model.tokenizer import ByteTokenizer
@@ -27,7 +28,7 @@ from attnserve.service.core.interventions import plan_changes, plan_clamps
 from attnserve.service.core.request import FeaturesOptions, Intervention
 from attnserve.service.core.view import InputContext, ModelView
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
-from tests.conftest import linked_copy
+from tests.conftest import ServerThread, linked_copy
 from tests.export.test_hf_families import padded_batch
 from tests.export.test_hf_readouts import blocks
 
@@ -183,6 +184,16 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
             x = sites[f"blocks.{layer}.hook_resid_mid"][row, :t]
             y = sites[f"blocks.{layer}.hook_mlp_out"][row, :t]
             assert_like(out.features, layer, sae, x, y)
+
+    # GetModelInfo says which SAEs are transcoders, and where they write
+    server = ServerThread(model_dir)
+    try:
+        with EncoderClient(server.address) as client:
+            listed = {sae["name"]: sae for sae in client.model_info()["saes"]}
+    finally:
+        server.stop()
+    assert listed["1-plt"]["hook_name"] == "blocks.1.hook_resid_mid"
+    assert listed["1-plt"]["hook_name_out"] == "blocks.1.hook_mlp_out"
 
     # a feature steers where its decoder writes (the MLP's output), and is not clamped
     view = ModelView(runtime.config, ByteTokenizer(runtime.config), runtime.graphs, runtime.saes,
