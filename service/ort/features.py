@@ -97,6 +97,7 @@ class SAEGraphs:
             if name in sessions and opened.get(name) == listing.get(name):
                 continue
             self._decoders.pop(name, None)
+            targets.pop(name, None)
             try:
                 sites[name], sessions[name] = self._session(name, sae, outputs)
                 if sae.transcoder:
@@ -139,13 +140,14 @@ class SAEGraphs:
     ) -> tuple[str, int]:
         """Where the readouts graph returns the site SAE `name` reads (`output`: writes)."""
         folder, hook = self._folder / name, sae.output_hook if output else sae.hook_name
+        verb = "writes" if output else "reads"
         try:
             site = site_of(sae, self._config, output)
         except UnsupportedError as exc:
             raise ModelLoadError(f"{folder}: {exc}") from None
         if site[0] not in outputs:
             raise ModelLoadError(
-                f"{folder}: the SAE reads {hook}, which this directory's readouts graph does "
+                f"{folder}: the SAE {verb} {hook}, which this directory's readouts graph does "
                 f"not return (written before attnserve returned {site[0]}): export the model "
                 "again"
             )
@@ -195,14 +197,9 @@ class SAEGraphs:
             rows = [row for row, s in asked.items() if sae in s.saes]
             error_norm = any(asked[row].error_norm for row in rows)
             x = _rows(run, self._sites[sae], rows, asked)  # (1, positions of every row, d_in)
-            target = None
-            if sae in self._targets:  # a transcoder: its error against its output site
-                width = self.configs[sae].width_out
-                target = (
-                    _rows(run, self._targets[sae], rows, asked)
-                    if error_norm
-                    else np.zeros((1, x.shape[1], width), np.float32)  # unread (no decoder)
-                )
+            target = None  # a transcoder's error is against its output site
+            if sae in self._targets and error_norm:
+                target = _rows(run, self._targets[sae], rows, asked)
             values = self._run(
                 sae,
                 x,
@@ -238,8 +235,11 @@ class SAEGraphs:
         feeds = dict(zip(SAE_INPUTS, (x, k, np.array(error_norm)), strict=True))
         if sae not in self.decoder_on_demand:
             del feeds[SAE_INPUTS[2]]
-        if target is not None:
-            feeds[TRANSCODER_TARGET] = target
+        if sae in self._targets:  # a transcoder's output site: unread without the error
+            width = self.configs[sae].width_out
+            feeds[TRANSCODER_TARGET] = (
+                np.zeros((1, x.shape[1], width), np.float32) if target is None else target
+            )
         try:
             outputs = self._sessions[sae].run(names, feeds)
         except Exception as exc:  # ORT raises its own untyped errors

@@ -185,6 +185,11 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
             y = sites[f"blocks.{layer}.hook_mlp_out"][row, :t]
             assert_like(out.features, layer, sae, x, y)
 
+    # every feature's activation alone (what the dashboards read): no output site needed
+    x = sites["blocks.1.hook_resid_mid"][0, : lengths[0]]
+    alone = runtime.sae_graphs.activations("1-plt", x)
+    np.testing.assert_allclose(alone, outputs[0].features.activations[1], rtol=0, atol=1e-5)
+
     # GetModelInfo says which SAEs are transcoders, and where they write
     server = ServerThread(model_dir)
     try:
