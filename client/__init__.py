@@ -6,9 +6,10 @@ once, before its first call, so that each answer decodes into the pages the last
 """
 
 from attnserve.client.client import AsyncEncoderClient, ClientOptions, EncoderClient
-from attnserve.client.codec import EncodeOutput, Encoding, build_request
+from attnserve.client.codec import EncodeOutput, Encoding
 from attnserve.client.errors import RequestError
 from attnserve.client.oip import OipClient
+from attnserve.client.request import build_request
 from attnserve.service.core.memory import give_back_memory, keep_freed_heap
 
 InferenceClient = OipClient  # its earlier name, kept for code written against it

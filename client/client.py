@@ -24,17 +24,10 @@ import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.client.codec import (
-    EncodeOutput,
-    Input,
-    array_head_mask,
-    build_request,
-    check_head_mask,
-    parse_layers,
-    parse_response,
-)
+from attnserve.client.codec import EncodeOutput, parse_layers, parse_response
 from attnserve.client.errors import request_error, request_errors
 from attnserve.client.generation import GeneratedToken, build_generate_request, parse_token
+from attnserve.client.request import Input, array_head_mask, build_request, check_head_mask
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
 
@@ -148,7 +141,7 @@ class EncoderClient:
         unpack_attention: bool = True,
         **options,
     ) -> EncodeOutput:
-        """Encode texts or token-id sequences; see attnserve.client.codec.build_request.
+        """Encode texts or token-id sequences; see attnserve.client.request.build_request.
         `unpack_attention=False` keeps causal-packed attention packed, as it came (half the
         memory and no copy; Encoding.unpacked_attention unpacks it when wanted)."""
         self._check(options, timeout)
@@ -172,7 +165,7 @@ class EncoderClient:
     def encode_stream(
         self, requests: Iterable[pb.EncodeRequest], timeout: float | None = None
     ) -> Iterator[pb.EncodeStreamResponse]:
-        """Send requests (see attnserve.client.codec.build_request) on one stream; answers
+        """Send requests (see attnserve.client.request.build_request) on one stream; answers
         come back in request order, while the server works on several at once."""
         stream = (pb.EncodeStreamRequest(request=r) for r in requests)
         with request_errors():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attnserve.client.codec import Input, intervention_message
+from attnserve.client.request import Input, intervention_message
 from attnserve.v1 import encoder_service_pb2 as pb
 
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from attnserve.client.codec import build_request, parse_response
+from attnserve.client.codec import parse_response
+from attnserve.client.request import build_request
 from attnserve.model.packing import pack_causal, packed_length
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1.wire import (
