@@ -26,12 +26,16 @@ TOLERANCE = 1e-4  # of each position's largest activation (issue 69)
 
 
 # Each family's decoder-layer modules whose output is what attention writes (after its
-# output norm: hook_attn_out) and whose input is the stream between attention and MLP
-# (hook_resid_mid).
+# output norm: hook_attn_out), whose input is the stream between attention and MLP
+# (hook_resid_mid), and whose output is what the MLP writes (hook_mlp_out).
 ATTENTION_SITES = {
-    "llama": ("self_attn", "post_attention_layernorm"),
-    "gemma2": ("post_attention_layernorm", "pre_feedforward_layernorm"),
-    "gpt2": ("attn", "ln_2"),
+    "llama": ("self_attn", "post_attention_layernorm", "mlp"),
+    "gemma2": (
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    "gpt2": ("attn", "ln_2", "mlp"),
 }
 
 
@@ -43,14 +47,15 @@ def view_of(runtime: OrtRuntime) -> ModelView:
 def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndarray]:
     """transformers' sites (B, T, D) by TransformerLens' names: what each decoder layer
     reads (hook_resid_pre) and writes (hook_resid_post; the last before the final norm),
-    what its attention writes (hook_attn_out) and the stream between (hook_resid_mid)."""
+    what its attention writes (hook_attn_out), the stream between (hook_resid_mid) and
+    what its MLP writes (hook_mlp_out)."""
     values, handles = {}, []
 
     def keep(name: str, x) -> None:
         x = x[0] if isinstance(x, tuple) else x
         values[name] = x.numpy().copy()
 
-    attention, between = ATTENTION_SITES[family]
+    attention, between, mlp = ATTENTION_SITES[family]
     for layer, block in enumerate(blocks(reference)):
 
         def read(_module, args, kwargs, name=f"blocks.{layer}.hook_resid_pre"):
@@ -65,10 +70,14 @@ def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndar
         def mid(_module, args, name=f"blocks.{layer}.hook_resid_mid"):
             keep(name, args[0])
 
+        def mlp_out(_module, _args, output, name=f"blocks.{layer}.hook_mlp_out"):
+            keep(name, output)
+
         handles.append(block.register_forward_pre_hook(read, with_kwargs=True))
         handles.append(block.register_forward_hook(write))
         handles.append(getattr(block, attention).register_forward_hook(attn_out))
         handles.append(getattr(block, between).register_forward_pre_hook(mid))
+        handles.append(getattr(block, mlp).register_forward_hook(mlp_out))
     try:
         with torch.no_grad():
             reference(torch.as_tensor(ids))

@@ -30,34 +30,11 @@ from attnserve.service.core.view import InputContext, ModelView
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import ServerThread, linked_copy
 from tests.export.test_hf_families import padded_batch
-from tests.export.test_hf_readouts import blocks
+from tests.service.ort.test_features import residual_sites
 
 D_SAE = 96
 TOLERANCE = 1e-4  # of each position's largest activation; of |mlp_out| for the error
 ARCHITECTURES = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder")
-
-
-def mlp_sites(reference, ids: np.ndarray) -> dict[str, np.ndarray]:
-    """transformers' Llama: each layer's stream between attention and MLP (what the MLP's
-    norm reads, hook_resid_mid) and what the MLP writes (hook_mlp_out), (B, T, D)."""
-    values, handles = {}, []
-    for layer, block in enumerate(blocks(reference)):
-
-        def mid(_module, args, name=f"blocks.{layer}.hook_resid_mid"):
-            values[name] = args[0].numpy().copy()
-
-        def out(_module, _args, output, name=f"blocks.{layer}.hook_mlp_out"):
-            values[name] = output.numpy().copy()
-
-        handles.append(block.post_attention_layernorm.register_forward_pre_hook(mid))
-        handles.append(block.mlp.register_forward_hook(out))
-    try:
-        with torch.no_grad():
-            reference(torch.as_tensor(ids))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return values
 
 
 def saelens_transcoder(architecture: str, layer: int, d: int, seed: int) -> SAE:
@@ -132,7 +109,7 @@ def test_saelens_transcoders_are_served_against_the_mlp_output(families, tmp_pat
     assert runtime.saes["skip_transcoder"].skip and not runtime.saes["transcoder"].skip
 
     ids, lengths = padded_batch(reference.config.vocab_size, seed=5)
-    sites = mlp_sites(reference, ids)
+    sites = residual_sites(reference, "llama", ids)
     outputs = served(runtime, list(ARCHITECTURES), ids, lengths)
     for row, (t, out) in enumerate(zip(lengths, outputs, strict=True)):
         for i, sae in enumerate(saes.values()):
@@ -177,7 +154,7 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
     assert [path.name for path in written] == names
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     ids, lengths = padded_batch(reference.config.vocab_size, seed=6)
-    sites = mlp_sites(reference, ids)
+    sites = residual_sites(reference, "llama", ids)
     outputs = served(runtime, names, ids, lengths)
     for row, (t, out) in enumerate(zip(lengths, outputs, strict=True)):
         for layer, sae in enumerate(saes):
