@@ -12,7 +12,7 @@ from torch import nn
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import HookPoint, captured
-from attnserve.model.hooks import EMBED, FINAL_NORMALIZED, POS_EMBED, RESID_POST, RESID_PRE
+from attnserve.model.hooks import EMBED, LN_FINAL, POS_EMBED, RESID_POST, RESID_PRE
 from attnserve.model.layers import (
     Block,
     KVCache,
@@ -21,8 +21,6 @@ from attnserve.model.layers import (
     frozen_norm,
     make_norm,
     norm_scale,
-    reweigh,
-    standardize,
 )
 
 
@@ -47,9 +45,8 @@ class Encoder(nn.Module):
             self.hook_pos_embed = HookPoint(POS_EMBED)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         if config.norm_placement != "post":  # post-norm blocks end normed already
-            self.ln_f = make_norm(config)
             # TransformerLens' name: its final norm is ln_final (ours keeps GPT-2's ln_f)
-            self.hook_normalized = HookPoint(FINAL_NORMALIZED)
+            self.ln_f = make_norm(config, name=LN_FINAL)
         if config.unembedding == "separate":  # else the token table is the unembedding
             bias = config.unembedding_bias
             self.lm_head = nn.Linear(config.embedding_dim, config.vocab_size, bias=bias)
@@ -172,11 +169,7 @@ class Encoder(nn.Module):
         """The last residual x_L (B, T, D) -> the model's output: the final norm, and OPT's
         projection back to the embedding width."""
         if self.config.norm_placement != "post":  # post-norm blocks end normed already
-            if self.hook_normalized.active:  # the site sits before the norm's weight, as
-                # TransformerLens' does: split the norm there only for whoever asks
-                x = reweigh(self.ln_f, self.hook_normalized(standardize(self.ln_f, x)))
-            else:
-                x = self.ln_f(x)
+            x = self.ln_f(x)
         if self.config.d_embed is not None:
             x = self.embed_out(x)  # (B, T, d_embed)
         return x

@@ -27,22 +27,21 @@ ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 ROT_K = "blocks.{layer}.attn.hook_rot_k"
 PATTERN = "blocks.{layer}.attn.hook_pattern"  # (B, H, T, T) attention weights (query rows)
 Z = "blocks.{layer}.attn.hook_z"  # (B, T, H, d_k) each head's output, before W_O
-FINAL_NORMALIZED = "ln_final.hook_normalized"  # (B, T, D) the final norm's output
+# Each norm's two sites, as TransformerLens names them: what it divides by, (B, T, 1)
+# (hook_scale: sqrt(var + eps) or sqrt(mean x^2 + eps)), and x standardized by it, before
+# the norm's weight (hook_normalized, (B, T, D)). Freezing hook_scale at a prompt's value
+# makes the norm linear (circuit tracing; the logit lens). The norms: each block's ln1 and
+# ln2 (before the sublayers, or after the adds in post-norm blocks), ln1_post and ln2_post
+# (a sublayer's output: sandwich and output placements) and the final ln_final.
+SCALE, NORMALIZED = "hook_scale", "hook_normalized"
+LN1, LN2 = "blocks.{layer}.ln1", "blocks.{layer}.ln2"
+LN1_POST, LN2_POST = "blocks.{layer}.ln1_post", "blocks.{layer}.ln2_post"
+LN_FINAL = "ln_final"
+FINAL_NORMALIZED = f"{LN_FINAL}.{NORMALIZED}"  # (B, T, D) the final norm's standardized x
+MLP_IN = "blocks.{layer}.mlp.hook_in"  # (B, T, D) what the MLP reads (after ln2 and its weight)
 
-LAYER_SITES = (
-    RESID_PRE,
-    Q,
-    K,
-    V,
-    ROT_Q,
-    ROT_K,
-    PATTERN,
-    Z,
-    ATTN_OUT,
-    RESID_MID,
-    MLP_OUT,
-    RESID_POST,
-)
+ATTENTION_SITES = (Q, K, V, ROT_Q, ROT_K, PATTERN, Z)
+
 # The sites a request may change (interventions), by the short name the readouts graph's
 # inputs for them carry, in the order a block reaches them: the stream and what each
 # sublayer writes, each (B, T, D), and per head the queries, keys, values and outputs.
@@ -59,6 +58,33 @@ CHANGEABLE = {
 }
 
 
+def norm_sites(norm: str) -> list[str]:
+    """A norm's two sites, in the order it reaches them (model/layers.py Norm)."""
+    return [f"{norm}.{SCALE}", f"{norm}.{NORMALIZED}"]
+
+
+def block_sites(config: ModelConfig) -> list[str]:
+    """A block's sites, "{layer}" unfilled, in the order its forward reaches them: the
+    stream, each norm's, attention's, the MLP's input and what each sublayer writes, by the
+    residual layout and the norm placement (model/layers.py Block)."""
+    placement, residual = config.norm_placement, config.residual
+    attention, mlp = list(ATTENTION_SITES), [MLP_IN]
+    if residual != "sequential":  # attention and the MLP read the block's input
+        second = [] if residual == "parallel_one_norm" else norm_sites(LN2)
+        return [RESID_PRE, *norm_sites(LN1), *attention, *second, *mlp, ATTN_OUT, MLP_OUT,
+                RESID_POST]  # fmt: skip
+    if placement == "post":  # norm(x + f(x))
+        first, second = [*attention, ATTN_OUT, *norm_sites(LN1)], [*mlp, MLP_OUT, *norm_sites(LN2)]
+    else:
+        before = placement != "output"
+        after = placement in ("sandwich", "output")
+        first = [*(norm_sites(LN1) if before else []), *attention]
+        first += [*(norm_sites(LN1_POST) if after else []), ATTN_OUT]
+        second = [*(norm_sites(LN2) if before else []), *mlp]
+        second += [*(norm_sites(LN2_POST) if after else []), MLP_OUT]
+    return [RESID_PRE, *first, RESID_MID, *second, RESID_POST]
+
+
 def hook_names(config: ModelConfig) -> list[str]:
     """Every site of a model of `config`, in the order a forward pass reaches them.
     hook_pattern is reached only where the weights are computed (not by the fused kernel's
@@ -67,13 +93,11 @@ def hook_names(config: ModelConfig) -> list[str]:
     names = [EMBED]
     if config.positions == "learned":
         names.append(POS_EMBED)
+    sites = block_sites(config)
     for layer in range(config.n_layers):
-        for site in LAYER_SITES:
-            if site == RESID_MID and config.residual != "sequential":
-                continue
-            names.append(site.format(layer=layer))
+        names += [site.format(layer=layer) for site in sites]
     if config.norm_placement != "post":  # post-norm blocks end normed already
-        names.append(FINAL_NORMALIZED)
+        names += norm_sites(LN_FINAL)
     return names
 
 
@@ -109,6 +133,8 @@ def site_width(config: ModelConfig, name: str) -> int | None:
     SAELens' hook_z SAEs read it); None for hook_pattern, whose width is the text's length.
     The name must be one of hook_names(config)."""
     heads, kv_heads = config.n_heads * config.head_dim, config.kv_heads * config.head_dim
+    if name.endswith(SCALE):
+        return 1
     widths = {PATTERN: None, Q: heads, ROT_Q: heads, Z: heads}
     widths |= {K: kv_heads, ROT_K: kv_heads, V: kv_heads}
     for site, width in widths.items():

@@ -32,32 +32,63 @@ ACTIVATION_MODULES: dict[str, Callable[[], nn.Module]] = {
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * w (Llama); Gemma stores w - 1 and scales by (1 + w)."""
 
-    def __init__(self, dim: int, eps: float, plus_one: bool = False) -> None:
+    def __init__(self, dim: int, eps: float, plus_one: bool = False, name: str = "") -> None:
         super().__init__()
         self.eps = eps
         self.offset = 1.0 if plus_one else 0.0
         self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
+        add_norm_sites(self, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if watched(self):
+            return through_sites(self, x)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return x * (self.offset + self.weight)
 
 
-def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
-    """The model's norm over `dim` features (d_model unless given)."""
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm (its fused op in the graphs), with the sites of a named norm."""
+
+    def __init__(self, dim: int, eps: float, name: str = "") -> None:
+        super().__init__(dim, eps=eps)
+        add_norm_sites(self, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return through_sites(self, x) if watched(self) else super().forward(x)
+
+
+def add_norm_sites(norm: nn.Module, name: str) -> None:
+    """A named norm's hook points (model/hooks.py norm_sites): hook_scale, what it divides
+    by, and hook_normalized, x standardized by it; the queries' and keys' norms have none."""
+    if name:
+        norm.hook_scale = HookPoint(f"{name}.{hooks.SCALE}")
+        norm.hook_normalized = HookPoint(f"{name}.{hooks.NORMALIZED}")
+
+
+def watched(norm: nn.Module) -> bool:
+    """Whether a hook reads or changes one of the norm's sites now."""
+    points = [getattr(norm, f"hook_{site}", None) for site in ("scale", "normalized")]
+    return any(isinstance(p, HookPoint) and p.active for p in points)
+
+
+def through_sites(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`norm` of x in its three steps, each through its site: the scale (a hook may give
+    it, frozen: then the norm is linear in x), x standardized by it, the weight and bias.
+    Only for whoever hooks a site: the graphs keep the norm's one op otherwise."""
+    scale = norm.get_submodule("hook_scale")(norm_scale(norm, x))  # (..., 1)
+    if isinstance(norm, nn.LayerNorm):
+        x = x - x.mean(-1, keepdim=True)
+    return reweigh(norm, norm.get_submodule("hook_normalized")(x / scale))
+
+
+def make_norm(config: ModelConfig, dim: int | None = None, name: str = "") -> nn.Module:
+    """The model's norm over `dim` features (d_model unless given), with the sites of
+    `name` (model/hooks.py) where it has one."""
     dim = dim or config.d_model
     if config.norm == "layernorm":
-        return nn.LayerNorm(dim, eps=config.layer_norm_eps)
-    return RMSNorm(dim, config.layer_norm_eps, plus_one=config.norm == "rmsnorm_plus_one")
-
-
-def standardize(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`norm` of x before its weight (and bias): (x - mean) / sqrt(var + eps) for LayerNorm,
-    x / sqrt(mean x^2 + eps) for RMSNorm (TransformerLens' hook_normalized)."""
-    if isinstance(norm, nn.LayerNorm):
-        return F.layer_norm(x, norm.normalized_shape, eps=norm.eps)
-    assert isinstance(norm, RMSNorm)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return LayerNorm(dim, config.layer_norm_eps, name)
+    plus_one = config.norm == "rmsnorm_plus_one"
+    return RMSNorm(dim, config.layer_norm_eps, plus_one, name)
 
 
 def reweigh(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -288,7 +319,7 @@ class MLP(nn.Module):
     and the activation of the gate multiplies the other half.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         bias = config.bias if config.mlp_bias is None else config.mlp_bias
         self.gated = config.mlp == "gated"
@@ -296,9 +327,10 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.d_model, width, bias=bias)
         self.act = ACTIVATION_MODULES[config.activation]()
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=bias)
+        self.hook_in = HookPoint(hooks.MLP_IN.format(layer=layer))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)  # (B, T, d_ff), or (B, T, 2 * d_ff) gated
+        h = self.fc(self.hook_in(x))  # (B, T, d_ff), or (B, T, 2 * d_ff) gated
         if self.gated:
             gate, up = h.chunk(2, dim=-1)  # 2 x (B, T, d_ff)
             return self.proj(self.act(gate) * up)
@@ -324,15 +356,19 @@ class Block(nn.Module):
         super().__init__()
         self.residual, self.placement = config.residual, config.norm_placement
         self.scale = config.residual_scale
+
+        def norm(name: str) -> nn.Module:
+            return make_norm(config, name=name.format(layer=layer))
+
         if self.placement != "output":
-            self.ln1 = make_norm(config)
+            self.ln1 = norm(hooks.LN1)
         self.attn = MultiHeadAttention(config, window=config.window(layer), layer=layer)
         if self.placement != "output" and self.residual != "parallel_one_norm":
-            self.ln2 = make_norm(config)
-        self.mlp = MLP(config)
-        if self.placement in ("sandwich", "output"):
-            self.ln1_out = make_norm(config)
-            self.ln2_out = make_norm(config)
+            self.ln2 = norm(hooks.LN2)
+        self.mlp = MLP(config, layer)
+        if self.placement in ("sandwich", "output"):  # TransformerLens' ln1_post, ln2_post
+            self.ln1_out = norm(hooks.LN1_POST)
+            self.ln2_out = norm(hooks.LN2_POST)
         self.hook_resid_pre = HookPoint(hooks.RESID_PRE.format(layer=layer))
         self.hook_attn_out = HookPoint(hooks.ATTN_OUT.format(layer=layer))
         if self.residual == "sequential":  # a parallel block has no stream between

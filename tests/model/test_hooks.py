@@ -36,6 +36,7 @@ def expected_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         "hook_rot_k": (B, T, H_kv, d_k),
         "hook_pattern": (B, H, T, T),
         "hook_z": (B, T, H, d_k),
+        "hook_scale": (B, T, 1),
     }.get(site, (B, T, config.d_model))
 
 
@@ -170,3 +171,17 @@ def test_hooks_are_removed_when_the_block_ends():
         again, _ = model(ids())
     assert torch.equal(plain, again)
     assert not any(point._forward_hooks for point in hook_points(model).values())
+
+
+def test_a_norm_split_at_its_sites_is_the_norm(model):
+    """Hooking a norm's sites runs it in three steps (model/layers.py through_sites), with
+    the output of its one op (their values are TransformerLens': tests/export/
+    test_transformer_lens.py)."""
+    names = [n for n in hook_names(model.config) if n.endswith((hooks.SCALE, hooks.NORMALIZED))]
+    assert names  # every family's blocks have norms
+    with torch.inference_mode():
+        plain, _ = model(ids())
+        with captured(model, names) as values:
+            split, _ = model(ids())
+    torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
+    assert all(bool((values[n] > 0).all()) for n in names if n.endswith(hooks.SCALE))
