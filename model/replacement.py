@@ -1,0 +1,201 @@
+"""The local replacement model of circuit tracing, frozen at one prompt, and its backward.
+
+Attribution graphs (Ameisen et al. 2025; circuit-tracer) replace each MLP by a transcoder
+and freeze, at the prompt, what makes the model non-linear: every attention pattern,
+every norm's scale, and each MLP's output (its transcoder's reconstruction plus the error:
+constants; only a transcoder's skip connection, x_in @ W_skip^T, stays a function of the
+stream). What remains is linear from the embeddings to the logits, so one backward pass
+per target node gives the direct effect of every source on it.
+
+That model is the encoder's own code under hooks (model/hook_points.py), not a second
+model: the prompt's patterns and scales given at their sites, each MLP's output replaced
+by its skip. Run on zeros, its backward is the transposed linear map alone, which torch's
+exporter traces to ONNX (export/backward.py) from `torch.autograd.grad` inside a forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from attnserve.model import hooks
+from attnserve.model.encoder import Encoder
+from attnserve.model.hook_points import Hook, captured, hook_points, hooked
+
+
+@dataclass(frozen=True)
+class Transcoders:
+    """What the replacement model needs of a transcoder set: the site each layer's
+    transcoder reads ("{layer}" unfilled, e.g. blocks.{layer}.hook_resid_mid or
+    blocks.{layer}.ln2.hook_normalized) and each layer's skip, W_skip (D, d_in), or None.
+    Each writes its layer's hook_mlp_out."""
+
+    input_site: str
+    skips: Sequence[torch.Tensor | None]
+
+
+class Frozen(NamedTuple):
+    """The prompt's values the replacement model is frozen at (batch 1) and what the
+    attribution reads off the same run."""
+
+    patterns: list[torch.Tensor]  # each layer's (1, H, T, T)
+    scales: dict[str, torch.Tensor]  # each norm's hook_scale by site name, (1, T, 1)
+    inputs: torch.Tensor  # (L, T, d_in): what each layer's transcoder reads
+    outputs: torch.Tensor  # (L, T, D): what each MLP writes (hook_mlp_out)
+    logits: torch.Tensor  # (V,): the next-token logits after the last position
+
+
+def scale_sites(model: Encoder) -> list[str]:
+    """Every norm's hook_scale on the stream's path (the queries' and keys' norms have none:
+    they lie behind the frozen patterns)."""
+    return [name for name in hook_points(model) if name.endswith(hooks.SCALE)]
+
+
+def freeze(model: Encoder, input_ids: torch.Tensor, input_site: str) -> Frozen:
+    """Run `model` on input_ids (1, T) and keep what its replacement is frozen at."""
+    L = model.config.n_layers
+    patterns = [hooks.PATTERN.format(layer=layer) for layer in range(L)]
+    inputs = [input_site.format(layer=layer) for layer in range(L)]
+    outputs = [hooks.MLP_OUT.format(layer=layer) for layer in range(L)]
+    scales = scale_sites(model)
+    with torch.no_grad(), captured(model, [*patterns, *scales, *inputs, *outputs]) as values:
+        embeddings, _ = model(input_ids)
+        logits = model.unembed(embeddings[0, -1])
+    return Frozen(
+        [values[name] for name in patterns],
+        {name: values[name] for name in scales},
+        torch.cat([values[name] for name in inputs]),  # (L, T, d_in)
+        torch.cat([values[name] for name in outputs]),
+        logits,
+    )
+
+
+def backward(
+    model: Encoder,
+    frozen: Frozen,
+    transcoders: Transcoders,
+    grads: torch.Tensor,
+    layers: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replacement model's backward for N rows at once: row n puts grads[n] (D) at
+    position positions[n] of layer layers[n]'s transcoder input site (layer L: the model's
+    output after the final norm, where a logit's direction is put) and reads where it
+    arrives: (N, L, T, D) at each layer's hook_mlp_out (what its transcoder's features and
+    error write) and (N, T, D) at hook_embed (the tokens' embeddings, as they enter)."""
+    config = model.config
+    if config.d_embed is not None:
+        raise ValueError(
+            f"{config.name}: its output is projected to {config.d_embed} (OPT-350m): "
+            "no replacement model"
+        )
+    N, T, L = grads.shape[0], frozen.outputs.shape[1], config.n_layers
+    zeros = grads.new_zeros(N, T, config.d_model)
+    # where each row reads: the value at these sites is zero (the model runs at x = 0, so
+    # nothing but the transposed map is left to compute), its gradient is the answer
+    embed_read = zeros.clone().requires_grad_()
+    mlp_reads = [zeros.clone().requires_grad_() for _ in range(L)]
+    reached: dict[int, torch.Tensor] = {}  # each layer's transcoder input, as the run reaches it
+
+    def given(value: torch.Tensor) -> Hook:
+        return lambda _: value.expand(N, *value.shape[1:])
+
+    def keep(layer: int) -> Hook:
+        return lambda x: reached.__setitem__(layer, x)
+
+    def mlp_out(layer: int) -> Hook:
+        skip = transcoders.skips[layer]
+
+        def hook(_: torch.Tensor) -> torch.Tensor:
+            read = mlp_reads[layer]
+            return read if skip is None else read + reached[layer] @ skip.T
+
+        return hook
+
+    frozen_at: dict[str, Hook] = {hooks.EMBED: lambda _: embed_read}
+    frozen_at |= {hooks.PATTERN.format(layer=i): given(p) for i, p in enumerate(frozen.patterns)}
+    frozen_at |= {name: given(scale) for name, scale in frozen.scales.items()}
+    frozen_at |= {transcoders.input_site.format(layer=i): keep(i) for i in range(L)}
+    frozen_at |= {hooks.MLP_OUT.format(layer=i): mlp_out(i) for i in range(L)}
+    # (N, T): 1 at each row's position (a comparison, not one_hot: its width would be
+    # traced as a constant)
+    at = (positions[:, None] == torch.arange(T, device=grads.device)).to(grads.dtype)
+    with torch.enable_grad(), hooked(model, frozen_at):
+        output, _ = model(grads.new_zeros(N, T, dtype=torch.long))
+        sites = [*(reached[layer] for layer in range(L)), output]
+        # sum over rows of <site of the row's layer at its position, its gradient>
+        objective = sum(
+            ((site * grads[:, None, :]).sum(-1) * at * (layers == i)[:, None]).sum()
+            for i, site in enumerate(sites)
+        )
+        read = torch.autograd.grad(objective, [*mlp_reads, embed_read], allow_unused=True)
+    filled = [zeros if g is None else g for g in read]  # a layer no row reaches reads zeros
+    return torch.stack(filled[:L], dim=1), filled[L]
+
+
+class Primitives(TorchFunctionMode):
+    """While tracing a backward, write F.linear as a matmul and a matmul of more than three
+    axes as bmm: torch 2.13's exporter fails on their backward under autograd otherwise
+    ("a fake tensor in the exported program's constants"; research/backward-graph)."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, *rest = args
+            bias = rest[0] if rest else kwargs.get("bias")
+            y = torch.matmul(x, weight.transpose(0, 1))
+            return y if bias is None else y + bias
+        if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__):
+            a, b = args
+            if a.dim() > 3 and b.dim() > 3 and a.shape[:-2] == b.shape[:-2]:
+                batch = a.shape[:-2]
+                out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+                return out.reshape(*batch, *out.shape[-2:])
+        return func(*args, **kwargs)
+
+
+class BackwardGraph(nn.Module):
+    """What export/backward.py traces: the prompt in (input_ids (1, T)) with the rows
+    (grads (N, D), layers (N,), positions (N,), int64), and out the rows' gradients at every
+    hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D), with the prompt's transcoder
+    inputs (L, T, d_in), MLP outputs (L, T, D) and last logits (V,): one graph, so that the
+    frozen values never leave ONNX Runtime between the prompt and its rows."""
+
+    def __init__(self, model: Encoder, transcoders: Transcoders) -> None:
+        super().__init__()
+        self.model, self.input_site = model, transcoders.input_site
+        self.skipped = [skip is not None for skip in transcoders.skips]
+        for layer, skip in enumerate(transcoders.skips):
+            if skip is not None:  # named in the graph as skip_{layer}
+                self.register_buffer(f"skip_{layer}", skip)
+
+    @property
+    def transcoders(self) -> Transcoders:
+        skips = [self.get_buffer(f"skip_{i}") if s else None for i, s in enumerate(self.skipped)]
+        return Transcoders(self.input_site, skips)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        grads: torch.Tensor,
+        layers: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        frozen = freeze(self.model, input_ids, self.input_site)
+        with Primitives():
+            mlp_grads, embed_grads = backward(
+                self.model, frozen, self.transcoders, grads, layers, positions
+            )
+        return mlp_grads, embed_grads, frozen.inputs, frozen.outputs, frozen.logits
