@@ -9,18 +9,26 @@ the model's own by name (a WeightsFile shared with the model's graphs writes eac
 
 from __future__ import annotations
 
+import json
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
+import onnxruntime as ort
 import onnxscript
 import torch
 
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
+from attnserve.export.read_back import read_encoder
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
+from attnserve.model.artifacts import WEIGHTS_INDEX_FILENAME, backward_files
 from attnserve.model.encoder import Encoder
+from attnserve.model.hooks import MLP_OUT
 from attnserve.model.replacement import BackwardGraph, Transcoders
+from attnserve.model.sae_config import SAEConfig
 
 BACKWARD_INPUTS = ("input_ids", "grads", "layers", "positions")
 # the rows' gradients at every hook_mlp_out and at hook_embed; the prompt's transcoder
@@ -78,3 +86,78 @@ def export_backward(
     weights.flush()
     onnxscript.optimizer.optimize(traced)
     return save_checked(ir.to_proto(traced), path)
+
+
+def write_backward(
+    model_dir: Path,
+    set_name: str,
+    members: Sequence[tuple[str, SAEConfig, torch.Tensor | None]],
+    log: Callable[[str], None] = print,
+) -> Path:
+    """The backward graph of the model in `model_dir` with the transcoder set `set_name`
+    (members: each layer's SAE name, config and skip W_skip or None, layer by layer),
+    sharing the model's weights file, checked against the model code; with its
+    description (model/artifacts.py backward_files)."""
+    model = read_encoder(model_dir)
+    transcoders = Transcoders(
+        input_template(members, model.config.n_layers), [s for *_, s in members]
+    )
+    graph_name, data_name, info_name = backward_files(set_name)
+    log(f"tracing the replacement model's backward ({model.config.n_layers} layers)...")
+    with WeightsFile(model_dir / data_name) as weights:
+        weights.know(model_dir / WEIGHTS_INDEX_FILENAME)
+        path = export_backward(model, transcoders, model_dir / graph_name, weights)
+    log("checking: PyTorch vs ONNX Runtime CPU...")
+    fidelity = check_backward(model, transcoders, path)
+    info = {
+        "members": [name for name, *_ in members],
+        "input_site": transcoders.input_site,
+        "skip": any(s is not None for s in transcoders.skips),
+        "fidelity": fidelity,
+    }
+    (model_dir / info_name).write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
+def input_template(members: Sequence[tuple[str, SAEConfig, object]], layers: int) -> str:
+    """The site every member reads, "{layer}" unfilled: one per layer, in order, each
+    writing its layer's hook_mlp_out (circuit-tracer's single-layer transcoders)."""
+    if len(members) != layers:
+        raise ValueError(f"a replacement model needs a transcoder on each of {layers} layers, "
+                         f"not {len(members)}")  # fmt: skip
+    templates = set()
+    for layer, (name, config, _) in enumerate(members):
+        prefix = f"blocks.{layer}."
+        if not config.hook_name.startswith(prefix) or config.output_hook != MLP_OUT.format(
+            layer=layer
+        ):
+            raise ValueError(f"{name}: reads {config.hook_name} and writes "
+                             f"{config.output_hook}, not layer {layer}'s MLP's place")  # fmt: skip
+        templates.add("blocks.{layer}." + config.hook_name.removeprefix(prefix))
+    if len(templates) != 1:
+        raise ValueError(f"the set's transcoders read different sites: {sorted(templates)}")
+    return templates.pop()
+
+
+def check_backward(model: Encoder, transcoders: Transcoders, path: Path) -> dict[str, float]:
+    """The graph against the model code on a random prompt and rows: per output, the
+    largest difference over that output's largest value."""
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    length = min(11, config.max_seq_len)
+    rows = 5
+    feeds = (
+        torch.randint(0, config.vocab_size, (1, length), generator=generator),
+        torch.randn(rows, config.d_model, generator=generator),
+        torch.randint(0, config.n_layers + 1, (rows,), generator=generator),
+        torch.randint(0, length, (rows,), generator=generator),
+    )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, dict(zip(BACKWARD_INPUTS, (t.numpy() for t in feeds), strict=True)))
+    with torch.no_grad():
+        want = BackwardGraph(model, transcoders)(*feeds)
+    fidelity = {}
+    for name, g, w in zip(BACKWARD_OUTPUTS, got, want, strict=True):
+        w = w.numpy()
+        fidelity[name] = float(np.abs(g - w).max() / max(float(np.abs(w).max()), 1e-30))
+    return fidelity

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
+import onnx_ir as ir
 import torch
 
 from attnserve.export import (
@@ -41,12 +42,13 @@ from attnserve.export.parity import (
 )
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.trace_ahead import tracer
-from attnserve.export.weights import WeightsFile
+from attnserve.export.weights import TRANSPOSED_SUFFIX, WeightsFile
 from attnserve.model.artifacts import (
     GRAPHS,
     PRECISIONS,
     REPORT_FILENAME,
     WEIGHTS_FILENAMES,
+    WEIGHTS_INDEX_FILENAME,
     graph_file,
     graph_kinds,
     graph_source,
@@ -152,6 +154,7 @@ def write_model_dir(
         progress = _progress(log, parameters * 4)
         with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
             _write_float32(config, tensors, planned, scratch, weights, log, trace_ahead)
+            _write_the_rest(tensors, weights, scratch / WEIGHTS_INDEX_FILENAME)
         del tensors
         if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
             _release(model)
@@ -162,6 +165,7 @@ def write_model_dir(
             for graph in (g for g in planned if g.precision == "fp32"):
                 (scratch / graph.filename).unlink()
             (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
+            (scratch / WEIGHTS_INDEX_FILENAME).unlink()
         export_seconds = time.perf_counter() - start
         start = time.perf_counter()
         kept = [graph for graph in planned if graph.precision in precisions]
@@ -212,6 +216,16 @@ def _write_float32(
         if graph.kind == "fused":
             log(f"writing {graph.filename} from {graph.source}...")
             with_attention_weights(scratch / str(graph.source), scratch / graph.filename)
+
+
+def _write_the_rest(tensors: Mapping[str, torch.Tensor], weights: WeightsFile, index: Path) -> None:
+    """Every parameter into the weights file, the few the graphs keep inside them (norms'
+    weights, small biases) too, and the file's index: the directory can then build its
+    encoder again (export/read_back.py) for a graph added later, which shares the file."""
+    for name, tensor in tensors.items():
+        if name not in weights and f"{name}{TRANSPOSED_SUFFIX}" not in weights:
+            weights.reference(ir.Tensor(tensor.detach().float().contiguous().numpy(), name=name))
+    weights.write_index(index)
 
 
 class _Gates:

@@ -27,6 +27,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
+from attnserve.export.backward import write_backward
 from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
@@ -42,7 +43,9 @@ from attnserve.model.artifacts import (
     SAE_WEIGHTS,
     SAES_DIRNAME,
     TRANSCODER_TARGET,
+    WEIGHTS_INDEX_FILENAME,
     ModelDirectory,
+    backward_files,
     graph_file,
     readout_sites,
     stream_site,
@@ -157,17 +160,46 @@ def add_transcoder_set(
     for _, config, _ in layers:
         check_against(config, *served)
     name = name or source.name
+    members = [
+        (f"{layer}-{name}", config, weights.get("W_skip")) for layer, config, weights in layers
+    ]
     written: list[Path] = []
     try:
-        for layer, config, weights in layers:
-            written.append(
-                _write(model_dir, source, config, weights, f"{layer}-{name}", log, precision)
-            )
+        for (member, config, _), (_, _, weights) in zip(members, layers, strict=True):
+            written.append(_write(model_dir, source, config, weights, member, log, precision))
+        if (model_dir / WEIGHTS_INDEX_FILENAME).is_file():
+            written += _backward_of(model_dir, name, members, log)
+        else:
+            log(f"no attribution graphs with {name}: {model_dir} holds no float32 weights")
     except BaseException:
         for path in written:
-            shutil.rmtree(path)
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         raise
     return written
+
+
+def _backward_of(
+    model_dir: Path,
+    name: str,
+    members: list[tuple[str, SAEConfig, torch.Tensor | None]],
+    log: Callable[[str], None],
+) -> list[Path]:
+    """A set's backward graph (export/backward.py) and its files, or none written."""
+    files = [model_dir / f for f in backward_files(name)]
+    if any(f.exists() for f in files):
+        raise SAEError(f"{files[0]} exists: choose another --name")
+    try:
+        write_backward(model_dir, name, members, log)
+    except ValueError as e:
+        for f in files:
+            f.unlink(missing_ok=True)
+        raise SAEError(f"{name}: {e}") from e
+    except BaseException:
+        for f in files:
+            f.unlink(missing_ok=True)
+        raise
+    log(f"wrote {files[0]}: the replacement model's backward with {name}")
+    return files
 
 
 def _write(

@@ -18,6 +18,7 @@ fold that transpose into a second, private copy of every weight at load.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Container
 from pathlib import Path
@@ -92,6 +93,36 @@ class WeightsFile:
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
 
+    def know(self, index_path: Path) -> None:
+        """Hand out references into another weights file of the same directory for the
+        tensors its index names (a graph added later shares a model's weights on disk)."""
+        index = json.loads(index_path.read_text())
+        for name, entry in index["tensors"].items():
+            self._tensors[name] = ir.ExternalTensor(
+                index["file"],
+                entry["offset"],
+                entry["length"],
+                ir.DataType[entry["dtype"]],
+                shape=ir.Shape(entry["shape"]),
+                name=name,
+                base_dir=index_path.parent,
+            )
+
+    def write_index(self, path: Path) -> None:
+        """What the file holds, by name (its place, length, dtype and shape): what a later
+        graph or `read_tensors` finds the tensors by."""
+        tensors = {
+            name: {
+                "offset": t.offset,
+                "length": t.length,
+                "dtype": t.dtype.name,
+                "shape": list(t.shape.numpy()),
+            }
+            for name, t in self._tensors.items()
+            if t.location == self.path.name and name not in self.unwritten
+        }
+        path.write_text(json.dumps({"file": self.path.name, "tensors": tensors}) + "\n")
+
     def __getitem__(self, name: str) -> ir.ExternalTensor:
         return self._tensors[name]
 
@@ -148,6 +179,8 @@ def store_linear_weights_transposed(model: ir.Model) -> set[str]:
             continue
         if perm is None or list(perm.as_ints()) != [1, 0]:
             continue
+        if str(source.name).endswith(TRANSPOSED_SUFFIX):  # W itself: transposed at load
+            continue  # (a backward's), never a second copy of it in the file
         name = f"{source.name}{TRANSPOSED_SUFFIX}"
         if name not in graph.initializers:
             transposed = ir.Value(
@@ -181,3 +214,19 @@ def _transposed(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
 
     shape = ir.Shape(tensor.shape.numpy()[::-1])
     return ir.LazyTensor(compute, tensor.dtype, shape, name=name)
+
+
+def read_tensors(index_path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor a weights file's index names, memory-mapped (copy-on-write: nothing is
+    read until used, nothing copied until written); a linear weight stored transposed
+    (`W.T`) is also given as W, a view."""
+    index = json.loads(index_path.read_text())
+    data = np.memmap(index_path.parent / index["file"], dtype=np.uint8, mode="c")
+    tensors = {}
+    for name, entry in index["tensors"].items():
+        dtype = ir.DataType[entry["dtype"]].numpy()
+        raw = data[entry["offset"] : entry["offset"] + entry["length"]]
+        tensors[name] = torch.from_numpy(raw.view(dtype).reshape(entry["shape"]))
+        if name.endswith(TRANSPOSED_SUFFIX):
+            tensors.setdefault(name.removesuffix(TRANSPOSED_SUFFIX), tensors[name].T)
+    return tensors

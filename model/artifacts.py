@@ -144,6 +144,20 @@ SAE_INPUTS = ("x", "top_k", "with_error_norm")
 # reconstruction error is measured against
 TRANSCODER_TARGET = "target"
 SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
+# A transcoder set's replacement model (`attnserve sae add` of circuit-tracer's set):
+# backward_{set}.onnx beside the model's graphs (export/backward.py: its inputs and outputs),
+# pointing into weights.data for the model's tensors and into backward_{set}.data for the
+# set's own (the skips); backward_{set}.json: {"members": the SAE names by layer,
+# "input_site": the site each reads, "{layer}" unfilled, "skip", "fidelity"}.
+BACKWARD_PREFIX = "backward_"
+
+
+def backward_files(set_name: str) -> tuple[str, str, str]:
+    """A transcoder set's backward graph, its own tensors and its description."""
+    stem = f"{BACKWARD_PREFIX}{set_name}"
+    return f"{stem}.onnx", f"{stem}.data", f"{stem}.json"
+
+
 # The first two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
 # for the CUDA execution provider (precision="fp16").
 FP16_ONNX_FILENAME = "model_fp16.onnx"
@@ -161,6 +175,9 @@ WEIGHTS_FILENAMES = {
     "fp16": "weights_fp16.data",
     "int8": "weights_int8.data",
 }
+# The float32 weights file's index (export/weights.py write_index): every parameter of the
+# encoder by name, a linear weight as `W.T`; directories written before 2026-12-02 lack it.
+WEIGHTS_INDEX_FILENAME = "weights.json"
 TOKENIZER_FILENAME = "tokenizer.json"  # a Hugging Face `tokenizers` file, for tokenizer="hf"
 # An imported checkpoint's chat template: {"template": Jinja, "bos_token", "eos_token"}
 CHAT_TEMPLATE_FILENAME = "chat_template.json"

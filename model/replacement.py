@@ -66,7 +66,9 @@ def freeze(model: Encoder, input_ids: torch.Tensor, input_site: str) -> Frozen:
     scales = scale_sites(model)
     with torch.no_grad(), captured(model, [*patterns, *scales, *inputs, *outputs]) as values:
         embeddings, _ = model(input_ids)
-        logits = model.unembed(embeddings[0, -1])
+        # (1, D) -> (1, V): the unembedding as a 2-D product, as the model's own graphs
+        # have it (Gemm reads a tied table as stored: no transposed copy of it)
+        logits = model.unembed(embeddings[:, -1])[0]
     return Frozen(
         [values[name] for name in patterns],
         {name: values[name] for name in scales},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -148,10 +149,15 @@ def default_model():
 
 def linked_copy(model_dir: Path, out: Path) -> Path:
     """A session's model directory, its files linked into `out`: what is added there (an
-    SAE) leaves the shared one untouched."""
+    SAE, a transcoder set's backward) leaves the shared one untouched. The weights files
+    are copies: a graph added later points into weights.data, and onnx_ir refuses external
+    data reached through a link (symbolic or hard)."""
     out.mkdir()
     for path in model_dir.iterdir():
-        (out / path.name).symlink_to(path)
+        if path.suffix == ".data":
+            shutil.copyfile(path, out / path.name)
+        else:
+            (out / path.name).symlink_to(path)
     return out
 
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import yaml
@@ -20,6 +21,7 @@ from safetensors.torch import save_file
 from attnserve.client import EncoderClient
 from attnserve.export.sae import add_sae, add_transcoder_set
 from attnserve.export.sae_sources import SAEError
+from attnserve.model.artifacts import backward_files
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.backend import ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError
@@ -151,7 +153,20 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
     write_circuit_tracer_set(tmp_path / "plt", saes)
     written = add_transcoder_set(model_dir, tmp_path / "plt", log=lambda _: None)
     names = [f"{layer}-plt" for layer in range(layers)]
-    assert [path.name for path in written] == names
+    assert [path.name for path in written] == names + list(backward_files("plt"))
+    # the set's backward points into the model's weights file: its own holds at most the
+    # skips and the rotary tables (which the model's graphs hold inside them; a tensor of
+    # under 8192 values, as these skips, the optimizer may fold into the graph itself)
+    graph, own, info = (model_dir / name for name in backward_files("plt"))
+    assert json.loads(info.read_text())["input_site"] == "blocks.{layer}.hook_resid_mid"
+    assert max(json.loads(info.read_text())["fidelity"].values()) < 1e-5
+    where: dict[str, set[str]] = {}
+    for tensor in onnx.load(str(graph), load_external_data=False).graph.initializer:
+        for entry in (e for e in tensor.external_data if e.key == "location"):
+            where.setdefault(entry.value, set()).add(tensor.name)
+    stored = {name.removesuffix(".T") for name in where[own.name]}  # (as MatMul reads them)
+    assert stored <= {"skip_0", "skip_1", "rotary.cos", "rotary.sin"}
+    assert "blocks.1.attn.qkv.weight.T" in where["weights.data"]
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
     ids, lengths = padded_batch(reference.config.vocab_size, seed=6)
     sites = residual_sites(reference, "llama", ids)
