@@ -22,6 +22,7 @@ from attnserve.model.artifacts import (
     REPORT_FILENAME,
     VERSIONS_METADATA_KEY,
     WEIGHTS_FILENAMES,
+    WEIGHTS_INDEX_FILENAME,
     change_inputs,
 )
 from attnserve.model.checkpoint import save_checkpoint
@@ -93,7 +94,8 @@ def test_default_export_writes_a_checked_model_directory(default_export):
     fp32_graphs.add(QUERIES_ONNX_FILENAME)  # long texts' queries and keys
     # Float16 graphs only when asked for (--precision fp16): by default fp32 and its weights.
     assert report["precisions"] == ["fp32"]
-    assert set(report["onnx_bytes"]) == fp32_graphs | {WEIGHTS_FILENAMES["fp32"]}
+    files = {WEIGHTS_FILENAMES["fp32"], WEIGHTS_INDEX_FILENAME}  # the weights and their index
+    assert set(report["onnx_bytes"]) == fp32_graphs | files
     assert {case["graph"] for case in report["parity"]} == fp32_graphs
     for case in report["parity"]:
         logits = case["graph"] in {LENS_ONNX_FILENAME, ATTRIBUTION_ONNX_FILENAME} | {
