@@ -24,19 +24,14 @@ import torch
 from attnserve.export import (
     DEFAULT_TOLERANCE,
     FP16_TOLERANCE,
-    INT8_MIN_COSINE,
-    INT8_TOLERANCE,
-    LOGITS_TOLERANCE,
 )
 from attnserve.export.fp16 import convert_to_fp16
 from attnserve.export.fused import with_attention_weights
+from attnserve.export.gates import Gates, check_graphs, fidelity, output_fidelity
 from attnserve.export.int8 import convert_to_int8, is_matrix
 from attnserve.export.onnx_export import ONNX_OPSET, export_onnx, exporter_versions
 from attnserve.export.parity import (
     ParityCase,
-    ParityError,
-    Reference,
-    compare,
     default_shapes,
     reference_outputs,
 )
@@ -148,29 +143,13 @@ def write_model_dir(
     planned = plan_graphs(config, precisions)
     with scratch_beside(out) as scratch:
         start = time.perf_counter()
-        # The parameters themselves, not state_dict's detached views: _release frees their
-        # storage through them, whoever keeps a reference.
-        tensors = dict(model.named_parameters())
-        progress = _progress(log, parameters * 4)
-        with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
-            _write_float32(config, tensors, planned, scratch, weights, log, trace_ahead)
-            _write_the_rest(tensors, weights, scratch / WEIGHTS_INDEX_FILENAME)
-        del tensors
-        if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
-            _release(model)
-        int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
-        for precision in (p for p in precisions if p != "fp32"):
-            _derive(scratch, planned, precision, log, int8 if precision == "int8" else None)
-        if "fp32" not in precisions:  # made only as the others' source
-            for graph in (g for g in planned if g.precision == "fp32"):
-                (scratch / graph.filename).unlink()
-            (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
-            (scratch / WEIGHTS_INDEX_FILENAME).unlink()
+        _write_graphs(model, scratch, planned, precisions, log, release_weights, trace_ahead,
+                      int8_arithmetic)  # fmt: skip
         export_seconds = time.perf_counter() - start
         start = time.perf_counter()
         kept = [graph for graph in planned if graph.precision in precisions]
-        gates = _Gates(config, tolerance, fp16_tolerance)
-        cases = _check(scratch, kept, gates, references, log, int8_arithmetic)
+        gates = Gates(config, tolerance, fp16_tolerance)
+        cases = check_graphs(scratch, kept, gates, references, log, int8_arithmetic)
         report = ExportReport(
             model_dir=str(out),
             onnx_bytes={f.name: f.stat().st_size for f in sorted(scratch.iterdir())},
@@ -181,13 +160,47 @@ def write_model_dir(
             export_seconds=round(export_seconds, 3),
             parity_seconds=round(parity_seconds + time.perf_counter() - start, 3),
             precisions=list(precisions),
-            fidelity=_fidelity(cases, config.attentions_name),
-            output_fidelity=_output_fidelity(cases),
+            fidelity=fidelity(cases, config.attentions_name),
+            output_fidelity=output_fidelity(cases),
         )
         _finish(scratch, out, report, extra_files)
     total = sum(report.onnx_bytes.values())
     log(f"wrote {out}: {total / 1e6:,.1f} MB, {', '.join(precisions)} ({parameters:,} parameters)")
     return report
+
+
+def _write_graphs(
+    model: Encoder,
+    scratch: Path,
+    planned: list[PlannedGraph],
+    precisions: tuple[str, ...],
+    log: Callable[[str], None],
+    release_weights: bool,
+    trace_ahead: bool | None,
+    int8_arithmetic: str,
+) -> None:
+    """The planned graphs into `scratch`: the float32 ones and their weights file (with its
+    index), then each lower precision's made from them; float32 dropped if not asked for."""
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    # The parameters themselves, not state_dict's detached views: _release frees their
+    # storage through them, whoever keeps a reference.
+    tensors = dict(model.named_parameters())
+    progress = _progress(log, parameters * 4)
+    with WeightsFile(scratch / WEIGHTS_FILENAMES["fp32"], progress) as weights:
+        _write_float32(config, tensors, planned, scratch, weights, log, trace_ahead)
+        _write_the_rest(tensors, weights, scratch / WEIGHTS_INDEX_FILENAME)
+    del tensors
+    if release_weights:  # the one float32 copy goes before ONNX Runtime maps the file
+        _release(model)
+    int8 = partial(convert_to_int8, arithmetic=int8_arithmetic)
+    for precision in (p for p in precisions if p != "fp32"):
+        _derive(scratch, planned, precision, log, int8 if precision == "int8" else None)
+    if "fp32" not in precisions:  # made only as the others' source
+        for graph in (g for g in planned if g.precision == "fp32"):
+            (scratch / graph.filename).unlink()
+        (scratch / WEIGHTS_FILENAMES["fp32"]).unlink()
+        (scratch / WEIGHTS_INDEX_FILENAME).unlink()
 
 
 def _write_float32(
@@ -226,70 +239,6 @@ def _write_the_rest(tensors: Mapping[str, torch.Tensor], weights: WeightsFile, i
         if name not in weights and f"{name}{TRANSPOSED_SUFFIX}" not in weights:
             weights.reference(ir.Tensor(tensor.detach().float().contiguous().numpy(), name=name))
     weights.write_index(index)
-
-
-class _Gates:
-    """The parity gate of each graph: (tolerance, the smallest embedding cosine or None, the
-    outputs gated: None for all). A lower precision's readouts are what it costs them:
-    recorded (output_fidelity), gated where the served graphs are (embeddings, attention)."""
-
-    def __init__(self, config: ModelConfig, tolerance: float, fp16_tolerance: float) -> None:
-        self.config, self.tolerance, self.fp16_tolerance = config, tolerance, fp16_tolerance
-        self.served = frozenset({config.embeddings_name, config.attentions_name})
-
-    def __call__(self, graph: PlannedGraph) -> tuple[float, float | None, frozenset[str] | None]:
-        row = GRAPHS[graph.kind]
-        if graph.precision == "fp32":
-            return (LOGITS_TOLERANCE if row.logits else self.tolerance), None, None
-        gated = self.served if row.on_demand else None
-        if graph.precision == "fp16":
-            return self.fp16_tolerance, None, gated
-        return INT8_TOLERANCE, INT8_MIN_COSINE, gated
-
-
-def _check(
-    scratch: Path,
-    graphs: list[PlannedGraph],
-    gates: _Gates,
-    references: list[Reference],
-    log: Callable[[str], None],
-    int8_arithmetic: str,
-) -> list[ParityCase]:
-    """Each graph against PyTorch's `references` under its gate (ParityError past it)."""
-    cases: list[ParityCase] = []
-    longest = max(r.shape[1] for r in references)
-    for graph in graphs:
-        limit, min_cosine, gated = gates(graph)
-        floor = "" if min_cosine is None else f", embedding cosine >= {min_cosine}"
-        if gated is not None:
-            floor += "; the readouts recorded, not gated"
-        log(
-            f"checking {graph.filename}: PyTorch vs ONNX Runtime CPU, tolerance {limit:g} (of "
-            f"each row's scale where it passes 1; probabilities absolute){floor}..."
-        )
-        checked = references
-        if graph.kind == "readouts":  # model.onnx's own trace: not the longest
-            checked = [r for r in references if r.shape[1] < longest] or references
-        int8 = graph.precision == "int8"
-        try:
-            graph_cases = compare(
-                checked, scratch / graph.filename, gates.config, limit, min_cosine, gated,
-                prepacked=int8,  # checked as served: see compare
-            )  # fmt: skip
-        except ParityError as exc:
-            if not int8 or int8_arithmetic != "int8":
-                raise
-            raise ParityError(
-                f"{exc} (8-bit weights times int8 activations; `--int8-arithmetic "
-                "float32` comes closer to float32, and is slower)"
-            ) from exc
-        for case in graph_cases:  # what the gate judged (parity.scaled_diff)
-            diffs = "  ".join(f"{name} {d:.2e}" for name, d in case.scaled_diff.items())
-            if min_cosine is not None:
-                diffs += f"  embedding cosine {case.embedding_cosine:.5f}"
-            log(f"  batch={case.batch:<2} seq_len={case.seq_len:<5} {diffs}")
-        cases += graph_cases
-    return cases
 
 
 def write_streamed_int8(
@@ -390,33 +339,6 @@ def _finish(
     out.mkdir(parents=True, exist_ok=True)
     for item in scratch.iterdir():
         os.replace(item, out / item.name)
-
-
-def _fidelity(cases: list[ParityCase], attentions: str) -> dict[str, dict[str, float]]:
-    """Per graph with attention: its largest attention difference and smallest embedding
-    cosine against PyTorch float32, over the parity cases."""
-    fidelity: dict[str, dict[str, float]] = {}
-    for case in cases:
-        if attentions not in case.max_abs_diff:
-            continue
-        worst = fidelity.setdefault(
-            case.graph, {"attention_max_abs_diff": 0.0, "embedding_cosine_min": 1.0}
-        )
-        worst["attention_max_abs_diff"] = max(
-            worst["attention_max_abs_diff"], case.max_abs_diff[attentions]
-        )
-        worst["embedding_cosine_min"] = min(worst["embedding_cosine_min"], case.embedding_cosine)
-    return fidelity
-
-
-def _output_fidelity(cases: list[ParityCase]) -> dict[str, dict[str, float]]:
-    """Per graph, per output: the largest difference its gate judged over the cases."""
-    worst: dict[str, dict[str, float]] = {}
-    for case in cases:
-        graph = worst.setdefault(case.graph, {})
-        for output, value in case.scaled_diff.items():
-            graph[output] = max(graph.get(output, 0.0), value)
-    return worst
 
 
 def _release(model: Encoder) -> None:

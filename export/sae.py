@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +26,10 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
-from attnserve.export.backward import write_backward
 from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
-from attnserve.export.sae_sources import SAEError, read_sae, read_transcoder_set
+from attnserve.export.sae_sources import SAEError, read_sae
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
@@ -43,9 +41,7 @@ from attnserve.model.artifacts import (
     SAE_WEIGHTS,
     SAES_DIRNAME,
     TRANSCODER_TARGET,
-    WEIGHTS_INDEX_FILENAME,
     ModelDirectory,
-    backward_files,
     graph_file,
     readout_sites,
     stream_site,
@@ -140,69 +136,10 @@ def add_sae(
     config, weights = read_sae(source, hook)
     check_against(config, *served_model(model_dir))
     name = name or (source.parent.name if source.is_file() else source.name)
-    return _write(model_dir, source, config, weights, name, log, precision)
+    return write_sae(model_dir, source, config, weights, name, log, precision)
 
 
-def add_transcoder_set(
-    model_dir: str | Path,
-    source: str | Path,
-    name: str | None = None,
-    log: Callable[[str], None] = print,
-    precision: str = "fp32",
-) -> list[Path]:
-    """circuit-tracer's transcoder set at `source` (export/sae_sources.py), each layer's
-    transcoder checked against the model in `model_dir`, then written as
-    model_dir/saes/LAYER-NAME (Neuronpedia's names of a set's members); nothing is left
-    written if a check fails."""
-    model_dir, source = Path(model_dir), Path(source)
-    layers = read_transcoder_set(source)
-    served = served_model(model_dir)
-    for _, config, _ in layers:
-        check_against(config, *served)
-    name = name or source.name
-    members = [
-        (f"{layer}-{name}", config, weights.get("W_skip")) for layer, config, weights in layers
-    ]
-    written: list[Path] = []
-    try:
-        for (member, config, _), (_, _, weights) in zip(members, layers, strict=True):
-            written.append(_write(model_dir, source, config, weights, member, log, precision))
-        if (model_dir / WEIGHTS_INDEX_FILENAME).is_file():
-            written += _backward_of(model_dir, name, members, log)
-        else:
-            log(f"no attribution graphs with {name}: {model_dir} holds no float32 weights")
-    except BaseException:
-        for path in written:
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        raise
-    return written
-
-
-def _backward_of(
-    model_dir: Path,
-    name: str,
-    members: list[tuple[str, SAEConfig, torch.Tensor | None]],
-    log: Callable[[str], None],
-) -> list[Path]:
-    """A set's backward graph (export/backward.py) and its files, or none written."""
-    files = [model_dir / f for f in backward_files(name)]
-    if any(f.exists() for f in files):
-        raise SAEError(f"{files[0]} exists: choose another --name")
-    try:
-        write_backward(model_dir, name, members, log)
-    except ValueError as e:
-        for f in files:
-            f.unlink(missing_ok=True)
-        raise SAEError(f"{name}: {e}") from e
-    except BaseException:
-        for f in files:
-            f.unlink(missing_ok=True)
-        raise
-    log(f"wrote {files[0]}: the replacement model's backward with {name}")
-    return files
-
-
-def _write(
+def write_sae(
     model_dir: Path,
     source: Path,
     config: SAEConfig,

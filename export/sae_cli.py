@@ -68,9 +68,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from attnserve.export.sae import SAEError, add_sae, add_transcoder_set
+    from attnserve.export.sae import SAEError, add_sae
     from attnserve.export.sae_sources import CIRCUIT_TRACER_CONFIG
     from attnserve.export.scratch import ExportWriteError
+    from attnserve.export.transcoder_set import add_transcoder_set
 
     try:
         if (args.source / CIRCUIT_TRACER_CONFIG).is_file():  # a set: one per layer

@@ -13,15 +13,8 @@ from torch import nn
 from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import HookPoint, captured
 from attnserve.model.hooks import EMBED, LN_FINAL, POS_EMBED, RESID_POST, RESID_PRE
-from attnserve.model.layers import (
-    Block,
-    KVCache,
-    RMSNorm,
-    Rotary,
-    frozen_norm,
-    make_norm,
-    norm_scale,
-)
+from attnserve.model.layers import Block, KVCache, Rotary
+from attnserve.model.norms import RMSNorm, frozen_norm, make_norm, norm_scale
 
 
 class Encoder(nn.Module):

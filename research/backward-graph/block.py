@@ -23,7 +23,8 @@ from torch import nn
 
 from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import hooked
-from attnserve.model.layers import MLP, Block, RMSNorm, norm_scale
+from attnserve.model.layers import MLP, Block
+from attnserve.model.norms import RMSNorm, norm_scale
 
 CONFIG = ModelConfig(
     n_layers=1, n_heads=4, n_kv_heads=2, d_head=16, d_model=48, d_ff=96, max_seq_len=32,

@@ -19,8 +19,9 @@ from sae_lens import SAE
 from safetensors.torch import save_file
 
 from attnserve.client import EncoderClient
-from attnserve.export.sae import add_sae, add_transcoder_set
+from attnserve.export.sae import add_sae
 from attnserve.export.sae_sources import SAEError
+from attnserve.export.transcoder_set import add_transcoder_set
 from attnserve.model.artifacts import backward_files
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.backend import ReadoutSelection
