@@ -29,11 +29,11 @@ import torch
 from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
+from attnserve.export.read_back import read_config
 from attnserve.export.sae_sources import SAEError, read_sae
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
 from attnserve.model.artifacts import (
-    CONFIG_METADATA_KEY,
     SAE_INPUTS,
     SAE_JSON,
     SAE_ONNX,
@@ -72,15 +72,12 @@ def served_model(model_dir: Path) -> tuple[ModelConfig, set[str]]:
     directory = ModelDirectory(model_dir)
     if not directory.precisions:
         raise SAEError(f"{model_dir} is not a model directory: no model graph")
-    precision = directory.precisions[0]
-    graph = onnx.load(str(directory.graph(precision, True)), load_external_data=False)
-    metadata = {p.key: p.value for p in graph.metadata_props}
-    readouts = directory.path / graph_file("readouts", precision)
+    readouts = directory.path / graph_file("readouts", directory.precisions[0])
     returned = set()
     if readouts.is_file():
         outputs = onnx.load(str(readouts), load_external_data=False).graph.output
         returned = {output.name for output in outputs}
-    return ModelConfig.from_json(metadata[CONFIG_METADATA_KEY]), returned
+    return read_config(model_dir), returned
 
 
 def check_against(sae: SAEConfig, config: ModelConfig, returned: set[str]) -> None:

@@ -43,7 +43,7 @@ def add_transcoder_set(
         for (member, config, _), (_, _, weights) in zip(members, layers, strict=True):
             written.append(write_sae(model_dir, source, config, weights, member, log, precision))
         if (model_dir / WEIGHTS_INDEX_FILENAME).is_file():
-            written += _backward_of(model_dir, name, members, log)
+            _backward_of(model_dir, name, members, log, written)
         else:
             log(f"no attribution graphs with {name}: {model_dir} holds no float32 weights")
     except BaseException:
@@ -58,20 +58,16 @@ def _backward_of(
     name: str,
     members: list[tuple[str, SAEConfig, torch.Tensor | None]],
     log: Callable[[str], None],
-) -> list[Path]:
-    """A set's backward graph (export/backward.py) and its files, or none written."""
+    written: list[Path],
+) -> None:
+    """A set's backward graph (export/backward.py), its files added to `written` first (so
+    that a failure removes what was begun)."""
     files = [model_dir / f for f in backward_files(name)]
     if any(f.exists() for f in files):
         raise SAEError(f"{files[0]} exists: choose another --name")
+    written += files
     try:
         write_backward(model_dir, name, members, log)
-    except ValueError as e:
-        for f in files:
-            f.unlink(missing_ok=True)
+    except ValueError as e:  # a set no replacement model is made of, with the reason
         raise SAEError(f"{name}: {e}") from e
-    except BaseException:
-        for f in files:
-            f.unlink(missing_ok=True)
-        raise
     log(f"wrote {files[0]}: the replacement model's backward with {name}")
-    return files

@@ -59,7 +59,7 @@ CHANGEABLE = {
 
 
 def norm_sites(norm: str) -> list[str]:
-    """A norm's two sites, in the order it reaches them (model/layers.py Norm)."""
+    """A norm's two sites, in the order it reaches them (model/norms.py through_sites)."""
     return [f"{norm}.{SCALE}", f"{norm}.{NORMALIZED}"]
 
 
