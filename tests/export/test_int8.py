@@ -241,9 +241,9 @@ def test_int8_with_float32_arithmetic_is_closer_to_float32(int8_dir, tmp_path):
 
 
 def test_int8_that_misses_its_gate_is_not_written(tmp_path, monkeypatch):
-    from attnserve.export import model_dir
+    from attnserve.export import gates
 
-    monkeypatch.setattr(model_dir, "INT8_MIN_COSINE", 0.9999999)  # beyond 8 bits' reach
+    monkeypatch.setattr(gates, "INT8_MIN_COSINE", 0.9999999)  # beyond 8 bits' reach
     out = tmp_path / "refused"
     with pytest.raises(
         ParityError, match=r"embedding cosine \S+ < 0\.9999999.*--int8-arithmetic float32"
