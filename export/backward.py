@@ -24,16 +24,17 @@ from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.read_back import read_encoder
 from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
-from attnserve.model.artifacts import WEIGHTS_INDEX_FILENAME, backward_files
+from attnserve.model.artifacts import (
+    BACKWARD_INPUTS,
+    BACKWARD_OUTPUTS,
+    WEIGHTS_INDEX_FILENAME,
+    backward_files,
+)
 from attnserve.model.encoder import Encoder
 from attnserve.model.hooks import MLP_OUT
 from attnserve.model.replacement import BackwardGraph, Transcoders
 from attnserve.model.sae_config import SAEConfig
 
-BACKWARD_INPUTS = ("input_ids", "grads", "layers", "positions")
-# the rows' gradients at every hook_mlp_out and at hook_embed; the prompt's transcoder
-# inputs, MLP outputs and last logits
-BACKWARD_OUTPUTS = ("mlp_grads", "embed_grads", "transcoder_inputs", "mlp_outputs", "logits")
 _PREFIX = "model."  # BackwardGraph's attribute holding the encoder
 
 

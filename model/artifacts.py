@@ -150,6 +150,21 @@ SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # set's own (the skips); backward_{set}.json: {"members": the SAE names by layer,
 # "input_site": the site each reads, "{layer}" unfilled, "skip", "fidelity"}.
 BACKWARD_PREFIX = "backward_"
+# input_ids int64 (1, T), grads float32 (N, D), layers and positions int64 (N,): each row's
+# direction and place (layer L: the model's output after the final norm)
+BACKWARD_INPUTS = ("input_ids", "grads", "layers", "positions")
+# the rows' gradients at every hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D); the
+# prompt's transcoder inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token
+# embeddings (T, D) and what the skips write (L, T, D)
+BACKWARD_OUTPUTS = (
+    "mlp_grads",
+    "embed_grads",
+    "transcoder_inputs",
+    "mlp_outputs",
+    "logits",
+    "embeddings",
+    "skip_outputs",
+)
 
 
 def backward_files(set_name: str) -> tuple[str, str, str]:

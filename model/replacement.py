@@ -49,6 +49,7 @@ class Frozen(NamedTuple):
     inputs: torch.Tensor  # (L, T, d_in): what each layer's transcoder reads
     outputs: torch.Tensor  # (L, T, D): what each MLP writes (hook_mlp_out)
     logits: torch.Tensor  # (V,): the next-token logits after the last position
+    embeddings: torch.Tensor  # (T, D): the tokens' embeddings at hook_embed (token nodes)
 
 
 def scale_sites(model: Encoder) -> list[str]:
@@ -64,7 +65,8 @@ def freeze(model: Encoder, input_ids: torch.Tensor, input_site: str) -> Frozen:
     inputs = [input_site.format(layer=layer) for layer in range(L)]
     outputs = [hooks.MLP_OUT.format(layer=layer) for layer in range(L)]
     scales = scale_sites(model)
-    with torch.no_grad(), captured(model, [*patterns, *scales, *inputs, *outputs]) as values:
+    sites = [hooks.EMBED, *patterns, *scales, *inputs, *outputs]
+    with torch.no_grad(), captured(model, sites) as values:
         embeddings, _ = model(input_ids)
         # (1, D) -> (1, V): the unembedding as a 2-D product, as the model's own graphs
         # have it (Gemm reads a tied table as stored: no transposed copy of it)
@@ -75,6 +77,7 @@ def freeze(model: Encoder, input_ids: torch.Tensor, input_site: str) -> Frozen:
         torch.cat([values[name] for name in inputs]),  # (L, T, d_in)
         torch.cat([values[name] for name in outputs]),
         logits,
+        values[hooks.EMBED][0],
     )
 
 
@@ -172,8 +175,9 @@ class BackwardGraph(nn.Module):
     """What export/backward.py traces: the prompt in (input_ids (1, T)) with the rows
     (grads (N, D), layers (N,), positions (N,), int64), and out the rows' gradients at every
     hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D), with the prompt's transcoder
-    inputs (L, T, d_in), MLP outputs (L, T, D) and last logits (V,): one graph, so that the
-    frozen values never leave ONNX Runtime between the prompt and its rows."""
+    inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token embeddings (T, D)
+    and skips' outputs (L, T, D): one graph, so that the frozen values never leave ONNX
+    Runtime between the prompt and its rows."""
 
     def __init__(self, model: Encoder, transcoders: Transcoders) -> None:
         super().__init__()
@@ -200,4 +204,21 @@ class BackwardGraph(nn.Module):
             mlp_grads, embed_grads = backward(
                 self.model, frozen, self.transcoders, grads, layers, positions
             )
-        return mlp_grads, embed_grads, frozen.inputs, frozen.outputs, frozen.logits
+        # (L, T, D): what each skip writes at the prompt (the error node is the MLP's output
+        # less the features', b_dec and this)
+        none = frozen.outputs[0].new_zeros(frozen.outputs.shape[1:])
+        skips = torch.stack(
+            [
+                none if skip is None else x @ skip.T
+                for x, skip in zip(frozen.inputs, self.transcoders.skips, strict=True)
+            ]
+        )
+        return (
+            mlp_grads,
+            embed_grads,
+            frozen.inputs,
+            frozen.outputs,
+            frozen.logits,
+            frozen.embeddings,
+            skips,
+        )

@@ -52,6 +52,14 @@ PYTRITON = PeerKind(
     PEER_SCRIPT.with_name("pytriton_peer.py"),
 )
 PEERS = (KSERVE, MLSERVER, PYTRITON)
+# circuit-tracer, the attribution graphs' reference (tests/service/circuits, `perf graphs`):
+# its nnsight backend loads a local checkpoint offline, with nnsight 0.7 (0.8 breaks it)
+CIRCUIT_TRACER = PeerKind(
+    "circuit-tracer",
+    Path(".venv-circuit-tracer"),
+    ("torch==2.13.0", "circuit-tracer==0.5.0", "transformers==4.57.3", "nnsight==0.7.0"),
+    PEER_SCRIPT.with_name("circuit_tracer_peer.py"),
+)
 
 
 def peer_venv(

@@ -33,7 +33,15 @@ OTHER_CONFIG = ModelConfig(
 SLOW_FOLDERS = tuple(
     f"tests/{folder}/" for folder in ("deploy", "bench", "perf", "model", "export", "service/ray")
 )
-SLOW_FIXTURES = {"browser", "peer_python", "default_export", "default_model", "hf_dir", "families"}
+SLOW_FIXTURES = {
+    "browser",
+    "peer_python",
+    "circuit_tracer_python",
+    "default_export",
+    "default_model",
+    "hf_dir",
+    "families",
+}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -75,6 +83,15 @@ def peer_python() -> Path:
     from perf.peer_env import PEERS_VENV, peer_venv
 
     return peer_venv(REPO_ROOT / PEERS_VENV, print)
+
+
+@pytest.fixture(scope="session")
+def circuit_tracer_python() -> Path:
+    """The python of .venv-circuit-tracer: circuit-tracer 0.5.0, unmodified, with the
+    transformers and nnsight it needs (about 5 minutes and 1.6 GB the first time)."""
+    from perf.peer_env import CIRCUIT_TRACER, peer_venv
+
+    return peer_venv(REPO_ROOT / CIRCUIT_TRACER.venv, print, CIRCUIT_TRACER.pins, False)
 
 
 @pytest.fixture(scope="session")

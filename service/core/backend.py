@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -290,6 +290,53 @@ class DecodeBatch(Protocol):
         """Take a row out (its text ended or its client went away)."""
 
 
+class FrozenPrompt(NamedTuple):
+    """What a prompt's run gives a transcoder set's replacement model (its patterns and
+    norm scales stay inside the backward graph)."""
+
+    inputs: np.ndarray  # float32 (L, T, d_in): what each layer's transcoder reads
+    outputs: np.ndarray  # float32 (L, T, D): what each MLP writes (hook_mlp_out)
+    skips: np.ndarray  # float32 (L, T, D): what each transcoder's skip writes (or zeros)
+    logits: np.ndarray  # float32 (V,): the next-token logits after the last position
+    embeddings: np.ndarray  # float32 (T, D): the tokens' embeddings (hook_embed)
+
+
+class ReplacementModel(Protocol):
+    """A transcoder set's local replacement model of the served one (one transcoder per
+    layer, each writing its layer's MLP output): what attribution graphs are computed on
+    (service/circuits). Its matrices are float32 memory maps of the set's files."""
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Each layer's transcoder, as `saes` names it."""
+
+    def freeze(self, input_ids: np.ndarray) -> FrozenPrompt:
+        """A prompt, int64 (T,), run once."""
+
+    def rows(
+        self, input_ids: np.ndarray, grads: np.ndarray, layers: np.ndarray, positions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The frozen model's backward for N rows: grads float32 (N, D) put at (layers[n],
+        positions[n]) of the transcoders' input site (layer L: the model's output after its
+        final norm) -> their gradients at every hook_mlp_out (N, L, T, D) and at hook_embed
+        (N, T, D)."""
+
+    def activations(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """Layer `layer`'s transcoder's features (T, S) at its input x (T, d_in)."""
+
+    def encoder(self, layer: int) -> np.ndarray:
+        """W_enc (d_in, S): a feature's column is what reads it."""
+
+    def decoder(self, layer: int) -> np.ndarray:
+        """W_dec (S, D): a feature's row is what a unit of it writes."""
+
+    def decoder_bias(self, layer: int) -> np.ndarray:
+        """b_dec (D,)."""
+
+    def unembedding(self) -> np.ndarray:
+        """(V, D) the rows the logits are read with (times `logit_scale`)."""
+
+
 class Backend(Protocol):
     """Runs batches of right-padded token ids. Inputs are already validated (the data
     plane's plan checks every id and length once, per request), so a backend never refuses
@@ -347,6 +394,11 @@ class Backend(Protocol):
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""
+
+    def replacement(self, transcoders: str) -> ReplacementModel:
+        """The replacement model of the transcoder set `transcoders` (`attnserve sae add` of
+        a circuit-tracer set); UnsupportedError where the directory has no backward graph
+        of that name."""
 
     def decode_batch(self) -> DecodeBatch:
         """An empty batch to generate texts in (UnsupportedError where the directory has no

@@ -62,7 +62,7 @@ class SAEGraphs:
         self._open_session, self._options, self._returned = open_session, options, returned
         self._prepack = prepack
         self._folder = model_dir.path / SAES_DIRNAME
-        self._decoders: dict[str, np.ndarray] = {}  # W_dec (d_sae, d_in), mapped when asked
+        self._weights: dict[str, np.ndarray] = {}  # "NAME/TENSOR": mapped when asked
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
         self._targets: dict[str, tuple[str, int]] = {}  # transcoders' output sites
@@ -96,7 +96,7 @@ class SAEGraphs:
         for name, sae in configs.items():
             if name in sessions and opened.get(name) == listing.get(name):
                 continue
-            self._decoders.pop(name, None)
+            self._weights = {k: w for k, w in self._weights.items() if not k.startswith(f"{name}/")}
             targets.pop(name, None)
             try:
                 sites[name], sessions[name] = self._session(name, sae, outputs)
@@ -155,21 +155,29 @@ class SAEGraphs:
 
     def direction(self, name: str, feature_id: int) -> np.ndarray:
         """Feature `feature_id`'s decoder row (d_in,) of SAE `name`: what a unit of its
-        activation adds to the site. Read from the SAE's float32 weights where the file
-        maps them; UnsupportedError for an SAE added in 8 bits (its rows are packed)."""
-        if name not in self._decoders:
+        activation adds to the site. UnsupportedError for an SAE added in 8 bits (its rows
+        are packed)."""
+        try:
+            return np.array(self.weight(name, _DECODER)[feature_id], dtype=np.float32)
+        except UnsupportedError:
+            raise UnsupportedError(
+                f"SAE {name!r} was added in 8 bits: its decoder rows are packed, so its "
+                "features are not steered by name; add it in float32 or send the row as values"
+            ) from None
+
+    def weight(self, name: str, tensor: str) -> np.ndarray:
+        """SAE `name`'s float32 parameter `tensor` (model/sae.py's names: W_enc (d_in, S),
+        W_dec (S, d_out), b_dec), memory-mapped where the file holds it apart."""
+        key = f"{name}/{tensor}"
+        if key not in self._weights:
             folder = self._folder / name
             graph = onnx.load(str(folder / SAE_ONNX), load_external_data=False).graph
-            found = next((t for t in graph.initializer if t.name == _DECODER), None)
+            found = next((t for t in graph.initializer if t.name == tensor), None)
             if found is None or found.data_type != onnx.TensorProto.FLOAT:
-                raise UnsupportedError(
-                    f"SAE {name!r} was added in 8 bits: its decoder rows are packed, so its "
-                    "features are not steered by name; add it in float32 or send the row "
-                    "as values"
-                )
+                raise UnsupportedError(f"SAE {name!r} holds no float32 {tensor}")
             if found.data_location == onnx.TensorProto.EXTERNAL:
                 info = {entry.key: entry.value for entry in found.external_data}
-                self._decoders[name] = np.memmap(
+                self._weights[key] = np.memmap(
                     folder / info["location"],
                     dtype="<f4",
                     mode="r",
@@ -177,8 +185,8 @@ class SAEGraphs:
                     shape=tuple(found.dims),
                 )
             else:
-                self._decoders[name] = onnx.numpy_helper.to_array(found)
-        return np.array(self._decoders[name][feature_id], dtype=np.float32)
+                self._weights[key] = onnx.numpy_helper.to_array(found)
+        return self._weights[key]
 
     def activations(self, name: str, x: np.ndarray) -> np.ndarray:
         """Every feature's activation (P, d_sae) of SAE `name` at the site's rows x (P, d_in)."""

@@ -33,6 +33,7 @@ from attnserve.service.core.errors import (
     InferenceError,
     ModelLoadError,
     ProviderUnavailableError,
+    UnsupportedError,
 )
 from attnserve.service.core.memory import give_back_memory
 from attnserve.service.core.readouts import CHANGES, DECODE, QUERIES, STREAM
@@ -45,6 +46,7 @@ from attnserve.service.ort.options import RuntimeOptions
 from attnserve.service.ort.patching import patch
 from attnserve.service.ort.readouts import Readouts, change_feeds
 from attnserve.service.ort.reducer import AttentionReducer
+from attnserve.service.ort.replacement import OrtReplacement
 from attnserve.service.ort.sessions import (
     check_io,
     create_session,
@@ -175,6 +177,8 @@ class OrtRuntime:
         if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
         self.weights_info = self._weights_info(owns_saes)
+        self._session_options = lambda: session_options(options)
+        self._replacements: dict[str, OrtReplacement] = {}  # opened when first asked for
 
     def _open_saes(self, options: RuntimeOptions) -> SAEGraphs:
         """The SAEs of the directory, fed by the readouts graph's outputs."""
@@ -299,6 +303,23 @@ class OrtRuntime:
     def feature_direction(self, sae: str, feature_id: int) -> np.ndarray:
         assert self.sae_graphs is not None  # the plan names only SAEs in `saes`
         return self.sae_graphs.direction(sae, feature_id)
+
+    def replacement(self, transcoders: str) -> OrtReplacement:
+        if transcoders not in self._replacements:
+            if self.sae_graphs is None:
+                raise UnsupportedError(
+                    f"{self.model_dir.path} serves no SAEs: no replacement model with "
+                    f"transcoders {transcoders!r}"
+                )
+            self._replacements[transcoders] = OrtReplacement(
+                self.model_dir,
+                self.config,
+                transcoders,
+                self.sae_graphs,
+                lambda path, so: open_session(Path(path), so, providers(self.provider)),
+                self._session_options,
+            )
+        return self._replacements[transcoders]
 
     def read(
         self,

@@ -1,10 +1,10 @@
 """Each folder of the service imports only what its role allows, in layers: the data plane
 (core), generation (generate: planned, scheduled and detokenized texts, run by the core's
-engine) and the runtime (ort) speak no API; the protocols (v1: attnserve.v1's messages, oip:
-the Open Inference Protocol's, neuronpedia: Neuronpedia's activation API, openai: OpenAI's
-completions, chat and embeddings) translate between
-one API and the core; the transports (grpc, http) carry them; ray/ hosts it all on Ray
-Serve. Nothing imports a layer above its own, no protocol the other, no transport the
+engine), attribution graphs (circuits) and the runtime (ort) speak no API; the protocols
+(v1: attnserve.v1's messages, oip: the Open Inference Protocol's, neuronpedia: Neuronpedia's
+activation API, openai: OpenAI's completions, chat and embeddings) translate between one
+API and the core; the transports (grpc, http) carry them; ray/ hosts it all on Ray Serve.
+Nothing imports a layer above its own, no protocol the other, no transport the
 engine. Read from the source (every import statement, at any depth), so a new module is
 covered as written."""
 
@@ -32,6 +32,8 @@ RULES = {  # folder -> module prefixes it must not import
     "core": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *ENGINE, *WEB, *APIS),
     # generation: below the core's serving modules, which run it (no circle)
     "generate": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *SERVING, *ENGINE, *WEB, *APIS),
+    # attribution graphs: a wing of the core, as generation (run by the core's serving)
+    "circuits": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *SERVING, *ENGINE, *WEB, *APIS),
     "ort": (*_folders(*PROTOCOLS, "grpc", "http", "ray"), *WEB, *APIS, "torch"),
     "v1": (*_folders("oip", "neuronpedia", "openai", "grpc", "http", "ray"), *ENGINE, *WEB,
            "attnserve.oip", "grpc"),
