@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from attnserve.client import generate_command
+from attnserve.client import generate_command, graph_command
 from attnserve.client.client import ClientOptions, EncoderClient
 from attnserve.client.display import output_json, print_encoding
 from attnserve.client.heatmap import render_entropy_grid, render_heatmap
@@ -40,6 +40,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     generate_command.add_arguments(
         command(
             "generate", "continue a text, steered by SAE features if asked", generate_command.run
+        )
+    )
+
+    graph_command.add_arguments(
+        command(
+            "graph",
+            "circuit-tracer's attribution graph of a prompt, with a transcoder set",
+            graph_command.run,
         )
     )
 

@@ -15,7 +15,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from attnserve.client.codec import EncodeOutput, parse_layers, parse_response
 from attnserve.client.errors import request_error, request_errors
 from attnserve.client.generation import GeneratedToken, build_generate_request, parse_token
+from attnserve.client.graphs import build_graph_request, parse_graph
 from attnserve.client.request import Input, array_head_mask, build_request, check_head_mask
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -190,6 +191,34 @@ class EncoderClient:
                     yield parse_token(message)
         finally:
             call.cancel()
+
+    def graph(
+        self,
+        prompt: Input,
+        transcoders: str,
+        timeout: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        **options,
+    ) -> dict:
+        """circuit-tracer's attribution graph of `prompt` with the transcoder set
+        `transcoders` (options: circuit-tracer's arguments, see
+        attnserve.client.graphs.build_graph_request): its graph file as a dict, with
+        "scores" and, asked, "adjacency". `progress(rows, total)` after each backward pass.
+        `timeout`: the whole call's (default: the options'); no retries."""
+        request = build_graph_request(prompt, transcoders, **options)
+        call = self._stub.Graph(
+            request, timeout=timeout or self.options.timeout_s, metadata=self.options.metadata()
+        )
+        try:
+            with request_errors():
+                for message in call:
+                    if message.HasField("result"):
+                        return parse_graph(message.result)
+                    if progress is not None:
+                        progress(message.progress.rows, message.progress.total)
+        finally:
+            call.cancel()
+        raise RuntimeError("the server ended the call without the graph")
 
     def model_info(self, timeout: float | None = None, model: str = "") -> dict:
         """The served model `model` (empty: the server's default), as numbers and names."""

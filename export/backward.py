@@ -93,10 +93,12 @@ def write_backward(
     model_dir: Path,
     set_name: str,
     members: Sequence[tuple[str, SAEConfig, torch.Tensor | None]],
+    scan: str,
     log: Callable[[str], None] = print,
 ) -> Path:
     """The backward graph of the model in `model_dir` with the transcoder set `set_name`
-    (members: each layer's SAE name, config and skip W_skip or None, layer by layer),
+    (members: each layer's SAE name, config and skip W_skip or None, layer by layer; scan:
+    circuit-tracer's identifier of the set, which its graphs' metadata name),
     sharing the model's weights file, checked against the model code; with its
     description (model/artifacts.py backward_files)."""
     model = read_encoder(model_dir)
@@ -112,6 +114,7 @@ def write_backward(
     fidelity = check_backward(model, transcoders, path)
     info = {
         "members": [name for name, *_ in members],
+        "scan": scan,
         "input_site": transcoders.input_site,
         "skip": any(s is not None for s in transcoders.skips),
         "fidelity": fidelity,

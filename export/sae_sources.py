@@ -128,6 +128,14 @@ def _saelens_transcoder(cfg_path: Path, cfg: dict, hook: str) -> SAEConfig:
     )
 
 
+def transcoder_set_scan(source: Path) -> str | None:
+    """circuit-tracer's identifier of the set at `source` (config.yaml's `scan`), if any."""
+    import yaml
+
+    scan = (yaml.safe_load((source / CIRCUIT_TRACER_CONFIG).read_text()) or {}).get("scan")
+    return None if scan is None else "-".join(scan) if isinstance(scan, list) else str(scan)
+
+
 def read_transcoder_set(source: Path) -> list[tuple[int, SAEConfig, Weights]]:
     """circuit-tracer's transcoder set at `source` (a directory with config.yaml): each
     layer's (layer, config, weights), in SAELens' layout (W_enc (d_in, d_sae))."""

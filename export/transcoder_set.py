@@ -13,7 +13,7 @@ import torch
 
 from attnserve.export.backward import write_backward
 from attnserve.export.sae import check_against, served_model, write_sae
-from attnserve.export.sae_sources import SAEError, read_transcoder_set
+from attnserve.export.sae_sources import SAEError, read_transcoder_set, transcoder_set_scan
 from attnserve.model.artifacts import WEIGHTS_INDEX_FILENAME, backward_files
 from attnserve.model.sae_config import SAEConfig
 
@@ -43,7 +43,8 @@ def add_transcoder_set(
         for (member, config, _), (_, _, weights) in zip(members, layers, strict=True):
             written.append(write_sae(model_dir, source, config, weights, member, log, precision))
         if (model_dir / WEIGHTS_INDEX_FILENAME).is_file():
-            _backward_of(model_dir, name, members, log, written)
+            scan = transcoder_set_scan(source) or name
+            _backward_of(model_dir, name, members, scan, log, written)
         else:
             log(f"no attribution graphs with {name}: {model_dir} holds no float32 weights")
     except BaseException:
@@ -57,6 +58,7 @@ def _backward_of(
     model_dir: Path,
     name: str,
     members: list[tuple[str, SAEConfig, torch.Tensor | None]],
+    scan: str,
     log: Callable[[str], None],
     written: list[Path],
 ) -> None:
@@ -67,7 +69,7 @@ def _backward_of(
         raise SAEError(f"{files[0]} exists: choose another --name")
     written += files
     try:
-        write_backward(model_dir, name, members, log)
+        write_backward(model_dir, name, members, scan, log)
     except ValueError as e:  # a set no replacement model is made of, with the reason
         raise SAEError(f"{name}: {e}") from e
     log(f"wrote {files[0]}: the replacement model's backward with {name}")

@@ -147,7 +147,7 @@ SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # A transcoder set's replacement model (`attnserve sae add` of circuit-tracer's set):
 # backward_{set}.onnx beside the model's graphs (export/backward.py: its inputs and outputs),
 # pointing into weights.data for the model's tensors and into backward_{set}.data for the
-# set's own (the skips); backward_{set}.json: {"members": the SAE names by layer,
+# set's own (the skips); backward_{set}.json: {"members": the SAE names by layer, "scan",
 # "input_site": the site each reads, "{layer}" unfilled, "skip", "fidelity"}.
 BACKWARD_PREFIX = "backward_"
 # input_ids int64 (1, T), grads float32 (N, D), layers and positions int64 (N,): each row's
@@ -368,6 +368,14 @@ class ModelDirectory:
         """The bytes of every SAE's weights the directory holds (what serving them costs)."""
         root = self.path / SAES_DIRNAME
         return sum(f.stat().st_size for f in root.glob("*/*.data")) if root.is_dir() else 0
+
+    def transcoder_sets(self) -> list[str]:
+        """The transcoder sets with a replacement model's backward graph, by name."""
+        return sorted(
+            p.name.removeprefix(BACKWARD_PREFIX).removesuffix(".json")
+            for p in self.path.glob(f"{BACKWARD_PREFIX}*.json")
+            if p.with_suffix(".onnx").is_file()
+        )
 
     def saes(self) -> dict[str, SAEConfig]:
         """The sparse autoencoders the directory holds, by name."""

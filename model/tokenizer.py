@@ -13,6 +13,7 @@ at a text's start: SentencePiece's decoders drop the first space ("isParis").
 from __future__ import annotations
 
 import codecs
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,8 +63,15 @@ class ByteTokenizer:
             ids.append(self.eos_id)
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of the byte ids; special ids are dropped, broken UTF-8 is replaced."""
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        """Text of the byte ids; special ids are dropped (`special`: written by name),
+        broken UTF-8 is replaced."""
+        if special:  # each run of bytes decoded, the special ids between them named
+            runs = itertools.groupby(ids, key=lambda i: i in self._special)
+            return "".join(
+                "".join(self._special[i] for i in run) if named else self.decode(list(run))
+                for named, run in runs
+            )
         return bytes(i for i in ids if i < 256 and i not in self._special).decode(
             "utf-8", errors="replace"
         )
@@ -112,8 +120,9 @@ class HFTokenizer:
         """The ids of `text` alone, no special token added (a target token's text)."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids)
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        """The text of `ids`; special tokens are dropped (`special`: written out)."""
+        return self._tokenizer.decode(ids, skip_special_tokens=not special)
 
     def stream(self, prompt: Sequence[int]) -> HFStream:
         """A decoder of the tokens that follow `prompt`."""

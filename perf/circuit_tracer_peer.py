@@ -10,7 +10,8 @@ peer `python -m perf graphs` times.
         layer_{i}.safetensors) scaled to the activations it reads and writes
     python perf/circuit_tracer_peer.py attribute DIR --ids 1,5,9 --out graph.npz [knobs]
         circuit-tracer's attribute(), prune_graph() and compute_graph_scores() on those
-        token ids, saved as arrays under its Graph's field names
+        token ids, saved as arrays under its Graph's field names, and its graph file
+        (create_graph_files: graph.json beside graph.npz)
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def attribute(folder: Path, ids: list[int], out: Path, knobs: dict) -> None:
     from circuit_tracer import ReplacementModel, attribute
     from circuit_tracer.graph import compute_graph_scores, prune_graph
     from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+    from circuit_tracer.utils.create_graph_files import create_graph_files
 
     config = json.loads((folder / "transcoders" / "config.yaml").read_text())
     paths = sorted((folder / "transcoders").glob("layer_*.safetensors"))
@@ -149,6 +151,10 @@ def attribute(folder: Path, ids: list[int], out: Path, knobs: dict) -> None:
     seconds = time.perf_counter() - start
     pruned = prune_graph(graph, **prune)
     replacement, completeness = compute_graph_scores(graph)
+    # its graph file too (beside the arrays: OUT with .json), as its viewer loads it
+    folder_out = out.parent / f"{out.stem}-files"
+    create_graph_files(graph, out.stem, folder_out, **prune)
+    (folder_out / f"{out.stem}.json").rename(out.with_suffix(".json"))
     np.savez(
         out,
         input_tokens=graph.input_tokens.numpy(),

@@ -17,18 +17,17 @@ an outlier every model has; the caller puts a special token there).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Generator
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
 import numpy as np
 
 from attnserve.service.circuits.graph import AttributionGraph, GraphOptions
-from attnserve.service.circuits.influence import partial_influences
+from attnserve.service.circuits.influence import Pruned, partial_influences, prune, scores
+from attnserve.service.circuits.plan import GraphPlan
 from attnserve.service.core.backend import ReplacementModel
-
-# (rows done, rows in all): called after every backward pass; raising stops the graph
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,17 +139,49 @@ class Rows:
         return effects
 
 
+class Done(NamedTuple):
+    """Where a graph is: backward rows computed of those it needs, and (its first step,
+    before any row) what its matrices hold while it is made."""
+
+    rows: int
+    total: int
+    held_bytes: int = 0
+
+
+Steps = Generator[Done, None, AttributionGraph]
+
+
 def attribute(
     model: ReplacementModel,
     input_ids: np.ndarray,
     options: GraphOptions,
     logit_scale: float = 1.0,
     max_rows: int | None = None,
-    progress: Progress | None = None,
 ) -> AttributionGraph:
+    """The unpruned attribution graph of input_ids (T,) int64, computed at once (`steps`
+    says what each argument means)."""
+    run = steps(model, input_ids, options, logit_scale, max_rows)
+    while True:
+        try:
+            next(run)
+        except StopIteration as stop:
+            graph: AttributionGraph = stop.value
+            return graph
+
+
+def steps(
+    model: ReplacementModel,
+    input_ids: np.ndarray,
+    options: GraphOptions,
+    logit_scale: float = 1.0,
+    max_rows: int | None = None,
+) -> Steps:
     """The unpruned attribution graph of input_ids (T,) int64 (its first token a special
-    one: position 0 holds no features). `max_rows`: the most rows one backward pass may
-    hold (the memory budget's; the visiting order is batch_size's whatever it is)."""
+    one: position 0 holds no features), one backward pass at a time: each step yields how
+    far it is, the last returns the graph (so that whoever owns the model's cores runs it
+    piece by piece, and stops it by closing it). `max_rows`: the most rows one backward
+    pass may hold (the memory budget's; the visiting order is batch_size's whatever it is).
+    `logit_scale`: what the model multiplies its logits by (Granite's)."""
     found, logits = sources(model, input_ids)
     targets, probabilities, directions = logit_targets(
         logits, model.unembedding(), logit_scale, options
@@ -160,23 +191,19 @@ def attribute(
     n_visit = min(options.max_feature_nodes or F, F)
     batch = options.batch_size
     rows = Rows(model, input_ids, found, min(batch, max_rows or batch))
-    total_rows, done = K + n_visit, 0
+    total = K + n_visit
     # row r: the direct effects on node row_nodes[r] (its columns: every node but logits)
     edges = np.zeros((n_visit + K, offset + K), np.float32)
     row_nodes = np.zeros(n_visit + K, np.int64)
-
-    def computed(count: int) -> None:
-        nonlocal done
-        done += count
-        if progress is not None:
-            progress(done, total_rows)
-
+    # the rows, the square graph made of them, the sources' vectors
+    held = 2 * edges.nbytes + found.encoders.nbytes + found.decoders.nbytes
+    yield Done(0, total, held + found.errors.nbytes)
     for start in range(0, K, batch):
         part = slice(start, min(start + batch, K))
         n = part.stop - part.start
         edges[part, :offset] = rows(np.full(n, L), np.full(n, T - 1), directions[part])
         row_nodes[part] = offset + np.arange(part.start, part.stop)
-        computed(n)
+        yield Done(part.stop, total)
 
     visited = np.zeros(F, bool)
     filled = K
@@ -196,7 +223,7 @@ def attribute(
             row_nodes[filled:end] = chosen
             visited[chosen] = True
             filled = end
-            computed(len(chosen))
+            yield Done(filled, total)
     return _packaged(found, input_ids, targets, probabilities, edges, row_nodes, visited, L)
 
 
@@ -231,3 +258,24 @@ def _packaged(
         adjacency_matrix=adjacency,
         n_layers=n_layers,
     )
+
+
+class Attribution(NamedTuple):
+    """A graph, its pruning, its scores (replacement, completeness) and the transcoder
+    set's identifier (circuit-tracer's scan)."""
+
+    graph: AttributionGraph
+    pruned: Pruned
+    scores: tuple[float, float]
+    scan: str
+    options: GraphOptions
+
+
+def attribution(
+    model: ReplacementModel, plan: GraphPlan, logit_scale: float = 1.0
+) -> Generator[Done, None, Attribution]:
+    """A planned graph step by step (`steps`), pruned and scored at its last."""
+    graph = yield from steps(model, plan.input_ids, plan.options, logit_scale, plan.max_rows)
+    options = plan.options
+    pruned = prune(graph, options.node_threshold, options.edge_threshold)
+    return Attribution(graph, pruned, scores(graph), model.scan, options)

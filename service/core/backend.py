@@ -310,6 +310,10 @@ class ReplacementModel(Protocol):
     def members(self) -> tuple[str, ...]:
         """Each layer's transcoder, as `saes` names it."""
 
+    @property
+    def scan(self) -> str:
+        """The set's identifier, its config.yaml's `scan` (a graph's metadata names it)."""
+
     def freeze(self, input_ids: np.ndarray) -> FrozenPrompt:
         """A prompt, int64 (T,), run once."""
 
@@ -394,6 +398,10 @@ class Backend(Protocol):
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """int64 (B, T) -> embeddings float32 (B, T, D), on the fastest path there is."""
+
+    @property
+    def transcoder_sets(self) -> Sequence[str]:
+        """The transcoder sets `replacement` serves, as the directory holds them now."""
 
     def replacement(self, transcoders: str) -> ReplacementModel:
         """The replacement model of the transcoder set `transcoders` (`attnserve sae add` of

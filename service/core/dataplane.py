@@ -18,10 +18,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
+from attnserve.service.circuits.attribute import Attribution, Done, attribution
+from attnserve.service.circuits.graph import GraphOptions
+from attnserve.service.circuits.plan import BACKWARD_BYTES, GraphPlan, plan_graph
 from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
@@ -45,6 +49,9 @@ log = logging.getLogger(__name__)
 TRIM_AFTER_BYTES = 256 * 1024 * 1024
 # How often a served model's directory is looked at for SAEs added (`attnserve sae add`).
 SAE_WATCH_S = 2.0
+# An attribution graph's backward pass: its rows' gradients, ONNX Runtime's copy as it
+# computes them, and their effects
+BACKWARD_WORK_BYTES = 3 * BACKWARD_BYTES
 WARMING_UP = "the model is warming up; retry shortly"
 SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
@@ -194,6 +201,39 @@ class DataPlane:
                     for plan in plans
                 ]
                 yield [len(plan.prompt) for plan in plans], interleaved(streams)
+
+    @contextlib.asynccontextmanager
+    async def graphing(
+        self,
+        item: Input,
+        transcoders: str,
+        options: GraphOptions,
+        timeout: float | None = None,
+    ) -> AsyncIterator[tuple[GraphPlan, AsyncIterator[Done | Attribution]]]:
+        """Refuse or admit, plan and start an attribution graph of a prompt with the
+        transcoder set `transcoders`; yields the plan and the graph's progress (Done after
+        each backward pass), then the graph, as the engine runs it between other work.
+        Leaving stops it; what it holds stays in the memory budget until then. `timeout`
+        bounds each wait for room (its backward passes', then its matrices')."""
+        with self._admitted():
+            view = self.view
+            plan = plan_graph(item, transcoders, options, view, self.backend.transcoder_sets)
+            model = self.backend.replacement(transcoders)
+            job = attribution(model, plan, view.config.logit_scale)
+            room = self._room(BACKWARD_WORK_BYTES, timeout)
+            async with room, contextlib.AsyncExitStack() as held:
+                progress = self.engine.run_steps(job)
+                held.push_async_callback(progress.aclose)
+                yield plan, self._held(progress, held, timeout)
+
+    async def _held(
+        self, progress: AsyncIterator[Any], held: contextlib.AsyncExitStack, timeout: float | None
+    ) -> AsyncGenerator[Done | Attribution, None]:
+        """A graph's steps, the room its first says its matrices need taken before the next."""
+        async for step in progress:
+            if isinstance(step, Done) and step.held_bytes:
+                await held.enter_async_context(self._room(step.held_bytes, timeout))
+            yield step
 
     async def _tokens(self, plan: GenerationPlan) -> AsyncGenerator[Token, None]:
         """One text's tokens: the engine's choices through the output processor."""

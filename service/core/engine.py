@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -57,9 +58,31 @@ from attnserve.service.generate.scheduler import Generation, Work
 
 log = logging.getLogger(__name__)
 
-# Generation's share of the cores while Encodes wait too (the Encodes': the rest).
-GENERATION_SHARE = 0.65
-ENCODE, GENERATE = "encode", "generate"
+ENCODE, GENERATE, GRAPH = "encode", "generate", "graph"
+# Each kind's weight while others wait too: generation 0.65 of the cores against Encodes'
+# 0.35; an attribution graph's backward passes, minutes of work, weigh as Encodes do.
+SHARES = {ENCODE: 0.35, GENERATE: 0.65, GRAPH: 0.35}
+GENERATION_SHARE = SHARES[GENERATE]
+
+
+@dataclass(eq=False)
+class _Step:
+    """One step of a long job (an attribution graph's: service/circuits/attribute.py) to
+    run on the wide lane: next(steps) there, its answer (a step's yield, or the value it
+    returns at its end) into `future`."""
+
+    steps: Generator[Any, None, Any]
+    future: asyncio.Future[Any]
+    ended: bool = False  # the value the job returns
+    running: bool = False  # inside the lane's thread now
+    close_after: bool = False  # its caller left while it ran: the job ends after it
+
+    def run(self) -> Any:
+        try:
+            return next(self.steps)
+        except StopIteration as stop:
+            self.ended = True
+            return stop.value
 
 
 @dataclass(eq=False)
@@ -101,7 +124,8 @@ class Engine:
         # model of inline runs.
         self._seconds_per_token: dict[type | None, float] = {}
         # start-time fair queueing: each kind's used seconds over its share
-        self._virtual = {ENCODE: 0.0, GENERATE: 0.0}
+        self._virtual = dict.fromkeys(SHARES, 0.0)
+        self._steps: deque[_Step] = deque()  # long jobs' next steps, oldest first
         self._arrived = asyncio.Event()
         self._lane_freed = asyncio.Event()
         self._closing = False
@@ -137,6 +161,8 @@ class Engine:
             await self._task
         await asyncio.gather(*self._running)
         self.generation.fail(NotReadyError(reason))
+        while self._steps:
+            self._steps.popleft().future.set_exception(NotReadyError(reason))
         for lane in self._lanes:
             lane.executor.shutdown(wait=True)
 
@@ -220,13 +246,39 @@ class Engine:
             text.ended = True
             self._arrived.set()
 
+    async def run_steps(self, steps: Generator[Any, None, Any]) -> AsyncGenerator[Any, None]:
+        """A long job's steps run one at a time on every core, between the other kinds'
+        pieces: what each yields, then what it returns. A step runs when the caller asks
+        for the next, so it paces the job; leaving the iteration closes the job (once its
+        running step, if any, is done)."""
+        if self._closing:
+            raise NotReadyError("the server is shutting down; retry on another replica")
+        step: _Step | None = None
+        try:
+            while True:
+                step = _Step(steps, asyncio.get_running_loop().create_future())
+                self._steps.append(step)
+                self._arrived.set()
+                answer = await step.future
+                ended, step = step.ended, None
+                yield answer
+                if ended:
+                    return
+        finally:
+            if step is not None and step in self._steps:  # not started: it never runs
+                self._steps.remove(step)
+            if step is not None and step.running:  # closed by the lane once it is done
+                step.close_after = True
+            else:
+                steps.close()
+
     def _runs_inline(self, items: list[EncodeItem]) -> bool:
         """Whether a request runs at once on the event loop: one sequence, nothing queued,
         running or generating (so no batch could form and no lane waits on the loop),
         expected to be short."""
         if len(items) != 1 or self.encodes.pending or any(lane.busy for lane in self._lanes):
             return False
-        if self.generation.has_work:
+        if self.generation.has_work or self._steps:
             return False
         per_token = self._seconds_per_token.get(items[0].kind)
         return per_token is not None and items[0].length * per_token <= self.options.inline_max_s
@@ -238,18 +290,23 @@ class Engine:
             generate = self.generation.has_work and not self._closing
             wait = encodes.time_to_wait(self._closing) if encodes.pending else 0.0
             encode = bool(encodes.pending) and wait <= 0
-            if not encode and not generate:
+            waiting = {ENCODE: encode, GENERATE: generate, GRAPH: bool(self._steps)}
+            if not any(waiting.values()):
                 self._arrived.clear()
                 if encodes.pending:  # give the oldest sequence a little time for company
                     await self.clock.wait(self._arrived, wait)
                 else:
                     await self._arrived.wait()
                 continue
-            if self._next_kind(encode, generate) == GENERATE:
+            kind = self._next_kind({k for k, w in waiting.items() if w})
+            if kind != ENCODE:
                 if any(lane.busy for lane in self._lanes):  # it needs every core
                     await self._lane_free()
                     continue
-                await self._run_generation(self.generation.next_work(bool(encodes.pending)))
+                if kind == GENERATE:
+                    await self._run_generation(self.generation.next_work(bool(encodes.pending)))
+                else:
+                    await self._run_step(self._steps.popleft())
                 continue
             if not self._can_start():
                 await self._lane_free()
@@ -261,17 +318,38 @@ class Engine:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _next_kind(self, encode: bool, generate: bool) -> str:
-        """Which kind runs next: the one behind its share; an idle kind starts level."""
-        if not (encode and generate):
-            kind, idle = (ENCODE, GENERATE) if encode else (GENERATE, ENCODE)
-            self._virtual[idle] = max(self._virtual[idle], self._virtual[kind])
-            return kind
-        return ENCODE if self._virtual[ENCODE] <= self._virtual[GENERATE] else GENERATE
+    def _next_kind(self, waiting: set[str]) -> str:
+        """Which of the waiting kinds runs next: the one furthest behind its share (Encodes
+        first, then generation, on a tie); an idle kind starts level with the waiting."""
+        level = min(self._virtual[kind] for kind in waiting)
+        for idle in SHARES.keys() - waiting:
+            self._virtual[idle] = max(self._virtual[idle], level)
+        return min((k for k in SHARES if k in waiting), key=self._virtual.__getitem__)
 
     def _charge(self, kind: str, seconds: float) -> None:
-        share = GENERATION_SHARE if kind == GENERATE else 1 - GENERATION_SHARE
-        self._virtual[kind] += seconds / share
+        self._virtual[kind] += seconds / SHARES[kind]
+
+    async def _run_step(self, step: _Step) -> None:
+        """One step of a long job on the wide lane; its failure is its caller's."""
+        lane = self._wide
+        lane.busy = step.running = True
+        start = self.clock.now()
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(lane.executor, step.run)
+            if not step.future.done():  # (cancelled: its caller left)
+                step.future.set_result(answer)
+        except Exception as exc:
+            if not isinstance(exc, AttnserveError):
+                log.exception("a step of a long job failed")
+                exc = InferenceError(f"the job failed: {exc}")
+            if not step.future.done():
+                step.future.set_exception(exc)
+        finally:
+            step.running = False
+            if step.close_after:
+                step.steps.close()
+            self._charge(GRAPH, self.clock.now() - start)
+            self._free(lane)
 
     async def _lane_free(self) -> None:
         self._lane_freed.clear()

@@ -14,6 +14,7 @@ from attnserve.service.core.status import log_unexpected
 from attnserve.service.grpc.utils import handle_errors, handle_stream_errors, status_for
 from attnserve.service.v1.encode import encode, encode_layers, model_info
 from attnserve.service.v1.generate import generate
+from attnserve.service.v1.graph import graph
 from attnserve.service.v1.response import EncodeAnswer
 from attnserve.v1 import encoder_service_pb2 as pb
 from attnserve.v1 import encoder_service_pb2_grpc as pb_grpc
@@ -106,6 +107,17 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             async for message in generate(plane, request, context.time_remaining()):
                 yield message
 
+    @handle_stream_errors
+    async def Graph(
+        self, request: pb.GraphRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GraphResponse]:
+        """GraphResponses of progress, then the graph; a client that cancels the call
+        stops the graph at its next backward pass."""
+        with self.repository.observed("Graph") as find:
+            plane = find(request.model)
+            async for message in graph(plane, request, context.time_remaining()):
+                yield message
+
     @handle_errors
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -142,6 +154,11 @@ def add_encoder_service(servicer: EncoderServicer, server: grpc.aio.Server) -> N
             servicer.Generate,
             request_deserializer=pb.GenerateRequest.FromString,
             response_serializer=pb.GenerateResponse.SerializeToString,
+        ),
+        "Graph": grpc.unary_stream_rpc_method_handler(
+            servicer.Graph,
+            request_deserializer=pb.GraphRequest.FromString,
+            response_serializer=pb.GraphResponse.SerializeToString,
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.http import completions, encode, health, neuronpedia, oip, openai
+from attnserve.service.http import completions, encode, graph, health, neuronpedia, oip, openai
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
@@ -46,7 +46,7 @@ def create_app(
         )
     app.add_middleware(BodyLimit, limit=settings.max_message_bytes)
     add_error_handlers(app)
-    for module in (health, openai, completions, encode, neuronpedia, oip):
+    for module in (health, openai, completions, encode, graph, neuronpedia, oip):
         app.include_router(module.router)
     add_pages(app)
     return app

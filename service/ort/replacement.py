@@ -48,7 +48,9 @@ class OrtReplacement:
                 f"add a circuit-tracer transcoder set as {name!r} (`attnserve sae add "
                 f"{model_dir.path} SET_DIR --name {name}`)"
             )
-        self.members: tuple[str, ...] = tuple(json.loads(info.read_text())["members"])
+        described = json.loads(info.read_text())
+        self.members: tuple[str, ...] = tuple(described["members"])
+        self.scan: str = described.get("scan") or name
         missing = [m for m in self.members if m not in saes.configs]
         if missing:
             raise UnsupportedError(f"transcoders {name!r}: {missing} are not served")

@@ -304,6 +304,10 @@ class OrtRuntime:
         assert self.sae_graphs is not None  # the plan names only SAEs in `saes`
         return self.sae_graphs.direction(sae, feature_id)
 
+    @property
+    def transcoder_sets(self) -> list[str]:
+        return self.model_dir.transcoder_sets()
+
     def replacement(self, transcoders: str) -> OrtReplacement:
         if transcoders not in self._replacements:
             if self.sae_graphs is None:

@@ -656,3 +656,59 @@ class GenerateResponse(_message.Message):
     finish_reason: FinishReason
     prompt_tokens: int
     def __init__(self, choice: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class GraphRequest(_message.Message):
+    __slots__ = ("model", "prompt", "transcoders", "max_n_logits", "desired_logit_prob", "max_feature_nodes", "batch_size", "node_threshold", "edge_threshold", "slug", "include_adjacency", "update_interval")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TRANSCODERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_N_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_LOGIT_PROB_FIELD_NUMBER: _ClassVar[int]
+    MAX_FEATURE_NODES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    EDGE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SLUG_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ADJACENCY_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt: Input
+    transcoders: str
+    max_n_logits: int
+    desired_logit_prob: float
+    max_feature_nodes: int
+    batch_size: int
+    node_threshold: float
+    edge_threshold: float
+    slug: str
+    include_adjacency: bool
+    update_interval: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Input, _Mapping]] = ..., transcoders: _Optional[str] = ..., max_n_logits: _Optional[int] = ..., desired_logit_prob: _Optional[float] = ..., max_feature_nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., node_threshold: _Optional[float] = ..., edge_threshold: _Optional[float] = ..., slug: _Optional[str] = ..., include_adjacency: _Optional[bool] = ..., update_interval: _Optional[int] = ...) -> None: ...
+
+class GraphProgress(_message.Message):
+    __slots__ = ("rows", "total")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    total: int
+    def __init__(self, rows: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class GraphResult(_message.Message):
+    __slots__ = ("graph_json", "replacement_score", "completeness_score", "adjacency_json")
+    GRAPH_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_SCORE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETENESS_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ADJACENCY_JSON_FIELD_NUMBER: _ClassVar[int]
+    graph_json: str
+    replacement_score: float
+    completeness_score: float
+    adjacency_json: str
+    def __init__(self, graph_json: _Optional[str] = ..., replacement_score: _Optional[float] = ..., completeness_score: _Optional[float] = ..., adjacency_json: _Optional[str] = ...) -> None: ...
+
+class GraphResponse(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: GraphProgress
+    result: GraphResult
+    def __init__(self, progress: _Optional[_Union[GraphProgress, _Mapping]] = ..., result: _Optional[_Union[GraphResult, _Mapping]] = ...) -> None: ...

@@ -60,6 +60,11 @@ class EncoderServiceStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Graph = channel.unary_stream(
+                '/attnserve.v1.EncoderService/Graph',
+                request_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GraphRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GraphResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServiceServicer:
@@ -105,6 +110,14 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Graph(self, request, context):
+        """Graph computes circuit-tracer's attribution graph of a prompt with a transcoder set:
+        a message of progress after each backward pass, then the graph.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +145,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Graph': grpc.unary_stream_rpc_method_handler(
+                    servicer.Graph,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__service__pb2.GraphRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__service__pb2.GraphResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +288,33 @@ class EncoderService:
             '/attnserve.v1.EncoderService/Generate',
             attnserve_dot_v1_dot_encoder__service__pb2.GenerateRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__service__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Graph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnserve.v1.EncoderService/Graph',
+            attnserve_dot_v1_dot_encoder__service__pb2.GraphRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__service__pb2.GraphResponse.FromString,
             options,
             channel_credentials,
             insecure,
