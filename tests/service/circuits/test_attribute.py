@@ -12,16 +12,18 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
+from attnserve.client import EncoderClient
 from attnserve.export.transcoder_set import add_transcoder_set
 from attnserve.service.circuits.attribute import attribute
 from attnserve.service.circuits.graph import GraphOptions
 from attnserve.service.circuits.influence import prune, scores
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from perf.peer_env import CIRCUIT_TRACER
-from tests.conftest import run_cli
+from tests.conftest import ServerThread, run_cli
 
 IDS = [1, 40, 17, 250, 99, 3, 77, 180, 64, 12]  # <s> first: circuit-tracer prepends nothing
 INFLUENCE_ORDERED = dict(max_feature_nodes=150, batch_size=32, max_n_logits=4)
@@ -43,7 +45,7 @@ def case(request, circuit_tracer_python, tmp_path_factory):
     assert result.returncode == 0, result.stderr
     add_transcoder_set(model_dir, folder / "transcoders", name="plt", log=lambda _: None)
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
-    return runtime.replacement("plt"), folder, circuit_tracer_python
+    return runtime.replacement("plt"), folder, circuit_tracer_python, model_dir
 
 
 def circuit_tracer(python: Path, folder: Path, knobs: dict, out: Path):
@@ -57,7 +59,7 @@ def circuit_tracer(python: Path, folder: Path, knobs: dict, out: Path):
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=["defaults", "influence-ordered"])
 def test_the_graph_is_circuit_tracers(case, knobs, tmp_path):
-    replacement, folder, python = case
+    replacement, folder, python, _ = case
     want = circuit_tracer(python, folder, knobs, tmp_path / "graph.npz")
     options = GraphOptions(**knobs)
     # a backward pass of 7 rows at most: the memory budget's chunks do not change the graph
@@ -85,3 +87,86 @@ def test_the_graph_is_circuit_tracers(case, knobs, tmp_path):
     assert pruned.edge_mask.any() and not pruned.node_mask.all()
     np.testing.assert_allclose(pruned.cumulative_scores, want["cumulative_scores"], atol=TOLERANCE)
     np.testing.assert_allclose(scores(graph), want["scores"], rtol=0, atol=TOLERANCE)
+
+
+def test_every_api_answers_circuit_tracers_graph_file(case, tmp_path):
+    """POST /v1/graph and attnserve.v1's Graph (the client's `graph`) answer the file
+    circuit-tracer's create_graph_files writes of the same graph (slug "graph", as both
+    name it here), field for field; the progress counts every row; a text is attributed
+    as its ids with the bos token put first."""
+    _, folder, python, model_dir = case
+    want_arrays = circuit_tracer(python, folder, {}, tmp_path / "graph.npz")
+    want = json.loads((tmp_path / "graph.json").read_text())
+    server = ServerThread(model_dir)
+    try:
+        body = {"prompt": IDS, "transcoders": "plt", "include_adjacency": True}
+        http = httpx.post(f"{server.http_url}/v1/graph", json=body, timeout=300).json()
+        lines = [
+            json.loads(line)
+            for line in httpx.post(
+                f"{server.http_url}/v1/graph", json={**body, "stream": True}, timeout=300
+            ).text.splitlines()
+        ]
+        progress: list[tuple[int, int]] = []
+        with EncoderClient(server.address) as client:
+            served = client.graph(IDS, "plt", progress=lambda *p: progress.append(p))
+            text = "The cat"
+            of_text = client.graph(text, "plt", max_feature_nodes=20, batch_size=8)
+            bos = client.model_info()["bos_id"]
+            of_ids = client.graph([bos, *text_ids(model_dir, text)], "plt",
+                                  max_feature_nodes=20, batch_size=8)  # fmt: skip
+    finally:
+        server.stop()
+    replacement, completeness = want_arrays["scores"]
+    scores = {"replacement": replacement, "completeness": completeness}
+    for got in (http, served, lines[-1]):
+        assert_same_file(got, want)
+        assert got["scores"] == pytest.approx(scores, abs=TOLERANCE)
+    adjacency = np.array(http["adjacency"]["adjacency_matrix"], np.float32)
+    largest = np.maximum(np.abs(want_arrays["adjacency_matrix"]).max(1, keepdims=True), 1e-30)
+    np.testing.assert_allclose(
+        adjacency / largest, want_arrays["adjacency_matrix"] / largest, atol=TOLERANCE
+    )
+    assert http["adjacency"]["input_tokens"] == IDS
+    total = len(want_arrays["logit_targets"]) + len(want_arrays["selected_features"])
+    assert progress[0] == (0, total) and progress[-1] == (total, total)
+    assert [rows for rows, _ in progress] == sorted(rows for rows, _ in progress)
+    assert [line["progress"]["rows"] for line in lines[:-1]] == [rows for rows, _ in progress]
+    assert of_text["metadata"]["prompt_tokens"][0] == of_ids["metadata"]["prompt_tokens"][0]
+    assert_same_file(of_text, of_ids)
+
+
+def text_ids(model_dir: Path, text: str) -> list[int]:
+    """The text's ids by the tokenizers library itself, no special token added."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def assert_same_file(got: dict, want: dict) -> None:
+    """The same graph file: metadata and qParams equal, the same nodes with the same fields
+    (their numbers within TOLERANCE), the same links (weights within TOLERANCE of the
+    largest into their target)."""
+    assert got["metadata"] == want["metadata"]
+    assert got["qParams"] == want["qParams"]
+    numbers = ("influence", "activation", "token_prob")
+    assert [n["node_id"] for n in got["nodes"]] == [n["node_id"] for n in want["nodes"]]
+    for mine, theirs in zip(got["nodes"], want["nodes"], strict=True):
+        assert list(mine) == list(theirs)  # every field, in circuit-tracer's order
+        assert {k: v for k, v in mine.items() if k not in numbers} == {
+            k: v for k, v in theirs.items() if k not in numbers
+        }
+        for key in numbers:
+            if theirs[key] is None:
+                assert mine[key] is None, key
+            else:
+                assert mine[key] == pytest.approx(theirs[key], abs=TOLERANCE), key
+    pairs = [(link["source"], link["target"]) for link in got["links"]]
+    assert pairs == [(link["source"], link["target"]) for link in want["links"]]
+    largest: dict[str, float] = {}
+    for link in want["links"]:
+        largest[link["target"]] = max(largest.get(link["target"], 0.0), abs(link["weight"]))
+    for mine, theirs in zip(got["links"], want["links"], strict=True):
+        scale = largest[theirs["target"]]
+        assert abs(mine["weight"] - theirs["weight"]) <= TOLERANCE * scale
