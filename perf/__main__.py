@@ -1,6 +1,7 @@
 """`python -m perf BENCHMARK` (peers, oip, perf-analyzer, families, sizes, readouts,
-features, interventions, generate, together, long, repository, ray, containers, report), from the
-repository's root with attnserve installed (`make install`): `make benchmarks` runs `report`."""
+features, interventions, generate, together, long, graphs, repository, ray, containers,
+report), from the repository's root with attnserve installed (`make install`): `make
+benchmarks` runs `report`."""
 
 from __future__ import annotations
 
@@ -123,6 +124,12 @@ def parser() -> argparse.ArgumentParser:
         "--ref", default="365f584", help="the commit to compare a plain request with"
     )
     interventions.add_argument("--repeats", type=int, default=1, help="calls per block")
+    graphs = commands.add_parser(
+        "graphs",
+        help="attribution graphs on a Llama-shaped checkpoint with transcoders, against "
+        "circuit-tracer 0.5.0 in its own environment",
+    )
+    graphs.add_argument("--rounds", type=int, default=2, help="alternating rounds (medians)")
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -173,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
             run_second_round(args.out, args.second_round or None, progress)
         else:
             run_families(args.out, args.quick, progress)
+        return 0
+    if args.command == "graphs":
+        from perf.graphs import run_graphs
+
+        run_graphs(args.out, args.rounds, progress)
         return 0
     if args.command == "sizes":
         from perf.sizes import run_sizes

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -58,10 +59,14 @@ OUTLIER = 2000.0  # what layer 0's MLP writes on its outlier dimension, about
 PROBE = [1, 40, 17, 250, 99, 3, 77, 180, 64, 12, 301, 8]  # ids the scales are measured on
 
 
-def build(family: str, out: Path, seed: int) -> None:
+def build(
+    family: str, out: Path, seed: int, shape: dict, width: int = D_TRANSCODER, active: float = 0.3
+) -> None:
+    """The checkpoint (FAMILIES' shape, `shape`'s fields over it) and its transcoder set
+    (`width` features each, about `active` of them on at a position)."""
     from perf.hf_checkpoints import build_checkpoint
 
-    model = build_checkpoint(family, out / "model", seed=seed, **FAMILIES[family])
+    model = build_checkpoint(family, out / "model", seed=seed, **{**FAMILIES[family], **shape})
     layers = model.model.layers
     ids = torch.tensor([PROBE])
     with torch.no_grad():
@@ -88,7 +93,8 @@ def build(family: str, out: Path, seed: int) -> None:
     from safetensors.torch import save_file
 
     for layer, (x, y) in enumerate(zip(inputs, outputs, strict=True)):
-        save_file(_transcoder(x, y, generator), folder / f"layer_{layer}.safetensors")
+        tensors = _transcoder(x, y, generator, width, active)
+        save_file(tensors, folder / f"layer_{layer}.safetensors")
 
 
 def _sites(model, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -107,18 +113,23 @@ def _sites(model, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Ten
     return inputs, outputs
 
 
-def _transcoder(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> dict:
+def _transcoder(
+    x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, S: int, active: float
+) -> dict:
     """A JumpReLU skip transcoder of trained scale for input x (T, D) and output y (T, D):
-    pre-activations of unit size whatever each dimension's magnitude, about a third of the
-    features on, a reconstruction of y's size."""
-    D, S = x.shape[1], D_TRANSCODER
+    pre-activations of about unit size whatever each dimension's magnitude, about `active`
+    of the S features on, a reconstruction of y's size."""
+    from statistics import NormalDist
+
+    D = x.shape[1]
     x_scale = x.std(0) + x.abs().mean(0)  # (D,) the outlier dimension's ~1000x the rest
     W_enc = torch.randn(S, D, generator=generator) / (D**0.5 * x_scale)
     y_scale = float(y.std())
+    offset = NormalDist().inv_cdf(1 - active) * 0.8  # the pre-activations' spread: ~0.6
     return {
         "W_enc": W_enc.contiguous(),
-        "b_enc": torch.randn(S, generator=generator) * 0.3 - 0.3,
-        "W_dec": torch.randn(S, D, generator=generator) * y_scale / (S / 3) ** 0.5,
+        "b_enc": torch.randn(S, generator=generator) * 0.3 - offset,
+        "W_dec": torch.randn(S, D, generator=generator) * y_scale / (S * active) ** 0.5,
         "b_dec": torch.randn(D, generator=generator) * y_scale * 0.1,
         "activation_function.threshold": torch.rand(S, generator=generator) * 0.2 + 0.05,
         "W_skip": torch.randn(D, D, generator=generator) * 0.1 * y_scale / (D**0.5 * x_scale),
@@ -169,6 +180,7 @@ def attribute(folder: Path, ids: list[int], out: Path, knobs: dict) -> None:
         cumulative_scores=pruned.cumulative_scores.numpy(),
         scores=np.array([replacement, completeness]),
         seconds=np.array(seconds),
+        peak_rss=np.array(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
     )
 
 
@@ -179,6 +191,9 @@ def main() -> None:
     b.add_argument("--family", choices=sorted(FAMILIES), required=True)
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--shape", default="{}", help="config fields over the family's, as JSON")
+    b.add_argument("--width", type=int, default=D_TRANSCODER, help="features per transcoder")
+    b.add_argument("--active", type=float, default=0.3, help="about this share on")
     a = commands.add_parser("attribute")
     a.add_argument("folder", type=Path)
     a.add_argument("--ids", required=True, help="comma-separated token ids")
@@ -187,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(True)
     if args.command == "build":
-        build(args.family, args.out, args.seed)
+        build(args.family, args.out, args.seed, json.loads(args.shape), args.width, args.active)
     else:
         ids = [int(i) for i in args.ids.split(",")]
         attribute(args.folder, ids, args.out, json.loads(args.knobs))

@@ -16,8 +16,10 @@ import numpy as np
 from attnserve.service.circuits.attribute import Attribution
 from attnserve.service.circuits.graph import AttributionGraph
 from attnserve.service.circuits.influence import Pruned
+from attnserve.service.core.errors import InvalidInputError
 
 SCHEMA_VERSION = 1
+JSON_NUMBER_BYTES, JSON_ZERO_BYTES = 24, 5  # a float32 as JSON writes it, "0.0, "
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens written out
 
 
@@ -172,14 +174,29 @@ def unpruned(graph: AttributionGraph, decode: Decode) -> dict[str, Any]:
 
 
 def answer(
-    done: Attribution, decode: Decode, slug: str, include_adjacency: bool = False
+    done: Attribution,
+    decode: Decode,
+    slug: str,
+    include_adjacency: bool = False,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The graph file with `scores` (replacement, completeness) and, asked, `adjacency`
-    (the unpruned graph): what every API answers."""
+    (the unpruned graph, refused where its JSON would pass `max_bytes`): what every API
+    answers."""
     options = done.options
     made = graph_file(done.graph, done.pruned, decode, slug, done.scan, options.node_threshold)
     replacement, completeness = done.scores
     made["scores"] = {"replacement": replacement, "completeness": completeness}
     if include_adjacency:
+        A = done.graph.adjacency_matrix
+        nonzero = int(np.count_nonzero(A))
+        size = nonzero * JSON_NUMBER_BYTES + (A.size - nonzero) * JSON_ZERO_BYTES
+        if max_bytes is not None and size > max_bytes:
+            raise InvalidInputError(
+                f"include_adjacency: the unpruned graph of {len(A)} nodes is about "
+                f"{size / 2**20:.0f} MiB of JSON, more than the server's "
+                f"{max_bytes / 2**20:.0f} MiB messages: ask without it, or with fewer "
+                "max_feature_nodes"
+            )
         made["adjacency"] = unpruned(done.graph, decode)
     return made

@@ -114,5 +114,9 @@ async def _lines(
 def answer(plane: DataPlane, body: GraphBody, done: Attribution) -> dict:
     tokenizer = plane.tokenizer
     return graph_answer(
-        done, lambda ids: tokenizer.decode(ids, special=True), body.slug, body.include_adjacency
+        done,
+        lambda ids: tokenizer.decode(ids, special=True),
+        body.slug,
+        body.include_adjacency,
+        plane.max_message_bytes,
     )

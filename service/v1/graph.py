@@ -42,27 +42,27 @@ async def graph(
 ) -> AsyncIterator[pb.GraphResponse]:
     """The graph's progress, then the graph; `timeout` bounds each wait for memory."""
     prompt = input_of("prompt", request.prompt)
-    tokenizer = plane.tokenizer
-    async with plane.graphing(prompt, request.transcoders, options_of(request), timeout) as (
-        _,
-        steps,
-    ):
+    started = plane.graphing(prompt, request.transcoders, options_of(request), timeout)
+    async with started as (_, steps):
         async for step in steps:
             if isinstance(step, Done):
                 progress = pb.GraphProgress(rows=step.rows, total=step.total)
                 yield pb.GraphResponse(progress=progress)
             else:
-                yield pb.GraphResponse(
-                    result=await asyncio.to_thread(_result, step, request, tokenizer)
-                )
+                limit, tokenizer = plane.max_message_bytes, plane.tokenizer
+                result = await asyncio.to_thread(_result, step, request, tokenizer, limit)
+                yield pb.GraphResponse(result=result)
 
 
-def _result(done: Attribution, request: pb.GraphRequest, tokenizer: Tokenizer) -> pb.GraphResult:
+def _result(
+    done: Attribution, request: pb.GraphRequest, tokenizer: Tokenizer, max_bytes: int
+) -> pb.GraphResult:
     made = answer(
         done,
         lambda ids: tokenizer.decode(ids, special=True),
         request.slug or "graph",
         request.include_adjacency,
+        max_bytes,
     )
     adjacency = made.pop("adjacency", None)
     scores = made.pop("scores")
