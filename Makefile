@@ -27,11 +27,12 @@ install: $(VENV)/.installed
 $(BUF):
 	npm install --silent --no-save --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
-# The default model: the committed trained checkpoint and its SAE (re-exported when either
-# changes).
+# The default model: the committed trained checkpoint, its SAE and its transcoders
+# (re-exported when one changes).
 DEFAULT_CHECKPOINT := model/pretrained/default.safetensors
 DEFAULT_SAE := model/pretrained/default-sae/sae_weights.safetensors
-$(MODEL_DIR)/model.onnx: $(DEFAULT_CHECKPOINT) $(DEFAULT_SAE) | $(VENV)/.installed
+DEFAULT_TRANSCODERS := $(wildcard model/pretrained/default-transcoders/*.safetensors)
+$(MODEL_DIR)/model.onnx: $(DEFAULT_CHECKPOINT) $(DEFAULT_SAE) $(DEFAULT_TRANSCODERS) | $(VENV)/.installed
 	$(VENV)/bin/attnserve export --out $(MODEL_DIR)
 
 export: $(MODEL_DIR)/model.onnx

@@ -27,6 +27,8 @@ DEFAULT_CHECKPOINT = Path(
 # Neuronpedia names SAEs (LAYER-SET: its site is blocks.2.hook_resid_pre).
 DEFAULT_SAE = Path(str(resources.files("attnserve.model") / "pretrained" / "default-sae"))
 DEFAULT_SAE_NAME = "2-res"
+DEFAULT_TRANSCODERS = DEFAULT_SAE.with_name("default-transcoders")
+DEFAULT_TRANSCODERS_NAME = "plt"  # its members: 0-plt ... 3-plt
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -194,10 +196,12 @@ def run_export(args: argparse.Namespace) -> int:
                 release_weights=True,  # not used after: freed before the checks
                 int8_arithmetic=args.int8_arithmetic,
             )
-        if default:  # served with its SAE, so that features and steering by them work
+        if default:  # served with its SAE (features, steering) and transcoders (graphs)
             from attnserve.export.sae import add_sae
+            from attnserve.export.transcoder_set import add_transcoder_set
 
             add_sae(args.out, DEFAULT_SAE, name=DEFAULT_SAE_NAME)
+            add_transcoder_set(args.out, DEFAULT_TRANSCODERS, name=DEFAULT_TRANSCODERS_NAME)
     except (ConfigError, CheckpointError, HFImportError, FootprintError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,14 @@ import sys
 from pathlib import Path
 
 TRAIN_FLAGS = {"hook": str, "d_sae": int, "k": int, "steps": int, "batch": int, "seed": int}
+TRANSCODER_FLAGS = {
+    "d_transcoder": int,
+    "l1": float,
+    "steps": int,
+    "batch": int,
+    "positions": int,
+    "seed": int,
+}
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -62,6 +70,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     for name, kind in TRAIN_FLAGS.items():
         train.add_argument(f"--{name.replace('_', '-')}", type=kind)
     train.set_defaults(run=run_train)
+    transcoders = actions.add_parser(
+        "train-transcoders",
+        help="train a transcoder per layer on a model's own MLPs (the default set)",
+        description="Train a ReLU skip transcoder per layer from each layer's hook_resid_mid "
+        "to its hook_mlp_out over the corpus the default model was trained on, and write "
+        "them as circuit-tracer's set (config.yaml, layer_{i}.safetensors, report.json) to "
+        "OUT, for attribution graphs. Deterministic from --seed. Unset, each flag is the "
+        "default set's (model/transcoder_train.py: 512 features, 1500 steps of 4096 "
+        "positions, l1 0.2, seed 0).",
+    )
+    transcoders.add_argument(
+        "--out", type=Path, required=True, help="model/pretrained/default-transcoders"
+    )
+    transcoders.add_argument(
+        "--checkpoint", type=Path, default=None, help="the model (default: the default model's)"
+    )
+    for name, kind in TRANSCODER_FLAGS.items():
+        transcoders.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    transcoders.set_defaults(run=run_train_transcoders)
     listing = actions.add_parser("list", help="the SAEs a model directory holds")
     listing.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     listing.set_defaults(run=run_list)
@@ -110,6 +137,20 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def run_train_transcoders(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from attnserve.export.cli import DEFAULT_CHECKPOINT
+    from attnserve.model.checkpoint import load_checkpoint
+    from attnserve.model.transcoder_train import TranscoderTrainConfig, train_transcoders
+
+    given = {name: v for name in TRANSCODER_FLAGS if (v := getattr(args, name)) is not None}
+    config = replace(TranscoderTrainConfig(), **given)
+    model = load_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT)
+    train_transcoders(model, args.out, config, log=lambda line: print(line, flush=True))
     return 0
 
 

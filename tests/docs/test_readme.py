@@ -1,7 +1,7 @@
-"""The README's tour and the Python client's, generation's and the Open Inference Protocol's
-examples in docs/api.md run as written against a server of the default model (what `make
-serve` serves, its SAE included) and show their effect, and every relative link of the
-README and docs/ points at a file."""
+"""The README's tour and the Python client's, generation's, attribution graphs' and the Open
+Inference Protocol's examples in docs/api.md run as written against a server of the default
+model (what `make serve` serves, its SAE and transcoders included) and show their effect,
+and every relative link of the README and docs/ points at a file."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def tour_blocks() -> list[tuple[str, str]]:
         blocks("README.md", "A one-minute tour")
         + blocks("docs/api.md", "The Python client and the command line")
         + blocks("docs/api.md", "Generation")
+        + blocks("docs/api.md", "Attribution graphs")
         + blocks("docs/api.md", "The Open Inference Protocol")
     )
 

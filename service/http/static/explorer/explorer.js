@@ -893,7 +893,9 @@ function fillSaes() {
   const select = $("sae"), keep = new URLSearchParams(location.search).get("sae") || select.value;
   select.innerHTML = "";
   $("steer-sae").innerHTML = "";
-  for (const sae of state.saes) {
+  // SAEs first, then transcoders (read at one site, written at another: hookNameOut)
+  const ordered = [...state.saes].sort((a, b) => !!a.hookNameOut - !!b.hookNameOut);
+  for (const sae of ordered) {
     select.add(new Option(sae.name, sae.name));
     $("steer-sae").add(new Option(sae.name, sae.name));
   }
