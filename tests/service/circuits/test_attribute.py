@@ -89,6 +89,7 @@ def test_the_graph_is_circuit_tracers(case, knobs, tmp_path):
     np.testing.assert_allclose(scores(graph), want["scores"], rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("case", ["llama"], indirect=True)  # the API, on one family
 def test_every_api_answers_circuit_tracers_graph_file(case, tmp_path):
     """POST /v1/graph and attnserve.v1's Graph (the client's `graph`) answer the file
     circuit-tracer's create_graph_files writes of the same graph (slug "graph", as both
