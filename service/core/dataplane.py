@@ -92,6 +92,7 @@ class DataPlane:
         # Why new work is refused (UNAVAILABLE), or None while serving.
         self.refusal: str | None = WARMING_UP
         self._in_flight = 0  # requests between admission and answer
+        self.graphs = 0  # attribution graphs between admission and answer
         self.last_call = 0.0  # time.monotonic() of the last request, admitted or refused
         self._idle = asyncio.Event()
         self._idle.set()
@@ -215,9 +216,9 @@ class DataPlane:
         each backward pass), then the graph, as the engine runs it between other work.
         Leaving stops it; what it holds stays in the memory budget until then. `timeout`
         bounds each wait for room (its backward passes', then its matrices')."""
-        with self._admitted():
+        with self._admitted(), self._graph():
             view = self.view
-            plan = plan_graph(item, transcoders, options, view, self.backend.transcoder_sets)
+            plan = plan_graph(item, transcoders, options, view, self.transcoder_sets)
             model = self.backend.replacement(transcoders)
             job = attribution(model, plan, view.config.logit_scale)
             room = self._room(BACKWARD_WORK_BYTES, timeout)
@@ -240,6 +241,19 @@ class DataPlane:
         async with contextlib.aclosing(self.engine.generate(plan)) as made:
             async for token in detokenized(made, plan, self.tokenizer):
                 yield token
+
+    @property
+    def transcoder_sets(self) -> Sequence[str]:
+        """The transcoder sets graphs can be computed with, as the directory holds them now."""
+        return self.backend.transcoder_sets
+
+    @contextlib.contextmanager
+    def _graph(self) -> Iterator[None]:
+        self.graphs += 1
+        try:
+            yield
+        finally:
+            self.graphs -= 1
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:

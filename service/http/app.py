@@ -1,8 +1,9 @@
-"""The HTTP app: OpenAI-compatible embeddings, the JSON mirror of Encode, Neuronpedia's
-activation endpoints, the Open Inference Protocol's /v2, health, the explorer and the API
-docs, over the one data plane.
+"""The HTTP app: OpenAI-compatible embeddings and completions, the JSON mirror of Encode,
+attribution graphs, Neuronpedia's activation endpoints and graph server, the Open
+Inference Protocol's /v2, health, the explorer and the API docs, over the one data plane.
 
-Each API is a module-level router (openai.py, encode.py, neuronpedia.py, oip.py, health.py)
+Each API is a module-level router (openai.py, completions.py, encode.py, graph.py,
+neuronpedia.py, neuronpedia_graph.py, oip.py, health.py)
 whose routes take the models from the app's state (state.py) and raise the service's typed
 errors; errors.py answers them in the API's shape with the status of the one table.
 """
@@ -16,7 +17,16 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from attnserve.service.core.repository import ModelRepository
-from attnserve.service.http import completions, encode, graph, health, neuronpedia, oip, openai
+from attnserve.service.http import (
+    completions,
+    encode,
+    graph,
+    health,
+    neuronpedia,
+    neuronpedia_graph,
+    oip,
+    openai,
+)
 from attnserve.service.http.errors import BodyLimit, add_error_handlers
 from attnserve.service.http.pages import add_pages
 from attnserve.service.http.state import AppState
@@ -46,7 +56,7 @@ def create_app(
         )
     app.add_middleware(BodyLimit, limit=settings.max_message_bytes)
     add_error_handlers(app)
-    for module in (health, openai, completions, encode, graph, neuronpedia, oip):
+    for module in (health, openai, completions, encode, graph, neuronpedia, neuronpedia_graph, oip):
         app.include_router(module.router)
     add_pages(app)
     return app

@@ -45,7 +45,7 @@ ERROR_TYPES = {
 
 # The APIs whose refusals are {"error": "..."}: the Open Inference Protocol's and
 # Neuronpedia's; every other path answers in OpenAI's shape.
-PLAIN_ERROR_PATHS = ("/v2", "/v1/activation")
+PLAIN_ERROR_PATHS = ("/v2", "/v1/activation", "/generate-graph", "/check-busy")
 
 
 class FrameworkError(Exception):
