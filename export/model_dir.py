@@ -122,8 +122,8 @@ def write_model_dir(
     extra_files (name -> source) are copied in too, e.g. the tokenizer.json.
     release_weights: free the model's weights once they are written (the model is unusable
     afterwards): ONNX Runtime then checks the graphs without a second copy beside them.
-    trace_ahead: trace the graphs after the first in a child process meanwhile (None: for
-    deep models on two cores or more; export/trace_ahead.py).
+    trace_ahead: share the tracing with a child process (None: where there are three graphs
+    or more, on two cores or more; export/trace_ahead.py).
     int8_arithmetic: what the int8 graphs multiply their 8-bit weights by (export/int8.py).
 
     Everything is written to a scratch directory beside `out` first, so a model that fails
@@ -275,6 +275,7 @@ def write_streamed_int8(
             precisions=("int8",),
             release_weights=True,
             int8_arithmetic=int8_arithmetic,
+            trace_ahead=False,  # a child importing torch costs memory this import lacks
         )
         shutil.rmtree(scratch / "prefix")
         planned = plan_graphs(config, ("int8",))

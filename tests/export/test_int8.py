@@ -266,7 +266,7 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
     from tests.conftest import run_cli
 
     fields = dict(
-        hidden_size=128, intermediate_size=512, num_hidden_layers=16, num_attention_heads=4,
+        hidden_size=128, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
     )  # fmt: skip
     hf = build_checkpoint("llama", tmp_path / "hf", dtype=torch.bfloat16, **fields)
@@ -280,7 +280,7 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
     assert refused.returncode == 2
     assert "--precision int8 alone imports it in about" in refused.stderr
     # What the import holds of the checkpoint at once, counted as it reads (not the clock):
-    # one fused matrix's three tensors at most, where holding the checkpoint is 16 layers'.
+    # one fused matrix's three tensors at most, where holding the checkpoint is 8 layers'.
     original, live, most = CheckpointReader.read, [0], [0]
 
     def counted(self: CheckpointReader, name: str, widen: bool = True) -> torch.Tensor:
@@ -305,9 +305,9 @@ def test_an_int8_import_too_large_for_float32_streams_and_checks_a_prefix(
     assert 0 < most[0] <= 3 and live[0] == 0, (most, live)
     allocated, left_out = max(on_disk.values(), key=lambda sizes: sizes[1])
     assert left_out >= 0.9 * weight_bytes(config) and allocated < left_out / 20, on_disk
-    assert "checking on the first 2 of 16 layers" in capsys.readouterr().out
+    assert "checking on the first 2 of 8 layers" in capsys.readouterr().out
     report = json.loads((out / REPORT_FILENAME).read_text())
-    assert report["parity_scope"] == "the first 2 of 16 layers"
+    assert report["parity_scope"] == "the first 2 of 8 layers"
     assert report["precisions"] == ["int8"] and INT8_ONNX_FILENAME in report["fidelity"]
     assert ModelDirectory(out).precisions == ("int8",)
     assert sorted(p.name for p in out.glob("*.data")) == [WEIGHTS_FILENAMES["int8"]]
