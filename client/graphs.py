@@ -23,10 +23,16 @@ def build_graph_request(
     edge_threshold: float | None = None,
     slug: str = "",
     include_adjacency: bool = False,
+    top_logits: int = 0,
 ) -> pb.GraphRequest:
-    """A GraphRequest: the prompt a text or its token ids; None: circuit-tracer's default."""
+    """A GraphRequest: the prompt a text or its token ids; None: circuit-tracer's default.
+    top_logits: each feature's tokens its decoder raises most, as "feature_logits"."""
     request = pb.GraphRequest(
-        model=model, transcoders=transcoders, slug=slug, include_adjacency=include_adjacency
+        model=model,
+        transcoders=transcoders,
+        slug=slug,
+        include_adjacency=include_adjacency,
+        top_logits=top_logits,
     )
     if isinstance(prompt, str):
         request.prompt.text = prompt

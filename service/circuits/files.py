@@ -16,11 +16,13 @@ import numpy as np
 from attnserve.service.circuits.attribute import Attribution
 from attnserve.service.circuits.graph import AttributionGraph
 from attnserve.service.circuits.influence import Pruned
+from attnserve.service.core.backend import ReplacementModel
 from attnserve.service.core.errors import InvalidInputError
 
 SCHEMA_VERSION = 1
 JSON_NUMBER_BYTES, JSON_ZERO_BYTES = 24, 5  # a float32 as JSON writes it, "0.0, "
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens written out
+MAX_TOP_LOGITS = 32  # a feature's top tokens an answer lists at most
 
 
 def _cantor(x: int, y: int) -> int:
@@ -173,20 +175,59 @@ def unpruned(graph: AttributionGraph, decode: Decode) -> dict[str, Any]:
     }
 
 
+def check_top_logits(k: int) -> None:
+    if not 0 <= k <= MAX_TOP_LOGITS:
+        raise InvalidInputError(f"top_logits: must be from 0 to {MAX_TOP_LOGITS}, not {k}")
+
+
+def feature_logits(
+    model: ReplacementModel,
+    graph: AttributionGraph,
+    kept: np.ndarray,
+    k: int,
+    decode: Decode,
+    logit_scale: float = 1.0,
+) -> dict[str, list[dict[str, Any]]]:
+    """The k tokens each kept feature's decoder row raises most, read straight through the
+    unembedding (the final norm left out, as Neuronpedia's top logits are): by jsNodeId,
+    which names a layer's feature at every position."""
+    wanted: dict[int, set[int]] = {}
+    for index in np.flatnonzero(kept[: graph.n_features]).tolist():
+        _, layer, _, feature = graph.node(index)
+        wanted.setdefault(layer, set()).add(feature)
+    unembedding = model.unembedding()  # (V, D)
+    made = {}
+    for layer, features in sorted(wanted.items()):
+        ids = sorted(features)
+        logits = logit_scale * (model.decoder(layer)[ids] @ unembedding.T)  # (n, V)
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        for feature, row, tokens in zip(ids, logits, top, strict=True):
+            made[f"{layer}_{feature}-0"] = [
+                {"token": decode([t]), "logit": float(row[t])} for t in tokens.tolist()
+            ]
+    return made
+
+
 def answer(
     done: Attribution,
     decode: Decode,
     slug: str,
     include_adjacency: bool = False,
     max_bytes: int | None = None,
+    logits: Callable[[AttributionGraph, np.ndarray], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The graph file with `scores` (replacement, completeness) and, asked, `adjacency`
-    (the unpruned graph, refused where its JSON would pass `max_bytes`): what every API
-    answers."""
+    """The graph file with `scores` (replacement, completeness), with `logits` its
+    features' top tokens as `feature_logits` (logits(graph, kept nodes), by jsNodeId),
+    and, asked, `adjacency` (the unpruned graph, refused where its JSON would pass
+    `max_bytes`): what every API answers."""
     options = done.options
     made = graph_file(done.graph, done.pruned, decode, slug, done.scan, options.node_threshold)
     replacement, completeness = done.scores
     made["scores"] = {"replacement": replacement, "completeness": completeness}
+    if logits is not None:
+        linked = {node["jsNodeId"] for node in made["nodes"]}
+        found = logits(done.graph, done.pruned.node_mask)
+        made["feature_logits"] = {k: v for k, v in found.items() if k in linked}
     if include_adjacency:
         A = done.graph.adjacency_matrix
         nonzero = int(np.count_nonzero(A))

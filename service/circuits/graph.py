@@ -3,7 +3,9 @@ names (its attribute()'s arguments, its Graph's fields)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +21,15 @@ class GraphOptions:
     update_interval: int = 4  # batches between re-rankings of the features to visit
     node_threshold: float = 0.8  # pruning: the nodes holding this share of the influence
     edge_threshold: float = 0.98  # ... and the edges holding this share of theirs
+
+
+KNOBS = tuple(field.name for field in fields(GraphOptions))
+
+
+def graph_options(given: Mapping[str, Any]) -> GraphOptions:
+    """The options `given` names (a request's fields; the others ignored), the defaults for
+    the rest: every API's request takes circuit-tracer's argument names."""
+    return GraphOptions(**{name: given[name] for name in KNOBS if name in given})
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,8 @@ import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.circuits.attribute import Attribution, Done, attribution
-from attnserve.service.circuits.graph import GraphOptions
+from attnserve.service.circuits.files import answer, check_top_logits, feature_logits
+from attnserve.service.circuits.graph import AttributionGraph, GraphOptions
 from attnserve.service.circuits.plan import BACKWARD_BYTES, GraphPlan, plan_graph
 from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batching import SequenceResult
@@ -210,12 +211,15 @@ class DataPlane:
         transcoders: str,
         options: GraphOptions,
         timeout: float | None = None,
+        top_logits: int = 0,
     ) -> AsyncIterator[tuple[GraphPlan, AsyncIterator[Done | Attribution]]]:
         """Refuse or admit, plan and start an attribution graph of a prompt with the
         transcoder set `transcoders`; yields the plan and the graph's progress (Done after
         each backward pass), then the graph, as the engine runs it between other work.
         Leaving stops it; what it holds stays in the memory budget until then. `timeout`
-        bounds each wait for room (its backward passes', then its matrices')."""
+        bounds each wait for room (its backward passes', then its matrices'). `top_logits`
+        (what graph_answer will be asked for) is checked first."""
+        check_top_logits(top_logits)
         with self._admitted(), self._graph():
             view = self.view
             plan = plan_graph(item, transcoders, options, view, self.transcoder_sets)
@@ -226,6 +230,27 @@ class DataPlane:
                 progress = self.engine.run_steps(job)
                 held.push_async_callback(progress.aclose)
                 yield plan, self._held(progress, held, timeout)
+
+    def graph_answer(
+        self,
+        done: Attribution,
+        transcoders: str,
+        slug: str = "graph",
+        include_adjacency: bool = False,
+        top_logits: int = 0,
+    ) -> dict[str, Any]:
+        """What every API answers of a finished graph (circuits/files.py answer), its
+        tokens written with the special ones; `top_logits`: each feature's that many."""
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, special=True)
+
+        def logits(graph: AttributionGraph, kept: np.ndarray) -> dict[str, Any]:
+            model, scale = self.backend.replacement(transcoders), self.view.config.logit_scale
+            return feature_logits(model, graph, kept, top_logits, decode, scale)
+
+        chosen = logits if top_logits else None
+        return answer(done, decode, slug, include_adjacency, self.max_message_bytes, chosen)
 
     async def _held(
         self, progress: AsyncIterator[Any], held: contextlib.AsyncExitStack, timeout: float | None

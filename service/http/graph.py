@@ -16,8 +16,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from attnserve.service.circuits.attribute import Attribution, Done
-from attnserve.service.circuits.files import answer as graph_answer
-from attnserve.service.circuits.graph import GraphOptions
+from attnserve.service.circuits.graph import GraphOptions, graph_options
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.status import log_unexpected
 from attnserve.service.http.errors import ErrorRoute, error_response
@@ -54,16 +53,14 @@ class GraphBody(RequestBody):
     )
     stream: bool = Field(False, description="NDJSON: progress lines, then the answer")
 
+    top_logits: int = Field(
+        0,
+        description="each feature's tokens its decoder row raises most, as `feature_logits` "
+        "by jsNodeId (at most 32)",
+    )
+
     def options(self) -> GraphOptions:
-        return GraphOptions(
-            max_n_logits=self.max_n_logits,
-            desired_logit_prob=self.desired_logit_prob,
-            batch_size=self.batch_size,
-            max_feature_nodes=self.max_feature_nodes,
-            update_interval=self.update_interval,
-            node_threshold=self.node_threshold,
-            edge_threshold=self.edge_threshold,
-        )
+        return graph_options(self.model_dump())
 
 
 @router.post("/graph", response_model=None)
@@ -76,7 +73,9 @@ async def graph(body: GraphBody, request: Request) -> dict | StreamingResponse:
         stack = contextlib.AsyncExitStack()
         item = body.prompt if isinstance(body.prompt, str) else np.asarray(body.prompt, np.int64)
         _, steps = await stack.enter_async_context(
-            plane.graphing(item, body.transcoders, body.options(), deadline(request))
+            plane.graphing(
+                item, body.transcoders, body.options(), deadline(request), body.top_logits
+            )
         )
         if body.stream:
             lines = _lines(stack, steps, plane, body)
@@ -112,11 +111,6 @@ async def _lines(
 
 
 def answer(plane: DataPlane, body: GraphBody, done: Attribution) -> dict:
-    tokenizer = plane.tokenizer
-    return graph_answer(
-        done,
-        lambda ids: tokenizer.decode(ids, special=True),
-        body.slug,
-        body.include_adjacency,
-        plane.max_message_bytes,
+    return plane.graph_answer(
+        done, body.transcoders, body.slug, body.include_adjacency, body.top_logits
     )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from attnserve.service.circuits.attribute import Attribution
 from attnserve.service.circuits.files import graph_file
-from attnserve.service.circuits.graph import GraphOptions
+from attnserve.service.circuits.graph import GraphOptions, graph_options
 from attnserve.service.core.dataplane import DataPlane
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.http.errors import ErrorRoute
@@ -48,14 +48,7 @@ class GraphGenerationRequest(BaseModel):
     compress: bool = False
 
     def options(self) -> GraphOptions:
-        return GraphOptions(
-            max_n_logits=self.max_n_logits,
-            desired_logit_prob=self.desired_logit_prob,
-            batch_size=self.batch_size,
-            max_feature_nodes=self.max_feature_nodes,
-            node_threshold=self.node_threshold,
-            edge_threshold=self.edge_threshold,
-        )
+        return graph_options(self.model_dump())
 
 
 @router.post("/generate-graph")

@@ -94,4 +94,5 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         generates=DECODE in plane.view.graphs,
         chat_template=plane.chat is not None,
         eos_id=c.eos_id,
+        transcoder_sets=plane.transcoder_sets,
     )

@@ -533,7 +533,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes", "generates", "chat_template", "eos_id")
+    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes", "generates", "chat_template", "eos_id", "transcoder_sets")
     class OutputFidelityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -568,6 +568,7 @@ class GetModelInfoResponse(_message.Message):
     GENERATES_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     EOS_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSCODER_SETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -595,7 +596,8 @@ class GetModelInfoResponse(_message.Message):
     generates: bool
     chat_template: bool
     eos_id: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ..., generates: _Optional[bool] = ..., chat_template: _Optional[bool] = ..., eos_id: _Optional[int] = ...) -> None: ...
+    transcoder_sets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ..., generates: _Optional[bool] = ..., chat_template: _Optional[bool] = ..., eos_id: _Optional[int] = ..., transcoder_sets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("model", "prompt", "options")
@@ -658,7 +660,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, choice: _Optional[int] = ..., token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GraphRequest(_message.Message):
-    __slots__ = ("model", "prompt", "transcoders", "max_n_logits", "desired_logit_prob", "max_feature_nodes", "batch_size", "node_threshold", "edge_threshold", "slug", "include_adjacency", "update_interval")
+    __slots__ = ("model", "prompt", "transcoders", "max_n_logits", "desired_logit_prob", "max_feature_nodes", "batch_size", "node_threshold", "edge_threshold", "slug", "include_adjacency", "update_interval", "top_logits")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TRANSCODERS_FIELD_NUMBER: _ClassVar[int]
@@ -671,6 +673,7 @@ class GraphRequest(_message.Message):
     SLUG_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_ADJACENCY_FIELD_NUMBER: _ClassVar[int]
     UPDATE_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGITS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: Input
     transcoders: str
@@ -683,7 +686,8 @@ class GraphRequest(_message.Message):
     slug: str
     include_adjacency: bool
     update_interval: int
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Input, _Mapping]] = ..., transcoders: _Optional[str] = ..., max_n_logits: _Optional[int] = ..., desired_logit_prob: _Optional[float] = ..., max_feature_nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., node_threshold: _Optional[float] = ..., edge_threshold: _Optional[float] = ..., slug: _Optional[str] = ..., include_adjacency: _Optional[bool] = ..., update_interval: _Optional[int] = ...) -> None: ...
+    top_logits: int
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[Input, _Mapping]] = ..., transcoders: _Optional[str] = ..., max_n_logits: _Optional[int] = ..., desired_logit_prob: _Optional[float] = ..., max_feature_nodes: _Optional[int] = ..., batch_size: _Optional[int] = ..., node_threshold: _Optional[float] = ..., edge_threshold: _Optional[float] = ..., slug: _Optional[str] = ..., include_adjacency: _Optional[bool] = ..., update_interval: _Optional[int] = ..., top_logits: _Optional[int] = ...) -> None: ...
 
 class GraphProgress(_message.Message):
     __slots__ = ("rows", "total")

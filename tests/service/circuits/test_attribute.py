@@ -102,6 +102,9 @@ def test_every_api_answers_circuit_tracers_graph_file(case, tmp_path):
     try:
         body = {"prompt": IDS, "transcoders": "plt", "include_adjacency": True}
         http = httpx.post(f"{server.http_url}/v1/graph", json=body, timeout=300).json()
+        asked = {"prompt": IDS, "transcoders": "plt", "top_logits": 3}
+        with_logits = httpx.post(f"{server.http_url}/v1/graph", json=asked, timeout=300).json()
+        too_many = httpx.post(f"{server.http_url}/v1/graph", json={**asked, "top_logits": 33})
         lines = [
             json.loads(line)
             for line in httpx.post(
@@ -135,6 +138,38 @@ def test_every_api_answers_circuit_tracers_graph_file(case, tmp_path):
     assert [line["progress"]["rows"] for line in lines[:-1]] == [rows for rows, _ in progress]
     assert of_text["metadata"]["prompt_tokens"][0] == of_ids["metadata"]["prompt_tokens"][0]
     assert_same_file(of_text, of_ids)
+    assert "feature_logits" not in http
+    assert_same_file(with_logits, want)
+    assert_top_logits(with_logits, folder, model_dir, 3)
+    assert too_many.status_code == 400
+    assert "top_logits: must be from 0 to 32, not 33" in too_many.json()["error"]["message"]
+
+
+def assert_top_logits(graph: dict, folder: Path, model_dir: Path, k: int) -> None:
+    """Each feature node's k tokens, as its decoder row times the checkpoint's unembedding
+    says (numpy, from the files circuit-tracer reads)."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    checkpoint = load_file(str(folder / "model" / "model.safetensors"))
+    unembedding = checkpoint.get("lm_head.weight", checkpoint["model.embed_tokens.weight"])
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    features = {
+        n["jsNodeId"] for n in graph["nodes"] if n["feature_type"] == "cross layer transcoder"
+    }
+    assert features and set(graph["feature_logits"]) == features
+    for js_id in features:
+        layer, feature = map(int, js_id.removesuffix("-0").split("_"))
+        row = load_file(str(folder / "transcoders" / f"layer_{layer}.safetensors"))["W_dec"][
+            feature
+        ]
+        logits = unembedding.astype(np.float64) @ row.astype(np.float64)  # (V,)
+        top = np.argsort(-logits, kind="stable")[:k]
+        got = graph["feature_logits"][js_id]
+        assert [t["token"] for t in got] == [
+            tokenizer.decode([int(t)], skip_special_tokens=False) for t in top
+        ]
+        np.testing.assert_allclose([t["logit"] for t in got], logits[top], rtol=1e-4, atol=1e-5)
 
 
 def text_ids(model_dir: Path, text: str) -> list[int]:

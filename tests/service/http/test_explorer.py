@@ -9,9 +9,11 @@ nothing from anywhere but the server.
 
 from __future__ import annotations
 
+import json
 import shutil
 from urllib.parse import quote
 
+import httpx
 import numpy as np
 import pytest
 
@@ -690,3 +692,57 @@ def test_a_long_text_shows_received_attention_top_keys_and_exact_tiles(page, ser
         row, key, value = hover_tile(i, j)
         assert value == pytest.approx(full.attention[0, 0, row, key], abs=1e-6)
     assert not page.elsewhere
+
+
+def test_an_attribution_graph_drawn_as_the_api_answers_it(browser, default_export):
+    """The default model's graph with its shipped transcoders: as many features, errors,
+    tokens and links as POST /v1/graph answers; hovering a feature names its activation and
+    the token its decoder raises most; a slider prunes again at its threshold."""
+    served = ServerThread(default_export[0])
+    context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    page = context.new_page()
+    elsewhere: list[str] = []
+    page.on("request", lambda r: r.url.startswith(served.http_url) or elsewhere.append(r.url))
+    body = {"prompt": TEXT, "transcoders": "plt", "max_feature_nodes": 64, "top_logits": 5}
+
+    def answered(node_threshold: float) -> dict:
+        asked = body | {"node_threshold": node_threshold}
+        return httpx.post(f"{served.http_url}/v1/graph", json=asked, timeout=600).json()
+
+    try:
+        page.goto(f"{served.http_url}/?text={quote(TEXT)}")
+        page.locator('#ablation[data-ready="true"]').wait_for()
+        assert page.input_value("#graph-set") == "plt"
+        page.click("#graph-form button")
+        page.locator('#graph-section[data-ready="true"]').wait_for(timeout=600_000)
+        graph = answered(0.8)
+        kinds = [node["feature_type"] for node in graph["nodes"]]
+        assert page.locator("#graph circle").count() == kinds.count("cross layer transcoder") > 0
+        assert page.locator("#graph rect").count() == kinds.count("mlp reconstruction error")
+        tokens = page.locator("#graph text.embedding").all_text_contents()
+        assert tokens == graph["metadata"]["prompt_tokens"]  # the special token first
+        assert page.locator("#graph text.logit").count() == kinds.count("logit") > 0
+        assert page.locator("#graph line").count() == len(graph["links"]) > 0
+        feature = next(n for n in graph["nodes"] if n["feature_type"] == "cross layer transcoder")
+        page.hover(f'#graph circle[data-id="{feature["node_id"]}"]')
+        info = page.text_content("#graph-info")
+        assert f"activation {feature['activation']:.3f}" in info
+        raised = graph["feature_logits"][feature["jsNodeId"]][0]
+        assert (
+            f"raises {json.dumps(raised['token'], ensure_ascii=False)} {raised['logit']:.2f}"
+            in info
+        )
+        pruned = answered(0.5)
+        assert len(pruned["nodes"]) < len(graph["nodes"])
+        page.locator("#graph-node-threshold").evaluate(
+            "s => { s.value = '0.5'; s.dispatchEvent(new Event('change')); }"
+        )
+        n = len(pruned["nodes"])
+        page.locator(f'#graph-section[data-ready="true"][data-nodes="{n}"]').wait_for(
+            timeout=600_000
+        )
+        assert page.locator("#graph line").count() == len(pruned["links"])
+        assert elsewhere == []
+    finally:
+        context.close()
+        served.stop()

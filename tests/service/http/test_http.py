@@ -212,7 +212,7 @@ def test_cors_is_off_by_default(server):
 def test_the_explorer_is_served_offline(server):
     page = httpx.get(server.http_url + "/")
     assert page.status_code == 200 and 'id="heatmap"' in page.text
-    for asset in ("/explorer/explorer.js", "/explorer/explorer.css"):
+    for asset in ("/explorer/explorer.js", "/explorer/graph.js", "/explorer/explorer.css"):
         response = httpx.get(server.http_url + asset)
         assert response.status_code == 200
         assert "http://" not in response.text and "https://" not in response.text  # no CDN

@@ -461,6 +461,7 @@ async function loadModelInfo() {
     state.bosId = info.bosId === undefined ? null : Number(info.bosId);
     state.saes = info.saes || [];
     fillSaes();
+    fillTranscoderSets(info.transcoderSets || []);  // graph.js
     $("model").textContent = info.name;
     $("model-shape").textContent = `${info.nLayers} layers, ${info.nHeads} heads` +
       (grouped ? `, ${info.nKvHeads} KV head${info.nKvHeads > 1 ? "s" : ""} (grouped-query)` : "");
