@@ -321,15 +321,15 @@ class ModelConfig:
     @property
     def attribution_refusal(self) -> str | None:
         """Why a logit cannot be split exactly into what each head and MLP wrote, or None
-        where it can: the parts add up only where they reach the final norm untouched
-        (norms before the sublayers) and an unembedding reads it (without a projection
-        out between)."""
+        where it can: the parts add up where what they write reaches the final norm as a
+        sum (norms before the sublayers, or of each sublayer's output, their scales frozen)
+        and an unembedding reads it (without a projection out between)."""
         if self.unembedding == "none":
             return "it has no unembedding (its checkpoint had no LM head)"
-        if self.norm_placement != "pre":
+        if self.norm_placement == "post":
             return (
-                f"its {self.norm_placement} norms normalise what the sublayers write before "
-                "it reaches the residual stream, so the parts would not add up to the logit"
+                "its post norms normalise the residual stream itself after each sublayer, "
+                "so the parts would not add up to the logit"
             )
         if self.d_embed is not None:
             return "its projection out of d_model is not part of the attribution graph"

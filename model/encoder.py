@@ -14,7 +14,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import HookPoint, captured
 from attnserve.model.hooks import EMBED, LN_FINAL, POS_EMBED, RESID_POST, RESID_PRE
 from attnserve.model.layers import Block, KVCache, Rotary
-from attnserve.model.norms import RMSNorm, frozen_norm, make_norm, norm_scale
+from attnserve.model.norms import RMSNorm, frozen_linear, frozen_norm, make_norm, norm_scale
 
 
 class Encoder(nn.Module):
@@ -220,7 +220,9 @@ class Encoder(nn.Module):
         each part of x_L = x_0 + sum over layers of (W_O's heads, W_O's bias, the MLP)
         writes along the target's unembedding, through the final norm with the scale of
         x_L frozen (TransformerLens' apply_ln_to_stack), plus a constant (the norm's bias
-        and the unembedding's). The parts add up to the logit before Gemma 2's soft-cap.
+        and the unembedding's). Where a norm takes what attention writes (Gemma 2/3's
+        sandwich, OLMo 2's output norms), its scale is frozen too, at the heads' sum. The
+        parts add up to the logit before Gemma 2's soft-cap.
 
         heads (N, L, H*d_k): the heads' outputs as each W_O reads them (after the head
         mask), mlps (N, L, D), first x_0 (N, D), last x_L (N, D), targets (N, n) ids ->
@@ -231,7 +233,7 @@ class Encoder(nn.Module):
         refusal = config.attribution_refusal
         if refusal is not None:
             raise ValueError(f"{config.name} has no direct logit attribution: {refusal}")
-        H, d_k = config.n_heads, config.head_dim
+        H, d_k, D = config.n_heads, config.head_dim, config.d_model
         unembedding = self.tok_emb if config.unembedding == "tied" else self.lm_head
         # a lookup, as the token embeddings are: the graph reads the stored table itself
         u = F.embedding(targets, unembedding.weight)  # (N, n, D): each target's direction
@@ -255,13 +257,25 @@ class Encoder(nn.Module):
         alone = torch.eye(H, dtype=heads.dtype, device=heads.device)[:, :, None]  # (H, H, 1)
         head_parts, bias_parts, mlp_parts = [], [], []
         for layer, block in enumerate(self.blocks):
-            projection = cast(Block, block).attn.proj
+            block = cast(Block, block)
+            projection = block.attn.proj
             z = heads[:, layer].unflatten(-1, (H, d_k))  # (N, H, d_k)
             by_head = (alone * z[:, None]).flatten(-2)  # (N, H, H*d_k)
             written = F.linear(by_head, projection.weight)  # (N, H, D)
+            bias: torch.Tensor = (
+                written.new_zeros(D) if projection.bias is None else projection.bias
+            )
+            if hasattr(block, "ln1_out"):
+                # Gemma 2's and OLMo 2's norm of what attention writes, its scale frozen at
+                # the heads' sum, is linear: each head's share is its part of the norm.
+                # (What the MLP writes, mlps, is read after its norm: one part, exact.)
+                out = block.ln1_out
+                whole = F.linear(heads[:, layer], projection.weight, projection.bias)  # (N, D)
+                frozen = norm_scale(out, whole)  # (N, 1)
+                written = frozen_linear(out, written, frozen[:, None])  # (N, H, D)
+                bias = frozen_norm(out, bias, frozen)  # (N, D): the norm's own bias with it
             head_parts.append(w @ written.transpose(1, 2))  # (N, n, H)
-            bias = projection.bias
-            bias_parts.append(torch.zeros_like(constant) if bias is None else w @ bias)  # (N, n)
+            bias_parts.append((w * bias.unsqueeze(-2)).sum(-1))  # (N, n)
             mlp_parts.append((w * mlps[:, layer, None]).sum(-1))  # (N, n)
         scale = config.residual_scale  # Granite scales what each sublayer adds
         return (

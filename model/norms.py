@@ -93,10 +93,17 @@ def norm_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def frozen_norm(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """`norm` of x with its scale given, not computed from x: linear in x, so the parts of
+    """`norm` of x with its scale given, not computed from x: affine in x, so the parts of
     a residual stream add up to the norm of their sum (the logit lens, attribution)."""
+    linear = frozen_linear(norm, x, scale)
+    return linear + norm.bias if isinstance(norm, nn.LayerNorm) else linear
+
+
+def frozen_linear(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """frozen_norm's part linear in x (all of it but a LayerNorm's bias): what one part of
+    x contributes to the norm of the whole, `scale` the whole's."""
     if isinstance(norm, nn.LayerNorm):
-        return (x - x.mean(-1, keepdim=True)) / scale * norm.weight + norm.bias
+        return (x - x.mean(-1, keepdim=True)) / scale * norm.weight
     assert isinstance(norm, RMSNorm)
     return x / scale * (norm.offset + norm.weight)
 

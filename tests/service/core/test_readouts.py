@@ -306,12 +306,12 @@ def test_a_model_without_readout_graphs_refuses_them_by_name():
 def test_attribution_is_refused_where_the_parts_would_not_add_up():
     readable = {"readouts", "lens", "attribution"}
     request = build_request("abc", attribution={"target_ids": [1]})
-    for placement in ("sandwich", "output"):
-        config = ModelConfig(
-            n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16, norm_placement=placement
-        )
-        with pytest.raises(UnsupportedError, match=rf"options.attribution: .*its {placement}"):
-            plan(request, config, readable)
+    shape = dict(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
+    post = ModelConfig(**shape, norm_placement="post")
+    with pytest.raises(UnsupportedError, match=r"options.attribution: .*its post norms"):
+        plan(request, post, readable)
+    for placement in ("sandwich", "output"):  # their scales frozen, the parts add up
+        assert plan(request, ModelConfig(**shape, norm_placement=placement), readable).readouts
     config = ModelConfig(n_layers=1, n_heads=1, d_model=8, d_ff=8, max_seq_len=16)
     with pytest.raises(UnsupportedError, match=r"options.attribution: .*\(re-export it"):
         plan(request, config, {"readouts", "lens"})
