@@ -61,14 +61,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "each flag is the default SAE's (model/sae_train.py: blocks.2.hook_resid_pre, 2048 "
         "features, k 32, 2000 steps of 4096 positions, seed 0).",
     )
-    train.add_argument(
-        "--out", type=Path, required=True, help="model/pretrained/default-sae for the default's"
-    )
-    train.add_argument(
-        "--checkpoint", type=Path, default=None, help="the model (default: the default model's)"
-    )
-    for name, kind in TRAIN_FLAGS.items():
-        train.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    training_flags(train, "model/pretrained/default-sae for the default's", TRAIN_FLAGS)
     train.set_defaults(run=run_train)
     transcoders = actions.add_parser(
         "train-transcoders",
@@ -80,18 +73,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "default set's (model/transcoder_train.py: 512 features, 1500 steps of 4096 "
         "positions, l1 0.2, seed 0).",
     )
-    transcoders.add_argument(
-        "--out", type=Path, required=True, help="model/pretrained/default-transcoders"
-    )
-    transcoders.add_argument(
-        "--checkpoint", type=Path, default=None, help="the model (default: the default model's)"
-    )
-    for name, kind in TRANSCODER_FLAGS.items():
-        transcoders.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    training_flags(transcoders, "model/pretrained/default-transcoders", TRANSCODER_FLAGS)
     transcoders.set_defaults(run=run_train_transcoders)
     listing = actions.add_parser("list", help="the SAEs a model directory holds")
     listing.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     listing.set_defaults(run=run_list)
+
+
+def training_flags(
+    command: argparse.ArgumentParser, default_out: str, flags: dict[str, type]
+) -> None:
+    """A train command's --out, --checkpoint and its trainer's knobs (unset: the default's)."""
+    command.add_argument("--out", type=Path, required=True, help=default_out)
+    command.add_argument(
+        "--checkpoint", type=Path, default=None, help="the model (default: the default model's)"
+    )
+    for name, kind in flags.items():
+        command.add_argument(f"--{name.replace('_', '-')}", type=kind)
 
 
 def run_add(args: argparse.Namespace) -> int:

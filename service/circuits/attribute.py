@@ -27,7 +27,7 @@ import numpy as np
 from attnserve.service.circuits.graph import AttributionGraph, GraphOptions
 from attnserve.service.circuits.influence import Pruned, partial_influences, prune, scores
 from attnserve.service.circuits.plan import GraphPlan
-from attnserve.service.core.backend import ReplacementModel
+from attnserve.service.core.replacement import ReplacementModel
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,8 +16,8 @@ import numpy as np
 from attnserve.service.circuits.attribute import Attribution
 from attnserve.service.circuits.graph import AttributionGraph
 from attnserve.service.circuits.influence import Pruned
-from attnserve.service.core.backend import ReplacementModel
 from attnserve.service.core.errors import InvalidInputError
+from attnserve.service.core.replacement import ReplacementModel
 
 SCHEMA_VERSION = 1
 JSON_NUMBER_BYTES, JSON_ZERO_BYTES = 24, 5  # a float32 as JSON writes it, "0.0, "

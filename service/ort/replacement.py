@@ -22,8 +22,8 @@ from attnserve.model.artifacts import (
     backward_files,
 )
 from attnserve.model.config import ModelConfig
-from attnserve.service.core.backend import FrozenPrompt
 from attnserve.service.core.errors import InferenceError, UnsupportedError
+from attnserve.service.core.replacement import FrozenPrompt
 from attnserve.service.ort.features import SAEGraphs
 
 _TRANSPOSED = ".T"  # a linear weight stored as its transpose (export/weights.py)
