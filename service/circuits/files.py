@@ -23,6 +23,7 @@ SCHEMA_VERSION = 1
 JSON_NUMBER_BYTES, JSON_ZERO_BYTES = 24, 5  # a float32 as JSON writes it, "0.0, "
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens written out
 MAX_TOP_LOGITS = 32  # a feature's top tokens an answer lists at most
+VOCAB_BLOCK = 32_768  # tokens whose logits feature_logits holds at once
 
 
 def _cantor(x: int, y: int) -> int:
@@ -199,11 +200,21 @@ def feature_logits(
     made = {}
     for layer, features in sorted(wanted.items()):
         ids = sorted(features)
-        logits = logit_scale * (model.decoder(layer)[ids] @ unembedding.T)  # (n, V)
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-        for feature, row, tokens in zip(ids, logits, top, strict=True):
+        rows = model.decoder(layer)[ids]  # (n, D)
+        best = np.empty((len(ids), 0), np.float32)
+        best_ids = np.empty((len(ids), 0), np.int64)
+        # by blocks of the vocabulary: (n, V) at once would be hundreds of MB for 256k
+        for start in range(0, len(unembedding), VOCAB_BLOCK):
+            block = logit_scale * (rows @ unembedding[start : start + VOCAB_BLOCK].T)  # (n, b)
+            block_ids = np.broadcast_to(np.arange(start, start + block.shape[1]), block.shape)
+            values = np.concatenate([best, block], axis=1)
+            order = np.argsort(-values, axis=1, kind="stable")[:, :k]  # ties: the lower id
+            best = np.take_along_axis(values, order, axis=1)
+            best_ids = np.take_along_axis(np.concatenate([best_ids, block_ids], 1), order, 1)
+        for feature, values, tokens in zip(ids, best, best_ids, strict=True):
             made[f"{layer}_{feature}-0"] = [
-                {"token": decode([t]), "logit": float(row[t])} for t in tokens.tolist()
+                {"token": decode([t]), "logit": float(v)}
+                for t, v in zip(tokens.tolist(), values.tolist(), strict=True)
             ]
     return made
 
