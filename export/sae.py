@@ -30,6 +30,7 @@ from attnserve.export.int8 import convert_to_int8
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.read_back import read_config
+from attnserve.export.sae_site import norm_sites, write_site
 from attnserve.export.sae_sources import SAEError, read_sae
 from attnserve.export.scratch import scratch_beside
 from attnserve.export.weights import WeightsFile, externalize
@@ -43,11 +44,13 @@ from attnserve.model.artifacts import (
     TRANSCODER_TARGET,
     ModelDirectory,
     graph_file,
+    normed_site,
     readout_sites,
     stream_site,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, hook_names, site_width
+from attnserve.model.norms import NormSite
 from attnserve.model.sae import SparseAutoencoder
 from attnserve.model.sae_config import SAEConfig
 
@@ -84,14 +87,21 @@ def check_against(sae: SAEConfig, config: ModelConfig, returned: set[str]) -> No
     """Refuse an SAE whose site this model lacks, whose d_in is not the site's width, or
     whose site the directory's readouts graph (its outputs `returned`) does not return; a
     transcoder's output site likewise (d_out its width)."""
-    _check_site("hook_name", sae.hook_name, "d_in", sae.d_in, config, returned)
+    _check_site("hook_name", sae.hook_name, "d_in", sae.d_in, config, returned, normed=True)
     if sae.transcoder:
         _check_site("hook_name_out", sae.hook_name_out, "d_out", sae.width_out, config, returned)
 
 
 def _check_site(
-    field: str, hook: str, width_field: str, width: int, config: ModelConfig, returned: set[str]
+    field: str,
+    hook: str,
+    width_field: str,
+    width: int,
+    config: ModelConfig,
+    returned: set[str],
+    normed: bool = False,
 ) -> None:
+    """`normed`: also a site a norm computes from one the readouts graph returns."""
     if hook not in hook_names(config):
         last = RESID_POST.format(layer=config.n_layers - 1)
         raise SAEError(
@@ -101,7 +111,8 @@ def _check_site(
     served_width = site_width(config, hook)
     if served_width is None:
         raise SAEError(f"{field} {hook!r}: an SAE cannot read attention patterns")
-    site = stream_site(config, hook)
+    norm = normed_site(config, hook) if normed else None
+    site = stream_site(config, hook if norm is None else norm.source)
     if site is None or site[0] not in returned:
         served = {  # each site's name without its layer: blocks.0.attn.hook_z -> attn.hook_z
             name.split(".", 2)[-1]
@@ -109,6 +120,12 @@ def _check_site(
             if output in returned
             for name in names
         }
+        if normed:  # and those a norm computes from them
+            served |= {
+                n.split(".", 2)[-1] if n.startswith("blocks.") else n
+                for n in hook_names(config)
+                if normed_site(config, n)
+            }
         raise SAEError(
             f"{field} {hook!r}: this model directory's readouts graph does not "
             f"return this site; SAEs are served on {', '.join(sorted(served)) or 'none'}"
@@ -131,9 +148,11 @@ def add_sae(
     written if a check fails."""
     model_dir, source = Path(model_dir), Path(source)
     config, weights = read_sae(source, hook)
-    check_against(config, *served_model(model_dir))
+    model, returned = served_model(model_dir)
+    check_against(config, model, returned)
+    site = norm_sites(model_dir, model, [config.hook_name]).get(config.hook_name)
     name = name or (source.parent.name if source.is_file() else source.name)
-    return write_sae(model_dir, source, config, weights, name, log, precision)
+    return write_sae(model_dir, source, config, weights, name, log, precision, site)
 
 
 def write_sae(
@@ -144,8 +163,10 @@ def write_sae(
     name: str,
     log: Callable[[str], None],
     precision: str,
+    site: NormSite | None = None,
 ) -> Path:
-    """One checked SAE's graph into model_dir/saes/NAME."""
+    """One checked SAE's graph into model_dir/saes/NAME, and `site`'s (export/sae_site.py)
+    where a norm computes the site it reads."""
     if precision not in SAE_PRECISIONS:
         raise SAEError(f"precision {precision!r} is not one of {SAE_PRECISIONS}")
     if not NAME_PATTERN.fullmatch(name):
@@ -172,6 +193,9 @@ def write_sae(
         decoder_on_demand(scratch / SAE_ONNX)
         log("checking: PyTorch vs ONNX Runtime CPU...")
         fidelity = check_sae(sae, scratch / SAE_ONNX, TOLERANCES[precision])
+        if site is not None:
+            log(f"tracing the norm that computes {config.hook_name}...")
+            fidelity["site"] = write_site(site, scratch)
         info = {"config": config.to_dict(), "source": str(source), "precision": precision}
         info["fidelity"] = fidelity
         (scratch / SAE_JSON).write_text(json.dumps(info, indent=2) + "\n")

@@ -13,6 +13,7 @@ import torch
 
 from attnserve.export.backward import write_backward
 from attnserve.export.sae import check_against, served_model, write_sae
+from attnserve.export.sae_site import norm_sites
 from attnserve.export.sae_sources import SAEError, read_transcoder_set, transcoder_set_scan
 from attnserve.model.artifacts import WEIGHTS_INDEX_FILENAME, backward_files
 from attnserve.model.sae_config import SAEConfig
@@ -31,9 +32,10 @@ def add_transcoder_set(
     written if a check fails."""
     model_dir, source = Path(model_dir), Path(source)
     layers = read_transcoder_set(source)
-    served = served_model(model_dir)
+    model, returned = served_model(model_dir)
     for _, config, _ in layers:
-        check_against(config, *served)
+        check_against(config, model, returned)
+    sites = norm_sites(model_dir, model, [config.hook_name for _, config, _ in layers])
     name = name or source.name
     members = [
         (f"{layer}-{name}", config, weights.get("W_skip")) for layer, config, weights in layers
@@ -41,7 +43,10 @@ def add_transcoder_set(
     written: list[Path] = []
     try:
         for (member, config, _), (_, _, weights) in zip(members, layers, strict=True):
-            written.append(write_sae(model_dir, source, config, weights, member, log, precision))
+            site = sites.get(config.hook_name)
+            written.append(
+                write_sae(model_dir, source, config, weights, member, log, precision, site)
+            )
         if (model_dir / WEIGHTS_INDEX_FILENAME).is_file():
             scan = transcoder_set_scan(source) or name
             _backward_of(model_dir, name, members, scan, log, written)

@@ -97,6 +97,51 @@ def stream_site(config: ModelConfig, name: str) -> tuple[str, int] | None:
     for layer in range(config.n_layers - 1):
         if name == hooks.RESID_POST.format(layer=layer):
             return RESIDUAL_STREAM_NAME, layer + 1
+    # an MLP that reads the stream unnormed (output and post norms) reads hook_resid_mid
+    if config.norm_placement in ("output", "post") and config.residual == "sequential":
+        for layer in range(config.n_layers):
+            if name == hooks.MLP_IN.format(layer=layer):
+                return RESID_MID_NAME, layer
+    return None
+
+
+@dataclass(frozen=True)
+class NormedSite:
+    """A site the readouts graph does not return that a norm computes from one it does
+    (Gemma Scope's transcoders read ln2.hook_normalized, Llama's mlp.hook_in): an SAE there
+    is fed its own small graph of that norm (saes/NAME/site.onnx, export/sae_site.py)."""
+
+    source: str  # the site the norm reads, which stream_site finds
+    norm: str  # the norm's module in the encoder: blocks.3.ln2, ln_f
+    weighted: bool  # the norm's output (mlp.hook_in), or x standardized (hook_normalized)
+
+
+def normed_site(config: ModelConfig, name: str) -> NormedSite | None:
+    """How a norm computes site `name` from a site the readouts graph returns; None where
+    none does (stream_site returns it, or no norm reads a returned site: a sequential
+    post-norm block's norms read sums, an output norm what its sublayer computes)."""
+    if name == hooks.FINAL_NORMALIZED:
+        last = hooks.RESID_POST.format(layer=config.n_layers - 1)
+        return NormedSite(last, "ln_f", False) if config.norm_placement != "post" else None
+    sequential, one_norm = config.residual == "sequential", config.residual == "parallel_one_norm"
+    if sequential and config.norm_placement not in ("pre", "sandwich"):
+        return None  # (a parallel block's norms read its input whatever their placement)
+    for layer in range(config.n_layers):
+        ln1, ln2 = hooks.LN1.format(layer=layer), hooks.LN2.format(layer=layer)  # modules too
+        before_mlp = (hooks.RESID_MID if sequential else hooks.RESID_PRE).format(layer=layer)
+        sites = {
+            f"{ln1}.{hooks.NORMALIZED}": NormedSite(
+                hooks.RESID_PRE.format(layer=layer), ln1, False
+            ),
+            f"{ln2}.{hooks.NORMALIZED}": NormedSite(before_mlp, ln2, False),
+            hooks.MLP_IN.format(layer=layer): NormedSite(
+                before_mlp, ln1 if one_norm else ln2, True
+            ),
+        }
+        if one_norm:  # its MLP reads ln1's output: it has no ln2
+            del sites[f"{ln2}.{hooks.NORMALIZED}"]
+        if name in sites:
+            return sites[name]
     return None
 
 
@@ -137,6 +182,9 @@ FUSED_ONNX_FILENAME = "model_fused.onnx"
 # the reconstruction error's norm [batch, seq], and every activation [batch, seq, d_sae] out.
 SAES_DIRNAME = "saes"
 SAE_ONNX, SAE_WEIGHTS, SAE_JSON = "sae.onnx", "sae.data", "sae.json"
+# An SAE on a site a norm computes (normed_site): that norm's graph, x (B, T, D) the site
+# the norm reads in, `site` (B, T, D) out, its weights inside (a norm's: D or 2D floats).
+SAE_SITE_ONNX = "site.onnx"
 # x float32 (B, T, d_in), top_k int64 [1], with_error_norm bool []: false leaves the
 # decoder unread (error_norm zeros); SAEs added before 2026-11-28 lack it (always read)
 SAE_INPUTS = ("x", "top_k", "with_error_norm")

@@ -60,9 +60,14 @@ def through_sites(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     it, frozen: then the norm is linear in x), x standardized by it, the weight and bias.
     Only for whoever hooks a site: the graphs keep the norm's one op otherwise."""
     scale = norm.get_submodule("hook_scale")(norm_scale(norm, x))  # (..., 1)
+    return reweigh(norm, norm.get_submodule("hook_normalized")(standardized(norm, x, scale)))
+
+
+def standardized(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x standardized by `norm`'s scale (its hook_normalized): centred first by a LayerNorm."""
     if isinstance(norm, nn.LayerNorm):
         x = x - x.mean(-1, keepdim=True)
-    return reweigh(norm, norm.get_submodule("hook_normalized")(x / scale))
+    return x / scale
 
 
 def make_norm(config: ModelConfig, dim: int | None = None, name: str = "") -> nn.Module:
@@ -102,10 +107,26 @@ def frozen_norm(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.
 def frozen_linear(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """frozen_norm's part linear in x (all of it but a LayerNorm's bias): what one part of
     x contributes to the norm of the whole, `scale` the whole's."""
+    x = standardized(norm, x, scale)
     if isinstance(norm, nn.LayerNorm):
-        return (x - x.mean(-1, keepdim=True)) / scale * norm.weight
+        return x * norm.weight
     assert isinstance(norm, RMSNorm)
-    return x / scale * (norm.offset + norm.weight)
+    return x * (norm.offset + norm.weight)
+
+
+class NormSite(nn.Module):
+    """One of `norm`'s sites from what it reads: its output (an MLP's hook_in) where
+    `weighted`, else x standardized (its hook_normalized). An SAE reading that site is
+    served from the stream the norm reads (model/artifacts.py normed_site)."""
+
+    def __init__(self, norm: nn.Module, weighted: bool) -> None:
+        super().__init__()
+        self.norm, self.weighted = norm, weighted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
+        if self.weighted:
+            return self.norm(x)
+        return standardized(self.norm, x, norm_scale(self.norm, x))
 
 
 class EachHeadNorm(nn.Module):

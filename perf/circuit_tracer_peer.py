@@ -3,11 +3,12 @@
 0.7): the reference the attribution graphs are held to (tests/service/circuits) and the
 peer `python -m perf graphs` times.
 
-    python perf/circuit_tracer_peer.py build --family llama --out DIR
+    python perf/circuit_tracer_peer.py build --family llama --out DIR [--input-hook H]
         a tiny random checkpoint (DIR/model, by this environment's transformers) whose
         layer 0 MLP writes an outlier dimension in the thousands, as trained models' do,
         and a transcoder set in circuit-tracer's format (DIR/transcoders: config.yaml and
-        layer_{i}.safetensors) scaled to the activations it reads and writes
+        layer_{i}.safetensors) scaled to the activations it reads (at H, one of
+        INPUT_HOOKS) and writes
     python perf/circuit_tracer_peer.py attribute DIR --ids 1,5,9 --out graph.npz [knobs]
         circuit-tracer's attribute(), prune_graph() and compute_graph_scores() on those
         token ids, saved as arrays under its Graph's field names, and its graph file
@@ -55,15 +56,24 @@ FAMILIES = {
         final_logit_softcapping=30.0,
     ),
 }
+# circuit-tracer's feature_input_hook names: the stream before the MLP's norm, that norm's x
+# standardized (Gemma Scope's transcoders), its output (what the MLP reads: Llama's)
+INPUT_HOOKS = ("hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in")
 OUTLIER = 2000.0  # what layer 0's MLP writes on its outlier dimension, about
 PROBE = [1, 40, 17, 250, 99, 3, 77, 180, 64, 12, 301, 8]  # ids the scales are measured on
 
 
 def build(
-    family: str, out: Path, seed: int, shape: dict, width: int = D_TRANSCODER, active: float = 0.3
+    family: str,
+    out: Path,
+    seed: int,
+    shape: dict,
+    width: int = D_TRANSCODER,
+    active: float = 0.3,
+    input_hook: str = INPUT_HOOKS[0],
 ) -> None:
     """The checkpoint (FAMILIES' shape, `shape`'s fields over it) and its transcoder set
-    (`width` features each, about `active` of them on at a position)."""
+    (`width` features each, about `active` of them on at a position) reading `input_hook`."""
     from perf.hf_checkpoints import build_checkpoint
 
     model = build_checkpoint(family, out / "model", seed=seed, **{**FAMILIES[family], **shape})
@@ -71,7 +81,7 @@ def build(
     ids = torch.tensor([PROBE])
     with torch.no_grad():
         # the outlier: layer 0's MLP writes dimension 5 at ~OUTLIER at every position
-        mlp_out = _sites(model, ids)[1][0]
+        mlp_out = _sites(model, ids, input_hook)[1][0]
         layers[0].mlp.down_proj.weight[5] *= OUTLIER / float(mlp_out[..., 5].abs().mean())
     model.save_pretrained(out / "model")
     # the tokenizer's special tokens by name, as the trained one has them (else a family's
@@ -79,13 +89,13 @@ def build(
     specials = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
     tokenizer = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
     (out / "model" / "tokenizer_config.json").write_text(json.dumps(tokenizer))
-    inputs, outputs = _sites(model, ids)
+    inputs, outputs = _sites(model, ids, input_hook)
     generator = torch.Generator().manual_seed(seed + 1)
     folder = out / "transcoders"
     folder.mkdir(parents=True, exist_ok=True)
     config = {
         "model_kind": "transcoder_set",
-        "feature_input_hook": "hook_resid_mid",
+        "feature_input_hook": input_hook,
         "feature_output_hook": "hook_mlp_out",
         "scan": f"attnserve-{family}",
     }
@@ -97,14 +107,26 @@ def build(
         save_file(tensors, folder / f"layer_{layer}.safetensors")
 
 
-def _sites(model, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each layer's hook_resid_mid (T, D) and hook_mlp_out (T, D) on `ids`."""
+def _sites(
+    model, ids: torch.Tensor, input_hook: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each layer's `input_hook` (T, D) and hook_mlp_out (T, D) on `ids`."""
     inputs, outputs, handles = [], [], []
+
+    def read(norm, args, output) -> None:
+        x = args[0][0]  # (T, D) hook_resid_mid
+        if input_hook == "mlp.hook_in":
+            x = output[0]
+        elif input_hook == "ln2.hook_normalized":  # the RMSNorm's x / sqrt(mean x^2 + eps)
+            eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        inputs.append(x)
+
     for layer in model.model.layers:
         mid_norm = getattr(layer, "pre_feedforward_layernorm", None)
         mid_norm = mid_norm if mid_norm is not None else layer.post_attention_layernorm
         out = getattr(layer, "post_feedforward_layernorm", None) or layer.mlp
-        handles.append(mid_norm.register_forward_hook(lambda m, a, o: inputs.append(a[0][0])))
+        handles.append(mid_norm.register_forward_hook(read))
         handles.append(out.register_forward_hook(lambda m, a, o: outputs.append(o[0])))
     with torch.no_grad():
         model(ids)
@@ -194,6 +216,7 @@ def main() -> None:
     b.add_argument("--shape", default="{}", help="config fields over the family's, as JSON")
     b.add_argument("--width", type=int, default=D_TRANSCODER, help="features per transcoder")
     b.add_argument("--active", type=float, default=0.3, help="about this share on")
+    b.add_argument("--input-hook", choices=INPUT_HOOKS, default=INPUT_HOOKS[0])
     a = commands.add_parser("attribute")
     a.add_argument("folder", type=Path)
     a.add_argument("--ids", required=True, help="comma-separated token ids")
@@ -202,7 +225,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(True)
     if args.command == "build":
-        build(args.family, args.out, args.seed, json.loads(args.shape), args.width, args.active)
+        shape = json.loads(args.shape)
+        build(args.family, args.out, args.seed, shape, args.width, args.active, args.input_hook)
     else:
         ids = [int(i) for i in args.ids.split(",")]
         attribute(args.folder, ids, args.out, json.loads(args.knobs))

@@ -9,7 +9,7 @@ its outputs: model/artifacts.py `stream_site`) by each SAE's own graph
 
 from __future__ import annotations
 
-from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, stream_site
+from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, normed_site, stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import FeaturesSelection
@@ -77,11 +77,13 @@ def plan_features(request: FeaturesOptions, at: InputContext) -> FeaturesSelecti
 
 
 def site_of(sae: SAEConfig, config: ModelConfig, output: bool = False) -> tuple[str, int]:
-    """The readouts graph's output that holds the site `sae` reads (`output`: the one its
+    """The readouts graph's output that holds the site `sae` reads (or the site its norm
+    reads, where a norm computes it: model/artifacts.py normed_site; `output`: the one its
     decoder writes, a transcoder's other site), and its index there (`attnserve sae add`
     writes only SAEs whose sites it returns)."""
     hook = sae.output_hook if output else sae.hook_name
-    site = stream_site(config, hook)
+    normed = None if output else normed_site(config, hook)
+    site = stream_site(config, hook if normed is None else normed.source)
     if site is None:
         raise UnsupportedError(f"{hook} is not a site the readouts graph returns")
     return site

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -26,9 +27,11 @@ from attnserve.model.artifacts import (
     SAE_JSON,
     SAE_ONNX,
     SAE_OUTPUTS,
+    SAE_SITE_ONNX,
     SAES_DIRNAME,
     TRANSCODER_TARGET,
     ModelDirectory,
+    normed_site,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.sae_config import SAEConfig
@@ -66,6 +69,7 @@ class SAEGraphs:
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._sites: dict[str, tuple[str, int]] = {}
         self._targets: dict[str, tuple[str, int]] = {}  # transcoders' output sites
+        self._norms: dict[str, ort.InferenceSession] = {}  # site.onnx, where a norm computes it
         self._seen: dict[str, int] = {}  # each SAE folder's sae.json time, as last opened
         self.configs: dict[str, SAEConfig] = {}
         self.decoder_on_demand: frozenset[str] = frozenset()
@@ -92,22 +96,27 @@ class SAEGraphs:
         listing, opened = self._listing(), self._seen
         self._seen = listing
         sessions, sites, targets = dict(self._sessions), dict(self._sites), dict(self._targets)
+        norms = dict(self._norms)
         outputs = self._returned() if configs else frozenset()
         for name, sae in configs.items():
             if name in sessions and opened.get(name) == listing.get(name):
                 continue
             self._weights = {k: w for k, w in self._weights.items() if not k.startswith(f"{name}/")}
             targets.pop(name, None)
+            norms.pop(name, None)
             try:
                 sites[name], sessions[name] = self._session(name, sae, outputs)
                 if sae.transcoder:
                     targets[name] = self._site(name, sae, outputs, output=True)
+                if normed_site(self._config, sae.hook_name) is not None:
+                    norms[name] = self._open_graph(self._folder / name / SAE_SITE_ONNX)
             except ModelLoadError as exc:
                 if strict:
                     raise
                 log.error("SAE %s not served: %s", name, exc)
         # larger tables, then the list: a run sees no name it cannot run
-        self._sites, self._targets, self._sessions = sites, targets, sessions
+        self._sites, self._targets, self._norms = sites, targets, norms
+        self._sessions = sessions
         self.decoder_on_demand = frozenset(
             name
             for name, session in sessions.items()
@@ -123,17 +132,20 @@ class SAEGraphs:
     ) -> tuple[tuple[str, int], ort.InferenceSession]:
         folder = self._folder / name
         site = self._site(name, sae, outputs)
-        so = self._options()
-        if not self._prepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
-        try:
-            session = self._open_session(str(folder / SAE_ONNX), so)
-        except Exception as exc:  # ORT raises its own untyped errors
-            raise ModelLoadError(f"{folder / SAE_ONNX}: {exc}") from exc
+        session = self._open_graph(folder / SAE_ONNX)
         missing = set(SAE_OUTPUTS) - {o.name for o in session.get_outputs()}
         if missing:
             raise ModelLoadError(f"{folder / SAE_ONNX} has no {sorted(missing)} outputs")
         return site, session
+
+    def _open_graph(self, path: Path) -> ort.InferenceSession:
+        so = self._options()
+        if not self._prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        try:
+            return self._open_session(str(path), so)
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise ModelLoadError(f"{path}: {exc}") from exc
 
     def _site(
         self, name: str, sae: SAEConfig, outputs: Collection[str], output: bool = False
@@ -205,6 +217,8 @@ class SAEGraphs:
             rows = [row for row, s in asked.items() if sae in s.saes]
             error_norm = any(asked[row].error_norm for row in rows)
             x = _rows(run, self._sites[sae], rows, asked)  # (1, positions of every row, d_in)
+            if sae in self._norms:  # x is the stream the norm computing its site reads
+                x = self._normed(sae, x)
             target = None  # a transcoder's error is against its output site
             if sae in self._targets and error_norm:
                 target = _rows(run, self._targets[sae], rows, asked)
@@ -225,6 +239,13 @@ class SAEGraphs:
             None if s is None else _features(s, [got[row, sae] for sae in s.saes])
             for row, s in enumerate(selections)
         ]
+
+    def _normed(self, sae: str, x: np.ndarray) -> np.ndarray:
+        """SAE `sae`'s site (1, P, d_in) from the stream x its norm reads (site.onnx)."""
+        try:
+            return self._norms[sae].run(None, {SAE_INPUTS[0]: x})[0]
+        except Exception as exc:  # ORT raises its own untyped errors
+            raise InferenceError(f"ONNX Runtime failed on SAE {sae!r}'s site: {exc}") from exc
 
     def _run(
         self,

@@ -20,6 +20,8 @@ from attnserve.model.artifacts import (
     SAE_JSON,
     SAE_ONNX,
     SAE_OUTPUTS,
+    SAE_SITE_ONNX,
+    WEIGHTS_INDEX_FILENAME,
 )
 from attnserve.service.core.errors import ModelLoadError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
@@ -145,6 +147,25 @@ def test_an_sae_that_does_not_fit_the_model_is_refused_by_field(model_dir, tmp_p
     # hook_z reads the heads flattened: n_heads x head_dim wide
     _, heads = saelens_sae(tmp_path, "standard", hook="blocks.0.attn.hook_z")
     assert add_sae(model_dir, heads, name="z0", log=lambda _: None).is_dir()
+
+
+def test_an_sae_on_a_site_a_norm_computes_gets_that_norms_graph(model_dir, tmp_path):
+    """ln2.hook_normalized and mlp.hook_in are not readouts: `sae add` writes the norm that
+    computes them (export/sae_site.py) beside the SAE, from the float32 weights only."""
+    _, source = saelens_sae(tmp_path, "standard", hook="blocks.0.ln2.hook_normalized")
+    out = add_sae(model_dir, source, name="normed", log=lambda _: None)
+    assert (out / SAE_SITE_ONNX).is_file()
+    assert 0 <= json.loads((out / SAE_JSON).read_text())["fidelity"]["site"] <= 1e-5
+    _, read = saelens_sae(tmp_path, "standard", hook="blocks.0.hook_resid_mid")
+    assert not (add_sae(model_dir, read, name="plain", log=lambda _: None) / SAE_SITE_ONNX).exists()
+    (model_dir / WEIGHTS_INDEX_FILENAME).unlink()  # as an int8-only export
+    _, source = saelens_sae(tmp_path, "standard", hook="blocks.1.mlp.hook_in")
+    with pytest.raises(
+        SAEError,
+        match=r"'blocks\.1\.mlp\.hook_in' is computed by the model's "
+        r"blocks\.1\.ln2, whose weights are read from the float32 export",
+    ):
+        add_sae(model_dir, source, name="again", log=lambda _: None)  # fmt: skip
 
 
 def test_sae_add_and_list_on_the_command_line(model_dir, tmp_path):

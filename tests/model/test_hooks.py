@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from attnserve.model import hooks
+from attnserve.model.artifacts import RESID_MID_NAME, normed_site, stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
 from attnserve.model.hook_points import captured, head_ablation, hook_points, hooked
 from attnserve.model.hooks import hook_names
+from attnserve.model.norms import NormSite
 from tests.model.test_switches import CONFIGS
 
 GPT2 = ModelConfig(n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
@@ -185,3 +187,31 @@ def test_a_norm_split_at_its_sites_is_the_norm(model):
             split, _ = model(ids())
     torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
     assert all(bool((values[n] > 0).all()) for n in names if n.endswith(hooks.SCALE))
+
+
+def test_the_norms_sites_an_sae_reads_are_computed_from_the_stream(model):
+    """What an SAE on a norm's site is fed (model/artifacts.py normed_site, export/
+    sae_site.py): NormSite of that norm on the site it reads is the site; an MLP reading
+    the stream unnormed reads hook_resid_mid. Every MLP's input is one or the other."""
+    config = model.config
+    names = hook_names(config)
+    with torch.inference_mode(), captured(model, names) as values:
+        model(ids())
+    computed, mlp_inputs = set(), set()
+    for name in names:
+        site = normed_site(config, name)
+        if site is not None:
+            norm = NormSite(model.get_submodule(site.norm), site.weighted)
+            with torch.inference_mode():
+                got = norm(values[site.source])
+            torch.testing.assert_close(got, values[name], atol=1e-5, rtol=1e-5, msg=name)
+            computed.add(name)
+        elif name.endswith("mlp.hook_in"):
+            layer = int(name.split(".")[1])
+            assert stream_site(config, name) == (RESID_MID_NAME, layer), name
+            assert torch.equal(values[name], values[hooks.RESID_MID.format(layer=layer)])
+        if name.endswith("mlp.hook_in"):
+            mlp_inputs.add(name)
+    assert len(mlp_inputs) == config.n_layers
+    if config.norm_placement in ("pre", "sandwich"):
+        assert mlp_inputs < computed  # and each norm's standardized x

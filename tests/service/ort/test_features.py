@@ -1,7 +1,7 @@
 """Sparse-autoencoder features as served (the readouts graph's run, then each SAE's graph)
-against SAELens' own `SAE.encode` on transformers' residual stream and attention output, for
-three families: the activations, the strongest features, L0 and the reconstruction error's
-norm."""
+against SAELens' own `SAE.encode` on transformers' residual stream, attention output and the
+sites the MLP's norm computes, for three families: the activations, the strongest features,
+L0 and the reconstruction error's norm."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ TOLERANCE = 1e-4  # of each position's largest activation (issue 69)
 
 # Each family's decoder-layer modules whose output is what attention writes (after its
 # output norm: hook_attn_out), whose input is the stream between attention and MLP
-# (hook_resid_mid), and whose output is what the MLP writes (hook_mlp_out).
+# (hook_resid_mid) and whose output the MLP reads (mlp.hook_in), and whose output is what
+# the MLP writes (hook_mlp_out).
 ATTENTION_SITES = {
     "llama": ("self_attn", "post_attention_layernorm", "mlp"),
     "gemma2": (
@@ -39,6 +40,15 @@ ATTENTION_SITES = {
 }
 
 
+def standardized(norm, x: torch.Tensor) -> torch.Tensor:
+    """TransformerLens' hook_normalized of a transformers norm: x / sqrt(mean x^2 + eps), or
+    (a LayerNorm) x centred over sqrt(var + eps)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if isinstance(norm, torch.nn.LayerNorm):
+        x = x - x.mean(-1, keepdim=True)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def view_of(runtime: OrtRuntime) -> ModelView:
     """The runtime as the data plane's planners see it."""
     return ModelView(runtime.config, ByteTokenizer(runtime.config), runtime.graphs, runtime.saes)
@@ -47,8 +57,9 @@ def view_of(runtime: OrtRuntime) -> ModelView:
 def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndarray]:
     """transformers' sites (B, T, D) by TransformerLens' names: what each decoder layer
     reads (hook_resid_pre) and writes (hook_resid_post; the last before the final norm),
-    what its attention writes (hook_attn_out), the stream between (hook_resid_mid) and
-    what its MLP writes (hook_mlp_out)."""
+    what its attention writes (hook_attn_out), the stream between (hook_resid_mid), the
+    norm of it the MLP reads (ln2.hook_normalized, mlp.hook_in) and what its MLP writes
+    (hook_mlp_out)."""
     values, handles = {}, []
 
     def keep(name: str, x) -> None:
@@ -67,8 +78,10 @@ def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndar
         def attn_out(_module, _args, output, name=f"blocks.{layer}.hook_attn_out"):
             keep(name, output)
 
-        def mid(_module, args, name=f"blocks.{layer}.hook_resid_mid"):
-            keep(name, args[0])
+        def mid(norm, args, output, layer=layer):
+            keep(f"blocks.{layer}.hook_resid_mid", args[0])
+            keep(f"blocks.{layer}.ln2.hook_normalized", standardized(norm, args[0]))
+            keep(f"blocks.{layer}.mlp.hook_in", output)  # what the MLP reads
 
         def mlp_out(_module, _args, output, name=f"blocks.{layer}.hook_mlp_out"):
             keep(name, output)
@@ -76,7 +89,7 @@ def residual_sites(reference, family: str, ids: np.ndarray) -> dict[str, np.ndar
         handles.append(block.register_forward_pre_hook(read, with_kwargs=True))
         handles.append(block.register_forward_hook(write))
         handles.append(getattr(block, attention).register_forward_hook(attn_out))
-        handles.append(getattr(block, between).register_forward_pre_hook(mid))
+        handles.append(getattr(block, between).register_forward_hook(mid))
         handles.append(getattr(block, mlp).register_forward_hook(mlp_out))
     try:
         with torch.no_grad():
@@ -98,6 +111,9 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
         "topk": ("topk", f"blocks.{last}.hook_resid_pre"),
         "attn_out": ("standard", "blocks.0.hook_attn_out"),
         "resid_mid": ("jumprelu", f"blocks.{last}.hook_resid_mid"),
+        # sites the model's norms compute from hook_resid_mid (export/sae_site.py)
+        "ln2_normalized": ("topk", "blocks.0.ln2.hook_normalized"),
+        "mlp_in": ("jumprelu", f"blocks.{last}.mlp.hook_in"),
     }
     saes = {}
     for name, (architecture, hook) in hooks.items():
@@ -120,7 +136,8 @@ def test_served_features_equal_saelens_on_transformers_residual(families, tmp_pa
     for row, (t, out) in enumerate(zip(lengths, outputs, strict=True)):
         got = out.features
         assert got is not None and got.activations is not None
-        assert got.top_ids.shape == (5, t, 12) and got.l0.shape == got.error_norm.shape == (5, t)
+        n = len(hooks)
+        assert got.top_ids.shape == (n, t, 12) and got.l0.shape == got.error_norm.shape == (n, t)
         for i, (name, sae) in enumerate(saes.items()):
             architecture, hook = hooks[name]
             x = torch.from_numpy(sites[hook][row, :t])  # (t, D)
