@@ -27,6 +27,7 @@ import numpy as np
 from attnserve.service.circuits.graph import AttributionGraph, GraphOptions
 from attnserve.service.circuits.influence import Pruned, partial_influences, prune, scores
 from attnserve.service.circuits.plan import GraphPlan
+from attnserve.service.circuits.top_logits import TopLogits, top_logits
 from attnserve.service.core.replacement import ReplacementModel
 
 
@@ -269,13 +270,18 @@ class Attribution(NamedTuple):
     scores: tuple[float, float]
     scan: str
     options: GraphOptions
+    top_logits: TopLogits | None = None  # the kept features' (circuits/top_logits.py)
 
 
 def attribution(
-    model: ReplacementModel, plan: GraphPlan, logit_scale: float = 1.0
-) -> Generator[Done, None, Attribution]:
-    """A planned graph step by step (`steps`), pruned and scored at its last."""
+    model: ReplacementModel, plan: GraphPlan, logit_scale: float = 1.0, k: int = 0
+) -> Generator[Done | None, None, Attribution]:
+    """A planned graph step by step (`steps`), pruned and scored at its last, then (k > 0)
+    the k top logits of each feature it keeps, a step per block (yielding None)."""
     graph = yield from steps(model, plan.input_ids, plan.options, logit_scale, plan.max_rows)
     options = plan.options
     pruned = prune(graph, options.node_threshold, options.edge_threshold)
-    return Attribution(graph, pruned, scores(graph), model.scan, options)
+    found = None
+    if k:
+        found = yield from top_logits(model, graph, pruned.node_mask, k, logit_scale)
+    return Attribution(graph, pruned, scores(graph), model.scan, options, found)

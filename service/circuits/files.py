@@ -17,13 +17,10 @@ from attnserve.service.circuits.attribute import Attribution
 from attnserve.service.circuits.graph import AttributionGraph
 from attnserve.service.circuits.influence import Pruned
 from attnserve.service.core.errors import InvalidInputError
-from attnserve.service.core.replacement import ReplacementModel
 
 SCHEMA_VERSION = 1
 JSON_NUMBER_BYTES, JSON_ZERO_BYTES = 24, 5  # a float32 as JSON writes it, "0.0, "
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens written out
-MAX_TOP_LOGITS = 32  # a feature's top tokens an answer lists at most
-VOCAB_BLOCK = 32_768  # tokens whose logits feature_logits holds at once
 
 
 def _cantor(x: int, y: int) -> int:
@@ -176,69 +173,31 @@ def unpruned(graph: AttributionGraph, decode: Decode) -> dict[str, Any]:
     }
 
 
-def check_top_logits(k: int) -> None:
-    if not 0 <= k <= MAX_TOP_LOGITS:
-        raise InvalidInputError(f"top_logits: must be from 0 to {MAX_TOP_LOGITS}, not {k}")
-
-
-def feature_logits(
-    model: ReplacementModel,
-    graph: AttributionGraph,
-    kept: np.ndarray,
-    k: int,
-    decode: Decode,
-    logit_scale: float = 1.0,
-) -> dict[str, list[dict[str, Any]]]:
-    """The k tokens each kept feature's decoder row raises most, read straight through the
-    unembedding (the final norm left out, as Neuronpedia's top logits are): by jsNodeId,
-    which names a layer's feature at every position."""
-    wanted: dict[int, set[int]] = {}
-    for index in np.flatnonzero(kept[: graph.n_features]).tolist():
-        _, layer, _, feature = graph.node(index)
-        wanted.setdefault(layer, set()).add(feature)
-    unembedding = model.unembedding()  # (V, D)
-    made = {}
-    for layer, features in sorted(wanted.items()):
-        ids = sorted(features)
-        rows = model.decoder(layer)[ids]  # (n, D)
-        best = np.empty((len(ids), 0), np.float32)
-        best_ids = np.empty((len(ids), 0), np.int64)
-        # by blocks of the vocabulary: (n, V) at once would be hundreds of MB for 256k
-        for start in range(0, len(unembedding), VOCAB_BLOCK):
-            block = logit_scale * (rows @ unembedding[start : start + VOCAB_BLOCK].T)  # (n, b)
-            block_ids = np.broadcast_to(np.arange(start, start + block.shape[1]), block.shape)
-            values = np.concatenate([best, block], axis=1)
-            order = np.argsort(-values, axis=1, kind="stable")[:, :k]  # ties: the lower id
-            best = np.take_along_axis(values, order, axis=1)
-            best_ids = np.take_along_axis(np.concatenate([best_ids, block_ids], 1), order, 1)
-        for feature, values, tokens in zip(ids, best, best_ids, strict=True):
-            made[f"{layer}_{feature}-0"] = [
-                {"token": decode([t]), "logit": float(v)}
-                for t, v in zip(tokens.tolist(), values.tolist(), strict=True)
-            ]
-    return made
-
-
 def answer(
     done: Attribution,
     decode: Decode,
     slug: str,
     include_adjacency: bool = False,
     max_bytes: int | None = None,
-    logits: Callable[[AttributionGraph, np.ndarray], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The graph file with `scores` (replacement, completeness), with `logits` its
-    features' top tokens as `feature_logits` (logits(graph, kept nodes), by jsNodeId),
-    and, asked, `adjacency` (the unpruned graph, refused where its JSON would pass
-    `max_bytes`): what every API answers."""
+    """The graph file with `scores` (replacement, completeness), with its features' top
+    tokens as `feature_logits` where the job found them (by jsNodeId), and, asked,
+    `adjacency` (the unpruned graph, refused where its JSON would pass `max_bytes`): what
+    every API answers."""
     options = done.options
     made = graph_file(done.graph, done.pruned, decode, slug, done.scan, options.node_threshold)
     replacement, completeness = done.scores
     made["scores"] = {"replacement": replacement, "completeness": completeness}
-    if logits is not None:
+    if done.top_logits is not None:
         linked = {node["jsNodeId"] for node in made["nodes"]}
-        found = logits(done.graph, done.pruned.node_mask)
-        made["feature_logits"] = {k: v for k, v in found.items() if k in linked}
+        made["feature_logits"] = {
+            node: [
+                {"token": decode([t]), "logit": v}
+                for t, v in zip(tokens.tolist(), values.tolist(), strict=True)
+            ]
+            for node, (tokens, values) in done.top_logits.items()
+            if node in linked
+        }
     if include_adjacency:
         A = done.graph.adjacency_matrix
         nonzero = int(np.count_nonzero(A))

@@ -24,9 +24,10 @@ import numpy as np
 
 from attnserve.model.tokenizer import Tokenizer
 from attnserve.service.circuits.attribute import Attribution, Done, attribution
-from attnserve.service.circuits.files import answer, check_top_logits, feature_logits
-from attnserve.service.circuits.graph import AttributionGraph, GraphOptions
+from attnserve.service.circuits.files import answer
+from attnserve.service.circuits.graph import GraphOptions
 from attnserve.service.circuits.plan import BACKWARD_BYTES, GraphPlan, plan_graph
+from attnserve.service.circuits.top_logits import check_top_logits
 from attnserve.service.core.backend import Backend, WeightsInfo
 from attnserve.service.core.batching import SequenceResult
 from attnserve.service.core.budget import ByteBudget, request_bytes
@@ -217,14 +218,14 @@ class DataPlane:
         transcoder set `transcoders`; yields the plan and the graph's progress (Done after
         each backward pass), then the graph, as the engine runs it between other work.
         Leaving stops it; what it holds stays in the memory budget until then. `timeout`
-        bounds each wait for room (its backward passes', then its matrices'). `top_logits`
-        (what graph_answer will be asked for) is checked first."""
+        bounds each wait for room (its backward passes', then its matrices'). `top_logits`:
+        each kept feature's that many (circuits/top_logits.py, the job's last steps)."""
         check_top_logits(top_logits)
         with self._admitted(), self._graph():
             view = self.view
             plan = plan_graph(item, transcoders, options, view, self.transcoder_sets)
             model = self.backend.replacement(transcoders)
-            job = attribution(model, plan, view.config.logit_scale)
+            job = attribution(model, plan, view.config.logit_scale, top_logits)
             room = self._room(BACKWARD_WORK_BYTES, timeout)
             async with room, contextlib.AsyncExitStack() as held:
                 progress = self.engine.run_steps(job)
@@ -232,31 +233,23 @@ class DataPlane:
                 yield plan, self._held(progress, held, timeout)
 
     def graph_answer(
-        self,
-        done: Attribution,
-        transcoders: str,
-        slug: str = "graph",
-        include_adjacency: bool = False,
-        top_logits: int = 0,
+        self, done: Attribution, slug: str = "graph", include_adjacency: bool = False
     ) -> dict[str, Any]:
         """What every API answers of a finished graph (circuits/files.py answer), its
-        tokens written with the special ones; `top_logits`: each feature's that many."""
+        tokens written with the special ones."""
 
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids, special=True)
 
-        def logits(graph: AttributionGraph, kept: np.ndarray) -> dict[str, Any]:
-            model, scale = self.backend.replacement(transcoders), self.view.config.logit_scale
-            return feature_logits(model, graph, kept, top_logits, decode, scale)
-
-        chosen = logits if top_logits else None
-        return answer(done, decode, slug, include_adjacency, self.max_message_bytes, chosen)
+        return answer(done, decode, slug, include_adjacency, self.max_message_bytes)
 
     async def _held(
         self, progress: AsyncIterator[Any], held: contextlib.AsyncExitStack, timeout: float | None
     ) -> AsyncGenerator[Done | Attribution, None]:
         """A graph's steps, the room its first says its matrices need taken before the next."""
         async for step in progress:
+            if step is None:  # a step with nothing to tell (a block of top logits)
+                continue
             if isinstance(step, Done) and step.held_bytes:
                 await held.enter_async_context(self._room(step.held_bytes, timeout))
             yield step

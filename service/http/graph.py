@@ -111,6 +111,4 @@ async def _lines(
 
 
 def answer(plane: DataPlane, body: GraphBody, done: Attribution) -> dict:
-    return plane.graph_answer(
-        done, body.transcoders, body.slug, body.include_adjacency, body.top_logits
-    )
+    return plane.graph_answer(done, body.slug, body.include_adjacency)

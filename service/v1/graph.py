@@ -37,7 +37,7 @@ async def graph(
 
 def _result(plane: DataPlane, done: Attribution, request: pb.GraphRequest) -> pb.GraphResult:
     slug, include = request.slug or "graph", request.include_adjacency
-    made = plane.graph_answer(done, request.transcoders, slug, include, request.top_logits)
+    made = plane.graph_answer(done, slug, include)
     adjacency = made.pop("adjacency", None)
     scores = made.pop("scores")
     return pb.GraphResult(
