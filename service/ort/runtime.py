@@ -111,6 +111,28 @@ class OrtRuntime:
         self.model_dir = model_dir
         options = _checked_options(model_dir, options or RuntimeOptions())
         self.precision = options.precision
+        self._open_model(options)
+        # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
+        c = self.config
+        self.reducer = AttentionReducer(
+            providers(self.provider), session_options(options), c.n_layers, c.n_heads
+        )
+        # ... and long texts' statistics, by query blocks of the queries graph's outputs
+        self.blocks = BlockStatistics(
+            providers(self.provider), session_options(options), self.config
+        )
+        # the last single text's embeddings, queries and keys: the tiles of its map the
+        # explorer asks for next need no second run
+        self._last_queries: tuple | None = None
+        self._open_graphs(options, sae_graphs)
+        self._session_options = lambda: session_options(options)
+        self._replacements: dict[str, OrtReplacement] = {}  # opened when first asked for
+
+    def _open_model(self, options: RuntimeOptions) -> None:
+        """The session that answers Encode's attention (and its config, read back from the
+        graph it runs): the readouts graph where one session serves both, the fused graph
+        where it is faster, else the model's."""
+        model_dir = self.model_dir
         self.model_path = model_path = model_dir.graph(options.precision, attention=True)
         # One session (one copy of the weights) runs the readouts graph where there is one:
         # every head kept, it answers what the graph with attention does, and reading the
@@ -139,25 +161,15 @@ class OrtRuntime:
             del self.session  # its copy of the weights goes before the next one is made
             self.session = self._open_beside(model_dir.fused_graph, options, with_attentions=True)
 
-        # Attention options run on the same provider as the model (service/ort/reducer_graph.py).
-        c = self.config
-        self.reducer = AttentionReducer(
-            providers(self.provider), session_options(options), c.n_layers, c.n_heads
-        )
-        # ... and long texts' statistics, by query blocks of the queries graph's outputs
-        self.blocks = BlockStatistics(
-            providers(self.provider), session_options(options), self.config
-        )
-        # the last single text's embeddings, queries and keys: the tiles of its map the
-        # explorer asks for next need no second run
-        self._last_queries: tuple | None = None
-
-        # The graphs opened when first asked for (readouts, lens, attribution, decode, queries)
+    def _open_graphs(self, options: RuntimeOptions, sae_graphs: SAEGraphs | None) -> None:
+        """The other graphs: opened when first asked for (readouts, lens, attribution,
+        decode, queries), the SAEs' (shared where `sae_graphs` is given), and the
+        embeddings-only graph where the directory has one."""
         self.graph_sessions = GraphSessions(
-            model_dir,
+            self.model_dir,
             self.config,
             self.precision,
-            lambda path, so: open_session(Path(path), so, providers(self.provider)),
+            self._open_session,
             lambda: session_options(options),
             # Copies are cheap: as the served graphs. An 8-bit graph always: unpacked,
             # MatMulNBits widens a whole matrix to float32 at every run (the lens: 3.7 GB
@@ -166,26 +178,25 @@ class OrtRuntime:
             stream=self.session if self._one_graph else None,
             packed_decode=options.packed_decode,
         )
-
         self.readouts = Readouts(self.graph_sessions)
         # The SAEs the directory holds, served where the readouts graph feeds them.
         owns_saes = sae_graphs is None and STREAM in self.graph_sessions.available
         self.sae_graphs = self._open_saes(options) if owns_saes else sae_graphs
-
         self.embeddings_session = self.session
-        fast_path = model_dir.graph(options.precision, attention=False)
+        fast_path = self.model_dir.graph(options.precision, attention=False)
         if fast_path.is_file() and not options.single_session:
             self.embeddings_session = self._open_beside(fast_path, options, with_attentions=False)
         self.weights_info = self._weights_info(owns_saes)
-        self._session_options = lambda: session_options(options)
-        self._replacements: dict[str, OrtReplacement] = {}  # opened when first asked for
+
+    def _open_session(self, path: str | Path, so: ort.SessionOptions) -> ort.InferenceSession:
+        return open_session(Path(path), so, providers(self.provider))
 
     def _open_saes(self, options: RuntimeOptions) -> SAEGraphs:
         """The SAEs of the directory, fed by the readouts graph's outputs."""
         return SAEGraphs(
             self.model_dir,
             self.config,
-            lambda path, so: open_session(Path(path), so, providers(self.provider)),
+            self._open_session,
             lambda: session_options(options),
             lambda: self.graph_sessions.names(STREAM, "outputs"),
             prepack=self.graph_sessions.prepack,
@@ -320,7 +331,7 @@ class OrtRuntime:
                 self.config,
                 transcoders,
                 self.sae_graphs,
-                lambda path, so: open_session(Path(path), so, providers(self.provider)),
+                self._open_session,
                 self._session_options,
             )
         return self._replacements[transcoders]
