@@ -71,53 +71,56 @@ def grads(params, ids, deltas, answer, contrast):
     return pull(torch.ones(()))[0]
 
 
-ids = torch.randint(3, config.vocab_size, (1, T))
-deltas = torch.zeros(config.n_layers, 1, T, config.d_model)
-answer, contrast = torch.tensor([5]), torch.tensor([9])
-start = time.perf_counter()
-graph = make_fx(grads, tracing_mode="symbolic")(params, ids, deltas, answer, contrast)
-print(f"make_fx: {time.perf_counter() - start:.1f} s, {len(graph.graph.nodes)} nodes")
-
-
-class Exported(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        for i, value in enumerate(params.values()):
-            self.register_buffer(f"p{i}", value)
-
-    def forward(self, ids, deltas, answer, contrast):
-        given = {k: getattr(self, f"p{i}") for i, k in enumerate(params)}
-        return graph(given, ids, deltas, answer, contrast)
-
-
-start = time.perf_counter()
-Tdim = torch.export.Dim("T", min=2, max=config.max_seq_len)
-program = torch.onnx.export(
-    Exported(), (ids, deltas, answer, contrast), dynamo=True, verbose=False,
-    dynamic_shapes=({1: Tdim}, {2: Tdim}, None, None),
-)  # fmt: skip
-path = Path(tempfile.mkdtemp()) / "backward.onnx"
-program.save(str(path))
-ops = sorted({node.op_type for node in program.model_proto.graph.node})
-print(f"exported: {time.perf_counter() - start:.1f} s; ops: {' '.join(ops)}")
-session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-names = [i.name for i in session.get_inputs()]
-# the exported graph keeps T, its trace's length (README)
-feed = dict(
-    zip(names, (ids.numpy(), deltas.numpy(), answer.numpy(), contrast.numpy()), strict=True)
-)
-got = session.run(None, feed)[0]
-want = grads(params, ids, deltas, answer, contrast).numpy()
-timings = {}
-for name, run in (("ort", lambda: session.run(None, feed)),
-                  ("torch", lambda: grads(params, ids, deltas, answer, contrast))):  # fmt: skip
-    run()
+def main() -> None:
+    ids = torch.randint(3, config.vocab_size, (1, T))
+    deltas = torch.zeros(config.n_layers, 1, T, config.d_model)
+    answer, contrast = torch.tensor([5]), torch.tensor([9])
     start = time.perf_counter()
-    for _ in range(5):
+    graph = make_fx(grads, tracing_mode="symbolic")(params, ids, deltas, answer, contrast)
+    print(f"make_fx: {time.perf_counter() - start:.1f} s, {len(graph.graph.nodes)} nodes")
+
+    class Exported(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for i, value in enumerate(params.values()):
+                self.register_buffer(f"p{i}", value)
+
+        def forward(self, ids, deltas, answer, contrast):
+            given = {k: getattr(self, f"p{i}") for i, k in enumerate(params)}
+            return graph(given, ids, deltas, answer, contrast)
+
+    start = time.perf_counter()
+    Tdim = torch.export.Dim("T", min=2, max=config.max_seq_len)
+    program = torch.onnx.export(
+        Exported(), (ids, deltas, answer, contrast), dynamo=True, verbose=False,
+        dynamic_shapes=({1: Tdim}, {2: Tdim}, None, None),
+    )  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "backward.onnx"
+    program.save(str(path))
+    ops = sorted({node.op_type for node in program.model_proto.graph.node})
+    print(f"exported: {time.perf_counter() - start:.1f} s; ops: {' '.join(ops)}")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    # the exported graph keeps T, its trace's length (README)
+    feed = dict(
+        zip(names, (ids.numpy(), deltas.numpy(), answer.numpy(), contrast.numpy()), strict=True)
+    )
+    got = session.run(None, feed)[0]
+    want = grads(params, ids, deltas, answer, contrast).numpy()
+    timings = {}
+    for name, run in (("ort", lambda: session.run(None, feed)),
+                      ("torch", lambda: grads(params, ids, deltas, answer, contrast))):  # fmt: skip
         run()
-    timings[name] = (time.perf_counter() - start) / 5 * 1e3
-error = np.abs(got - want).max() / np.abs(want).max()
-print(
-    f"T={T}: max |ort - torch| / max |torch| = {error:.1e}; "
-    f"ORT {timings['ort']:.1f} ms, torch autograd {timings['torch']:.1f} ms"
-)
+        start = time.perf_counter()
+        for _ in range(5):
+            run()
+        timings[name] = (time.perf_counter() - start) / 5 * 1e3
+    error = np.abs(got - want).max() / np.abs(want).max()
+    print(
+        f"T={T}: max |ort - torch| / max |torch| = {error:.1e}; "
+        f"ORT {timings['ort']:.1f} ms, torch autograd {timings['torch']:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
