@@ -151,6 +151,13 @@ def _patching_arguments(encode: argparse.ArgumentParser) -> None:
         default="resid_pre",
         help="the kind of site patched (z: each head's output at every position)",
     )
+    changes.add_argument(
+        "--patch-method",
+        choices=["activation", "attribution"],
+        default="activation",
+        help="attribution: the grid's linear estimate by one backward (and each token's "
+        "saliency), where the model directory has gradient graphs (`attnserve gradient`)",
+    )
 
 
 def _feature_arguments(encode: argparse.ArgumentParser) -> None:
@@ -344,7 +351,13 @@ def _patching_request(args: argparse.Namespace, vocabulary: _Vocabulary) -> dict
     answer, contrast = (
         vocabulary.id_of(int(t) if t.isdigit() else t) for t in (args.answer, args.contrast)
     )
-    return {"source": args.patch, "hook": args.patch_hook, "target": answer, "contrast": contrast}
+    return {
+        "source": args.patch,
+        "hook": args.patch_hook,
+        "target": answer,
+        "contrast": contrast,
+        "method": args.patch_method,
+    }
 
 
 def _attribution_request(

@@ -28,6 +28,8 @@ class ActivationPatching:
     clean: float  # the difference in the source's own run
     corrupted: float  # ... and in the input's
     warning: str | None = None  # why `recovered` means little, when clean ~ corrupted
+    # method "attribution": each input token's embedding times the difference's gradient
+    saliency: np.ndarray | None = None  # float32 (positions,)
 
     def recovered(self) -> np.ndarray:
         """How much of the clean difference each place brings back: 0 as corrupted, 1 as
@@ -268,6 +270,9 @@ def decode_response(
                     result.patching.clean,
                     result.patching.corrupted,
                     result.patching.warning or None,
+                    tensors.child("patching").array("saliency")
+                    if result.patching.HasField("saliency")
+                    else None,
                 )
                 if result.HasField("patching")
                 else None,

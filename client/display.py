@@ -98,6 +98,8 @@ def _print_patching(p: ActivationPatching, tokens: list[str]) -> None:
     print("          " + " ".join(c[:width].rjust(width) for c in columns))
     for layer, row in enumerate(recovered):
         print(f"      L{layer:<3}" + " ".join(f"{v:{width}.2f}" for v in row))
+    if p.saliency is not None:  # a value per token
+        print("      saliency " + " ".join(f"{v:.3g}" for v in p.saliency))
 
 
 def _patching_json(p: ActivationPatching | None) -> dict | None:
@@ -109,6 +111,7 @@ def _patching_json(p: ActivationPatching | None) -> dict | None:
         "clean": p.clean,
         "corrupted": p.corrupted,
         "warning": p.warning,
+        "saliency": None if p.saliency is None else p.saliency.tolist(),
     }
 
 

@@ -13,6 +13,7 @@ from attnserve.v1.wire import (
     INTERVENTION_OPS,
     LAYOUTS,
     LENS_NORMS,
+    PATCHING_METHODS,
     POOLINGS,
     fill_tensor,
 )
@@ -128,7 +129,8 @@ def build_request(
     CaptureRequest as a dict (`{"hooks": [...], "positions": [-1]}`).
     `patching`: activation patching (Encoding.patching): `{"source": clean text or ids,
     "hook": "resid_pre", "target": " Mary", "contrast": " John"}` (target and contrast:
-    one token's text, or its id).
+    one token's text, or its id; `"method": "attribution"`: its linear estimate, with
+    the input's saliency).
     `model` names a served model (empty: the server's default).
     """
     request = pb.EncodeRequest(request_id=request_id, model=model, inputs=_inputs(inputs))
@@ -184,6 +186,8 @@ def _patching(fields: Mapping) -> pb.PatchingRequest:
             setattr(message, name, token)
         else:
             setattr(message, f"{name}_id", int(token))
+    if "method" in fields:
+        message.method = _choice("method", fields["method"], PATCHING_METHODS)
     return message
 
 

@@ -29,6 +29,9 @@ DEFAULT_SAE = Path(str(resources.files("attnserve.model") / "pretrained" / "defa
 DEFAULT_SAE_NAME = "2-res"
 DEFAULT_TRANSCODERS = DEFAULT_SAE.with_name("default-transcoders")
 DEFAULT_TRANSCODERS_NAME = "plt"  # its members: 0-plt ... 3-plt
+# The lengths of the gradient graphs `attnserve gradient` writes unless told (and the
+# default model ships): a short prompt, a paragraph, a page.
+DEFAULT_GRADIENT_LENGTHS = (16, 64, 256)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -101,6 +104,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="do nothing if OUT already holds a model (one-shot export containers)",
     )
     parser.set_defaults(run=run_export)
+    gradient = commands.add_parser(
+        "gradient",
+        help="write the graphs attribution patching takes its gradients from",
+        description="Trace the gradient of a logit difference through the model (nothing "
+        "frozen) at every site interventions change and at the token embeddings, one ONNX "
+        "graph per prompt length, checked against PyTorch, into MODEL_DIR (a float32 "
+        "export). Served as attribution patching (options.patching.method) of inputs up to "
+        "the longest length.",
+    )
+    gradient.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    gradient.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_GRADIENT_LENGTHS),
+        help="prompt lengths, a graph each; a prompt is padded to the shortest it fits "
+        f"(default {' '.join(map(str, DEFAULT_GRADIENT_LENGTHS))}; over max_seq_len: left out)",
+    )
+    gradient.set_defaults(run=run_gradient)
 
 
 def build_source(args: argparse.Namespace, precisions: tuple[str, ...]):
@@ -196,12 +218,15 @@ def run_export(args: argparse.Namespace) -> int:
                 release_weights=True,  # not used after: freed before the checks
                 int8_arithmetic=args.int8_arithmetic,
             )
-        if default:  # served with its SAE (features, steering) and transcoders (graphs)
+        if default:  # served with its SAE (features, steering), transcoders (graphs), gradients
             from attnserve.export.sae import add_sae
             from attnserve.export.transcoder_set import add_transcoder_set
 
             add_sae(args.out, DEFAULT_SAE, name=DEFAULT_SAE_NAME)
             add_transcoder_set(args.out, DEFAULT_TRANSCODERS, name=DEFAULT_TRANSCODERS_NAME)
+            from attnserve.export.gradient import write_gradients
+
+            write_gradients(args.out, DEFAULT_GRADIENT_LENGTHS)  # attribution patching
     except (ConfigError, CheckpointError, HFImportError, FootprintError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -210,5 +235,17 @@ def run_export(args: argparse.Namespace) -> int:
         return 1
     except ParityError as exc:
         print(f"error: {exc}; nothing was written to {args.out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_gradient(args: argparse.Namespace) -> int:
+    from attnserve.export.gradient import GradientError, write_gradients
+    from attnserve.export.read_back import ReadBackError
+
+    try:
+        write_gradients(args.model_dir, args.lengths, log=lambda line: print(line, flush=True))
+    except (GradientError, ReadBackError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

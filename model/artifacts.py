@@ -221,6 +221,27 @@ def backward_files(set_name: str) -> tuple[str, str, str]:
     return f"{stem}.onnx", f"{stem}.data", f"{stem}.json"
 
 
+# The metric's real gradient (model/gradient.py), for attribution patching and saliency:
+# gradient_{T}.onnx per length T (`attnserve gradient MODEL_DIR`: export/gradient.py), a
+# prompt padded on the right to it (the model is causal: nothing at or before the metric's
+# position sees the padding), pointing into weights.data, its own tensors in gradient_{T}.data.
+GRADIENT_PREFIX = "gradient_"
+# input_ids int64 (1, T); position, target and contrast int64 (1,): the metric is
+# logit(target) - logit(contrast) after `position`
+GRADIENT_INPUTS = ("input_ids", "position", "target", "contrast")
+
+
+def gradient_outputs(config: ModelConfig) -> list[str]:
+    """The metric (1,), its gradient at every site of each changeable kind (L, T, width),
+    `{kind}_grad`, and at hook_embed (T, D), and the token embeddings there (T, D)."""
+    return ["metric", *(f"{kind}_grad" for kind in hooks.changeable(config)), "embed_grad", "embed"]
+
+
+def gradient_files(length: int) -> tuple[str, str]:
+    """The gradient graph of inputs `length` long, and its own tensors."""
+    return f"{GRADIENT_PREFIX}{length}.onnx", f"{GRADIENT_PREFIX}{length}.data"
+
+
 # The first two graphs with float16 weights and arithmetic inside, float32 inputs and outputs:
 # for the CUDA execution provider (precision="fp16").
 FP16_ONNX_FILENAME = "model_fp16.onnx"
@@ -424,6 +445,13 @@ class ModelDirectory:
             for p in self.path.glob(f"{BACKWARD_PREFIX}*.json")
             if p.with_suffix(".onnx").is_file()
         )
+
+    def gradient_lengths(self) -> list[int]:
+        """The lengths the directory holds a gradient graph of, shortest first."""
+        stems = (
+            p.stem.removeprefix(GRADIENT_PREFIX) for p in self.path.glob(f"{GRADIENT_PREFIX}*.onnx")
+        )
+        return sorted(int(stem) for stem in stems if stem.isdigit())
 
     def saes(self) -> dict[str, SAEConfig]:
         """The sparse autoencoders the directory holds, by name."""

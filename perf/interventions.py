@@ -9,7 +9,10 @@ conversion, no weight processing) in this process, on the same CPU. An IOI-style
 one Encode against TransformerLens' `get_act_patch_resid_pre` and
 `get_act_patch_attn_head_out_all_pos`, in alternating blocks; how far apart the grids are;
 the server's and this process's resident memory. Issue 70's target: attnserve's resid_pre
-grid at least 3x faster. Then a plain request before and after, on the same model directory:
+grid at least 3x faster. Beside them attribution patching, the grids' linear estimate from
+one backward (`attnserve gradient` writes the graph of 20 tokens first): its time, how far
+it lies from the runs' grid (what a linear estimate loses) and their correlation. Then a
+plain request before and after, on the same model directory:
 `--ref`'s server (the commit before interventions) alternating with this checkout's (target:
 within 2%).
 """
@@ -71,6 +74,9 @@ def run_interventions(
         model_dir = work / "model"
         command = [sys.executable, "-m", "attnserve", "export", "--from-hf", str(work / "hf")]
         subprocess.run([*command, "--out", str(model_dir)], check=True, capture_output=True)
+        log("  tracing its gradient graph (attribution patching)...")
+        gradient = [sys.executable, "-m", "attnserve", "gradient", str(model_dir)]
+        subprocess.run([*gradient, "--lengths", str(T)], check=True, capture_output=True)
         lens = hooked_transformer("gpt2", reference)
         del reference
         server = spawn_server(model_dir, "--provider", "cpu", timeout=900)
@@ -88,8 +94,10 @@ def run_interventions(
         result["grids"] = []
         for hook, function in GRIDS.items():
             asked = {"source": clean, "hook": hook, "target": target, "contrast": contrast}
+            estimate = asked | {"method": "attribution"}
             grid = {
                 "attnserve": functools.partial(client.encode, [corrupted], patching=asked),
+                "attribution": functools.partial(client.encode, [corrupted], patching=estimate),
                 "transformer_lens": functools.partial(
                     torch.no_grad()(getattr(patching, function)), lens, tokens, cache, metric
                 ),
@@ -98,6 +106,7 @@ def run_interventions(
             answers: dict[str, list] = {name: [] for name in grid}
             times = repeated(grid, repeats, answers=answers)
             ours = answers["attnserve"][-1][0].patching.values
+            estimated = answers["attribution"][-1][0].patching.values
             theirs = answers["transformer_lens"][-1].numpy()
             p50 = {name: round(p50_ms(samples), 1) for name, samples in times.items()}
             result["grids"].append(
@@ -107,6 +116,11 @@ def run_interventions(
                     "p50_ms": p50,
                     "speedup": round(p50["transformer_lens"] / p50["attnserve"], 2),
                     "max_abs_diff": float(np.abs(ours - theirs).max()),
+                    "attribution_speedup": round(p50["attnserve"] / p50["attribution"], 2),
+                    "attribution_max_abs_diff": float(np.abs(estimated - ours).max()),
+                    "attribution_correlation": float(
+                        np.corrcoef(estimated.ravel(), ours.ravel())[0, 1]
+                    ),
                 }
             )
         result["server_rss_gib"] = round(tree_rss(server.process.pid) / GiB, 2)
@@ -130,8 +144,9 @@ def table(result: dict) -> str:
         "attnserve's one Encode against TransformerLens' patching functions "
         f"({result['torch_threads']} torch threads), alternating blocks",
         "",
-        "| grid | places | attnserve p50 | TransformerLens p50 | speed-up | max abs diff |",
-        "|---|---|---|---|---|---|",
+        "| grid | places | attnserve p50 | TransformerLens p50 | speed-up | max abs diff "
+        "| attribution p50 | its speed-up | vs the runs' grid: max abs diff, correlation |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for grid in result["grids"]:
         p50 = grid["p50_ms"]
@@ -139,7 +154,9 @@ def table(result: dict) -> str:
         lines.append(
             f"| {grid['hook']} | {layers} x {places} | {p50['attnserve']:.0f} ms | "
             f"{p50['transformer_lens']:.0f} ms | {grid['speedup']:.2f}x | "
-            f"{grid['max_abs_diff']:.1e} |"
+            f"{grid['max_abs_diff']:.1e} | {p50['attribution']:.0f} ms | "
+            f"{grid['attribution_speedup']:.2f}x | {grid['attribution_max_abs_diff']:.2f}, "
+            f"{grid['attribution_correlation']:.3f} |"
         )
     resid = next(grid for grid in result["grids"] if grid["hook"] == "resid_pre")
     met = "met" if resid["speedup"] >= TARGET else "NOT met"

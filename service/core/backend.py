@@ -147,6 +147,9 @@ class PatchingSelection:
     source: np.ndarray  # int64 (T,): the clean input
     target: int
     contrast: int
+    # attribution patching instead: the grid's linear estimate by the gradient graph of
+    # this length (model/artifacts.py gradient_files); 0: activation patching
+    gradient_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class Patching:
     values: np.ndarray  # float32 (L, T), hook_z: (L, H)
     clean: float  # the difference in the source's own run
     corrupted: float  # ... and in the input's
+    # attribution patching's by-product: input-times-gradient saliency of the difference,
+    # float32 (T,), each token's embedding times its gradient, summed over d_model
+    saliency: np.ndarray | None = None
 
     @property
     def warning(self) -> str | None:
@@ -325,6 +331,11 @@ class Backend(Protocol):
     @property
     def saes(self) -> Mapping[str, SAEConfig]:
         """The sparse autoencoders `read` serves features of, by name."""
+
+    @property
+    def gradient_lengths(self) -> Sequence[int]:
+        """The prompt lengths `read` has a gradient graph of (attribution patching takes
+        inputs up to the longest), shortest first."""
 
     def refresh_saes(self) -> bool:
         """Serve the SAEs added to (or removed from) the model directory since; whether they

@@ -318,6 +318,7 @@ class DataPlane:
             b.version,
             b.provider,
             b.precision,
+            tuple(b.gradient_lengths),
         )
 
     def _give_back(self, reserved: int) -> None:

@@ -111,7 +111,8 @@ READOUTS = (
     ReadoutKind("capture", CaptureOptions, STREAM, "capture", plan_capture, capture_bytes),
     ReadoutKind(
         "patching", PatchingOptions, LENS, "patching", plan_patching, patching_bytes,
-        patching_work_bytes, v2=("patching", "patching_clean", "patching_corrupted"),
+        patching_work_bytes,
+        v2=("patching", "patching_clean", "patching_corrupted", "patching_saliency"),
     ),
 )  # fmt: skip
 # The changes, planned before the readouts (which are read under them), from the stream's

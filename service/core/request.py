@@ -131,15 +131,24 @@ class CaptureOptions:
     positions: tuple[int, ...] = ()  # none: every position
 
 
+class PatchingMethod(StrEnum):
+    ACTIVATION = "activation"  # a run per place, with the source's value there
+    # its linear estimate: at each place (source - input) times the gradient of the
+    # difference at the input's run, from one run and one backward (model/gradient.py)
+    ATTRIBUTION = "attribution"
+
+
 @dataclass(frozen=True)
 class PatchingOptions:
     """Activation patching: the input run once per layer and position (or head) with the
-    source's value of one kind of site there (core/interventions.py)."""
+    source's value of one kind of site there (core/interventions.py); or attribution
+    patching, its linear estimate."""
 
     source: Input  # the clean input, as long as each input
     hook: str  # the kind of site: resid_pre, attn_out, mlp_out, ... or z
     target: int | str  # a token's id, or its text (one token)
     contrast: int | str
+    method: PatchingMethod | str = PatchingMethod.ACTIVATION
 
 
 @dataclass(frozen=True)

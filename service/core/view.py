@@ -8,7 +8,7 @@ never reach into the backend, and transports read the model off the view, not th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +33,7 @@ class ModelView:
     version: str = ""  # its weights' hash (Backend.version)
     provider: str = ""  # where it runs: "cpu" or "cuda"
     precision: str = ""  # "fp32", "fp16" or "int8"
+    gradient_lengths: Sequence[int] = ()  # Backend.gradient_lengths
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ OUTPUT_DATATYPES = {
     "patching": "FP32",
     "patching_clean": "FP32",
     "patching_corrupted": "FP32",
+    "patching_saliency": "FP32",
 }
 # the statistics only query blocks compute, returned only when named
 STATISTICS_OUTPUTS = ("attention_received", "attention_row_entropy")

@@ -99,6 +99,8 @@ PARAMETERS = {
                                 "patching.target"),
     "patching_contrast_id": _spec(int, "the token whose logit is subtracted",
                                   "patching.contrast"),
+    "patching_method": _spec(str, "activation (default) | attribution: its linear estimate",
+                             "patching.method"),
     # the steering input's: its one intervention is made in translate (tensors.py)
     "steering_hook": _spec(str, "the site the steering input is added to (required with it)",
                            "interventions[0].hook"),

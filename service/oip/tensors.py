@@ -52,6 +52,7 @@ named):
   patching                      FP32 [batch, layers, positions or heads]  (parameters
                                 patching_source, _hook, _target_id, _contrast_id)
   patching_clean, patching_corrupted  FP32 [batch]
+  patching_saliency             FP32 [batch, positions]  (patching_method attribution)
 Options are request parameters, each setting the options its row of the one table says
 (service/oip/parameters.py PARAMETERS); the outputs asked say which groups of options are
 computed.
@@ -247,9 +248,14 @@ def _options(
             "outputs: the attribution outputs need the attribution_target_ids parameter"
         )
     if "patching" in groups:
-        missing = [n for n in PARAMETERS if n.startswith("patching_") and n not in params]
+        needed = [n for n in PARAMETERS if n.startswith("patching_") and n != "patching_method"]
+        missing = [n for n in needed if n not in params]
         if missing:
             raise InvalidInputError(f"outputs: the patching outputs need {', '.join(missing)}")
+        if "patching_saliency" in asked and params.get("patching_method") != "attribution":
+            raise InvalidInputError(
+                "outputs: patching_saliency comes with parameter patching_method attribution"
+            )
     if "features" in groups:
         features = values["features"]
         if "saes" not in features:

@@ -5,7 +5,11 @@ place taken from the source by the graph's change inputs (scale 1 - gate, add th
 values, gate 1 at the place, 0 elsewhere), many rows per run; each row's last position read
 through the lens graph as logit(target) - logit(contrast). TransformerLens' patching module
 runs the same forwards one at a time (`get_act_patch_resid_pre`,
-`get_act_patch_attn_head_out_all_pos`)."""
+`get_act_patch_attn_head_out_all_pos`).
+
+Attribution patching (Nanda 2023; Syed et al. 2023) estimates the same grid from one run of
+each and one backward: the input's difference plus, at each place, (source - input) times
+the difference's gradient at the input's run, summed over the place's values."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import CHANGEABLE, kind_heads
 from attnserve.service.core.backend import Patching, PatchingSelection
 from attnserve.service.core.patching import patching_chunk_rows
+from attnserve.service.ort.gradient import GradientGraphs
 from attnserve.service.ort.readouts import Readouts
 
 
@@ -46,6 +51,35 @@ def patch(graphs: Readouts, ids: np.ndarray, selection: PatchingSelection) -> Pa
         values.append(_differences(graphs, run.residual[:, -1, T - 1], selection))
     grid = np.concatenate(values).reshape(L, -1)  # (L, T) or (L, H)
     return Patching(values=grid, clean=float(clean), corrupted=float(corrupted))
+
+
+def attribution_patch(
+    graphs: Readouts, gradients: GradientGraphs, ids: np.ndarray, selection: PatchingSelection
+) -> Patching:
+    """The linear estimate of `patch`'s grid, and the input's saliency by the same gradient:
+    each token's embedding times its gradient, summed over d_model."""
+    config, kind = graphs.config, selection.kind
+    L, T = config.n_layers, len(ids)
+    output, first = _place(config, kind)
+    both = graphs.stream(np.stack([selection.source, ids]), [{}, {}], False, [output])
+    values = both.output(output)[:, first : first + L]  # (2, L, T, width)
+    clean, _ = _differences(graphs, both.residual[:, -1, T - 1], selection)
+    length, target, contrast = selection.gradient_length, selection.target, selection.contrast
+    got = gradients.run(ids, length, target, contrast)
+    change = (values[0] - values[1]) * got[f"{kind}_grad"]  # (L, T, width)
+    heads = kind_heads(config, kind)
+    if heads is not None:  # a head at every position: (L, H)
+        grid = change.reshape(L, T, heads, config.head_dim).sum(axis=(1, 3))
+    else:
+        grid = change.sum(-1)  # (L, T)
+    corrupted = float(got["metric"][0])
+    saliency = (got["embed"] * got["embed_grad"]).sum(-1)  # (T,)
+    return Patching(
+        values=(corrupted + grid).astype(np.float32),
+        clean=float(clean),
+        corrupted=corrupted,
+        saliency=saliency.astype(np.float32),
+    )
 
 
 def _place(config: ModelConfig, kind: str) -> tuple[str, int]:

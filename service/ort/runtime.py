@@ -25,6 +25,8 @@ from attnserve.service.core.backend import (
     AttentionOutput,
     AttentionSelection,
     Features,
+    Patching,
+    PatchingSelection,
     ReadoutOutput,
     ReadoutSelection,
     WeightsInfo,
@@ -41,9 +43,10 @@ from attnserve.service.ort.blocks import BlockStatistics
 from attnserve.service.ort.clamping import clamped
 from attnserve.service.ort.decoding import RunningBatch
 from attnserve.service.ort.features import SAEGraphs
+from attnserve.service.ort.gradient import GradientGraphs
 from attnserve.service.ort.graphs import GraphSessions
 from attnserve.service.ort.options import RuntimeOptions
-from attnserve.service.ort.patching import patch
+from attnserve.service.ort.patching import attribution_patch, patch
 from attnserve.service.ort.readouts import Readouts, change_feeds
 from attnserve.service.ort.reducer import AttentionReducer
 from attnserve.service.ort.replacement import OrtReplacement
@@ -179,6 +182,9 @@ class OrtRuntime:
             packed_decode=options.packed_decode,
         )
         self.readouts = Readouts(self.graph_sessions)
+        self.gradients = GradientGraphs(
+            self.model_dir, self.config, self._open_session, lambda: session_options(options)
+        )
         # The SAEs the directory holds, served where the readouts graph feeds them.
         owns_saes = sae_graphs is None and STREAM in self.graph_sessions.available
         self.sae_graphs = self._open_saes(options) if owns_saes else sae_graphs
@@ -316,6 +322,10 @@ class OrtRuntime:
         return self.sae_graphs.direction(sae, feature_id)
 
     @property
+    def gradient_lengths(self) -> tuple[int, ...]:
+        return self.gradients.lengths if STREAM in self.graph_sessions.available else ()
+
+    @property
     def transcoder_sets(self) -> list[str]:
         return self.model_dir.transcoder_sets()
 
@@ -369,14 +379,18 @@ class OrtRuntime:
                     attention = self.reducer(run.attentions[row], n, selection.attention)
                     out = replace(out, attention=attention)
                 if selection.patching is not None:  # its own runs, after the batch's
-                    ids = input_ids[row, :n]
-                    out = replace(out, patching=patch(self.readouts, ids, selection.patching))
+                    out = replace(out, patching=self._patch(input_ids[row, :n], selection.patching))
                 outputs.append(out)
         except InferenceError:
             raise
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on the readouts: {exc}") from exc
         return run.embeddings, outputs
+
+    def _patch(self, ids: np.ndarray, selection: PatchingSelection) -> Patching:
+        if selection.gradient_length:
+            return attribution_patch(self.readouts, self.gradients, ids, selection)
+        return patch(self.readouts, ids, selection)
 
     def _run(
         self, session: ort.InferenceSession, outputs: list[str], input_ids: np.ndarray

@@ -95,4 +95,5 @@ def model_info(plane: DataPlane) -> pb.GetModelInfoResponse:
         chat_template=plane.chat is not None,
         eos_id=c.eos_id,
         transcoder_sets=plane.transcoder_sets,
+        gradient_lengths=plane.view.gradient_lengths,
     )

@@ -26,6 +26,7 @@ from attnserve.service.core.request import (
     Intervention,
     Layout,
     LensNorm,
+    PatchingMethod,
     PatchingOptions,
     Pooling,
     PredictionsOptions,
@@ -59,6 +60,7 @@ _HEAD_REDUCTION = _Words(pb.HeadReduction, HeadReduction)
 _LENS_NORM = _Words(pb.LensNorm, LensNorm)
 _TRUNCATE = _Words(pb.Truncation, lambda word: word == "right")  # none, right
 _OP = _Words(pb.InterventionOp, str)  # add, set, scale
+_PATCHING_METHOD = _Words(pb.PatchingMethod, PatchingMethod)
 
 
 def inputs_of(request: pb.EncodeRequest) -> list[Input]:
@@ -131,6 +133,8 @@ def _patching(_: ReadoutKind, request: pb.PatchingRequest) -> PatchingOptions:
         hook=request.hook,
         target=_token(request, "target"),
         contrast=_token(request, "contrast"),
+        method=_PATCHING_METHOD("options.patching.method", request.method)
+        or PatchingMethod.ACTIVATION,
     )
 
 

@@ -182,6 +182,8 @@ def _fill_readouts(
         grid.clean, grid.corrupted = readouts.patching.clean, readouts.patching.corrupted
         grid.warning = readouts.patching.warning or ""
         out.put("patching.values", readouts.patching.values)
+        if readouts.patching.saliency is not None:
+            out.put("patching.saliency", readouts.patching.saliency)
 
 
 def _fill_features(out: SplicedMessage, asked: FeaturesSelection, got: Features) -> None:

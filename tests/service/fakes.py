@@ -34,6 +34,7 @@ class FakeBackend:
     precision = "fp32"
     graphs = frozenset({"readouts"})
     saes = MappingProxyType({})  # serves no SAE
+    gradient_lengths = ()  # no attribution patching
 
     def __init__(self, config: ModelConfig = FAKE_CONFIG, fail_on: int | None = None) -> None:
         self.config = config

@@ -48,6 +48,12 @@ class InterventionOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERVENTION_OP_SCALE: _ClassVar[InterventionOp]
     INTERVENTION_OP_CLAMP: _ClassVar[InterventionOp]
 
+class PatchingMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PATCHING_METHOD_UNSPECIFIED: _ClassVar[PatchingMethod]
+    PATCHING_METHOD_ACTIVATION: _ClassVar[PatchingMethod]
+    PATCHING_METHOD_ATTRIBUTION: _ClassVar[PatchingMethod]
+
 class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
@@ -82,6 +88,9 @@ INTERVENTION_OP_ADD: InterventionOp
 INTERVENTION_OP_SET: InterventionOp
 INTERVENTION_OP_SCALE: InterventionOp
 INTERVENTION_OP_CLAMP: InterventionOp
+PATCHING_METHOD_UNSPECIFIED: PatchingMethod
+PATCHING_METHOD_ACTIVATION: PatchingMethod
+PATCHING_METHOD_ATTRIBUTION: PatchingMethod
 TRUNCATION_UNSPECIFIED: Truncation
 TRUNCATION_NONE: Truncation
 TRUNCATION_RIGHT: Truncation
@@ -286,34 +295,38 @@ class CaptureRequest(_message.Message):
     def __init__(self, hooks: _Optional[_Iterable[str]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PatchingRequest(_message.Message):
-    __slots__ = ("source", "hook", "target_id", "target", "contrast_id", "contrast")
+    __slots__ = ("source", "hook", "target_id", "target", "contrast_id", "contrast", "method")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     HOOK_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     CONTRAST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTRAST_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     source: Input
     hook: str
     target_id: int
     target: str
     contrast_id: int
     contrast: str
-    def __init__(self, source: _Optional[_Union[Input, _Mapping]] = ..., hook: _Optional[str] = ..., target_id: _Optional[int] = ..., target: _Optional[str] = ..., contrast_id: _Optional[int] = ..., contrast: _Optional[str] = ...) -> None: ...
+    method: PatchingMethod
+    def __init__(self, source: _Optional[_Union[Input, _Mapping]] = ..., hook: _Optional[str] = ..., target_id: _Optional[int] = ..., target: _Optional[str] = ..., contrast_id: _Optional[int] = ..., contrast: _Optional[str] = ..., method: _Optional[_Union[PatchingMethod, str]] = ...) -> None: ...
 
 class ActivationPatching(_message.Message):
-    __slots__ = ("hook", "values", "clean", "corrupted", "warning")
+    __slots__ = ("hook", "values", "clean", "corrupted", "warning", "saliency")
     HOOK_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     CLEAN_FIELD_NUMBER: _ClassVar[int]
     CORRUPTED_FIELD_NUMBER: _ClassVar[int]
     WARNING_FIELD_NUMBER: _ClassVar[int]
+    SALIENCY_FIELD_NUMBER: _ClassVar[int]
     hook: str
     values: Tensor
     clean: float
     corrupted: float
     warning: str
-    def __init__(self, hook: _Optional[str] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., clean: _Optional[float] = ..., corrupted: _Optional[float] = ..., warning: _Optional[str] = ...) -> None: ...
+    saliency: Tensor
+    def __init__(self, hook: _Optional[str] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., clean: _Optional[float] = ..., corrupted: _Optional[float] = ..., warning: _Optional[str] = ..., saliency: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class EncodeOptions(_message.Message):
     __slots__ = ("pooling", "skip_token_embeddings", "attention", "truncation", "return_tokens", "hidden_states", "predictions", "logit_lens", "head_mask", "attribution", "features", "interventions", "capture", "patching")
@@ -533,7 +546,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes", "generates", "chat_template", "eos_id", "transcoder_sets")
+    __slots__ = ("name", "version", "n_layers", "n_heads", "d_model", "max_seq_len", "vocab_size", "tokenizer", "provider", "config_json", "max_message_bytes", "max_batch_tokens", "bos_id", "pad_id", "precision", "n_kv_heads", "kv_heads", "weight_bytes", "resident_weight_bytes", "attention_max_abs_diff", "embedding_cosine_min", "output_fidelity", "fidelity_scope", "saes", "generates", "chat_template", "eos_id", "transcoder_sets", "gradient_lengths")
     class OutputFidelityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -569,6 +582,7 @@ class GetModelInfoResponse(_message.Message):
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     EOS_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSCODER_SETS_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     n_layers: int
@@ -597,7 +611,8 @@ class GetModelInfoResponse(_message.Message):
     chat_template: bool
     eos_id: int
     transcoder_sets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ..., generates: _Optional[bool] = ..., chat_template: _Optional[bool] = ..., eos_id: _Optional[int] = ..., transcoder_sets: _Optional[_Iterable[str]] = ...) -> None: ...
+    gradient_lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_model: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., provider: _Optional[str] = ..., config_json: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., bos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., precision: _Optional[str] = ..., n_kv_heads: _Optional[int] = ..., kv_heads: _Optional[_Iterable[int]] = ..., weight_bytes: _Optional[int] = ..., resident_weight_bytes: _Optional[int] = ..., attention_max_abs_diff: _Optional[float] = ..., embedding_cosine_min: _Optional[float] = ..., output_fidelity: _Optional[_Mapping[str, float]] = ..., fidelity_scope: _Optional[str] = ..., saes: _Optional[_Iterable[_Union[SAEInfo, _Mapping]]] = ..., generates: _Optional[bool] = ..., chat_template: _Optional[bool] = ..., eos_id: _Optional[int] = ..., transcoder_sets: _Optional[_Iterable[str]] = ..., gradient_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("model", "prompt", "options")

@@ -36,6 +36,9 @@ LENS_NORMS = cast(dict[str, pb.LensNorm], choices(pb.LensNorm, "LENS_NORM_"))  #
 INTERVENTION_OPS = cast(  # add, set, scale
     dict[str, pb.InterventionOp], choices(pb.InterventionOp, "INTERVENTION_OP_")
 )
+PATCHING_METHODS = cast(  # activation, attribution
+    dict[str, pb.PatchingMethod], choices(pb.PatchingMethod, "PATCHING_METHOD_")
+)
 # LogitAttribution's tensors in the .proto's order: the parts that add up to a logit, named
 # as model/artifacts.py's ATTRIBUTION_PARTS names them (tests/service/test_names.py)
 ATTRIBUTION_PARTS = tuple(

@@ -273,6 +273,11 @@ def test_bad_patching_is_invalid_argument_naming_the_field(client, monkeypatch):
             {"source": TEXT, "hook": "z", "target": "ab"},
             r"options.patching.target: 'ab' is 2 tokens",
         ),
+        (  # a directory without `attnserve gradient`'s graphs
+            {"source": TEXT, "hook": "z", "method": "attribution"},
+            r"options.patching.method: attribution patching of inputs\[0\]'s \d+ tokens needs "
+            r"a gradient graph of at least that length; this model's: none",
+        ),
     ]
     for asked, message in cases:
         fields = {"target": "d", "contrast": "c"} | asked
