@@ -106,8 +106,9 @@ def export_gradient(model: Encoder, length: int, path: Path, weights: WeightsFil
             graph.graph.initializers.pop(name)
             value.name = name.removeprefix(_PREFIX)
             graph.graph.initializers.add(value)
-    _read_tables_as_stored(graph, weights)
+    _products_read_as_stored(graph, weights)
     transposed = store_linear_weights_transposed(graph)
+    _products_read_as_stored(graph)  # the backward's, of the weights stored transposed
     own = {name.removeprefix("model.") for name in _params(metric)}
     externalize(graph, weights, names=transposed | own)
     weights.flush()
@@ -116,28 +117,58 @@ def export_gradient(model: Encoder, length: int, path: Path, weights: WeightsFil
     return save_checked(ir.to_proto(graph), path)
 
 
-def _read_tables_as_stored(graph: ir.Model, weights: WeightsFile) -> None:
-    """The unembedding of a tied table as the model's other graphs hold it: its trace is
-    MatMul(row, Transpose(table)) and, for the gradient, Transpose(Transpose(table)); the
-    file has the table as stored only, so store_linear_weights_transposed would write it
-    again, transposed. Instead Gemm reads it with transB, and the double Transpose goes."""
+def _products_read_as_stored(graph: ir.Model, weights: WeightsFile | None = None) -> None:
+    """Each MatMul(x, Transpose(W)) of an initializer W as Gemm(x, W, transB=1), x flattened
+    to rows where it has more axes (the trace's shapes are static): ONNX Runtime would fold
+    every Transpose of a weight into a transposed copy in memory at load, and the backward
+    reads each linear weight both ways (the forward x @ W.T as stored, the backward g @ W).
+    With `weights`: only where the file lacks W.T (the tied table, as the lens reads it;
+    store_linear_weights_transposed would write it again, transposed); the double Transpose
+    of the gradient through it goes too."""
     for node in list(graph.graph):
         table = node.inputs[0] if _transposes(node) else None
-        if table is None or not table.is_initializer() or f"{table.name}.T" in weights:
+        if table is None or not table.is_initializer():
+            continue
+        if weights is not None and f"{table.name}.T" in weights:
             continue
         for user, index in list(node.outputs[0].uses()):
-            rows = user.inputs[0]
-            matrix = rows is not None and len(rows.shape or ()) == 2
-            if user.op_type == "MatMul" and index == 1 and matrix:
-                gemm = ir.node("Gemm", [rows, table], attributes={"transB": 1})
-                graph.graph.insert_after(user, gemm)
-                _take_place(user.outputs[0], gemm.outputs[0])
-                graph.graph.remove(user, safe=True)
+            if user.op_type == "MatMul" and index == 1 and _static(user):
+                _as_gemm(graph, user, table)
             elif _transposes(user):
                 user.outputs[0].replace_all_uses_with(table)
                 graph.graph.remove(user, safe=True)
         if not node.outputs[0].uses():
             graph.graph.remove(node, safe=True)
+
+
+def _static(product: ir.Node) -> bool:
+    rows, out = product.inputs[0], product.outputs[0]
+    shapes = (rows.shape if rows is not None else None, out.shape)
+    return all(shape is not None and shape.is_static() for shape in shapes)
+
+
+def _as_gemm(graph: ir.Model, product: ir.Node, weight: ir.Value) -> None:
+    """MatMul(x, Transpose(weight)) -> Gemm(x as (rows, K), weight, transB=1), reshaped back."""
+    x, out = product.inputs[0], product.outputs[0]
+    assert x is not None and x.shape is not None and out.shape is not None
+    nodes, rows = [], x
+    if len(x.shape) != 2:
+        flat = _constant(graph, f"{out.name}_rows", [-1, x.shape[-1]])
+        nodes.append(ir.node("Reshape", [x, flat]))
+        rows = nodes[-1].outputs[0]
+    nodes.append(ir.node("Gemm", [rows, weight], attributes={"transB": 1}))
+    if len(x.shape) != 2:
+        back = _constant(graph, f"{out.name}_shape", list(out.shape.numpy()))
+        nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], back]))
+    graph.graph.insert_after(product, nodes)
+    _take_place(out, nodes[-1].outputs[0])
+    graph.graph.remove(product, safe=True)
+
+
+def _constant(graph: ir.Model, name: str, values: list[int]) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(np.array(values, dtype=np.int64)))
+    graph.graph.register_initializer(value)
+    return value
 
 
 def _transposes(node: ir.Node) -> bool:

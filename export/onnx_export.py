@@ -38,13 +38,13 @@ from attnserve.model.artifacts import (
     cache_names,
     change_inputs,
     query_key_sites,
-    readout_sites,
     unchanged,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder, rotary_modules
 from attnserve.model.hook_points import captured, hooked, site_changes, stacked
 from attnserve.model.hooks import changeable
+from attnserve.model.readout_sites import readout_sites
 
 # 23 is the first opset with the fused Attention op the embeddings-only graph uses.
 ONNX_OPSET = 23

@@ -28,13 +28,13 @@ from attnserve.model.artifacts import (
     RESIDUAL_STREAM_NAME,
     cache_names,
     query_key_sites,
-    readout_sites,
     unchanged,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import Encoder
 from attnserve.model.footprint import parameter_count
 from attnserve.model.hook_points import captured, stacked
+from attnserve.model.readout_sites import readout_sites
 
 LENS_TOP_K = 5  # the parity case of the lens' predictions
 

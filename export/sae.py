@@ -44,13 +44,11 @@ from attnserve.model.artifacts import (
     TRANSCODER_TARGET,
     ModelDirectory,
     graph_file,
-    normed_site,
-    readout_sites,
-    stream_site,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, hook_names, site_width
 from attnserve.model.norms import NormSite
+from attnserve.model.readout_sites import normed_site, readout_sites, stream_site
 from attnserve.model.sae import SparseAutoencoder
 from attnserve.model.sae_config import SAEConfig
 
@@ -71,7 +69,7 @@ CHECK_SCALE, OUTLIER_SCALE = 10.0, 3000.0
 
 def served_model(model_dir: Path) -> tuple[ModelConfig, set[str]]:
     """The config of the model a directory serves (from its graph's metadata), and the
-    outputs of its readouts graph (model/artifacts.py readout_sites; none without one)."""
+    outputs of its readouts graph (model/readout_sites.py; none without one)."""
     directory = ModelDirectory(model_dir)
     if not directory.precisions:
         raise SAEError(f"{model_dir} is not a model directory: no model graph")

@@ -1,4 +1,4 @@
-"""The graph that feeds an SAE whose site a norm computes (model/artifacts.py normed_site:
+"""The graph that feeds an SAE whose site a norm computes (model/readout_sites.py normed_site:
 ln2.hook_normalized, mlp.hook_in): that norm of the model, with its weights, traced from the
 model's own code to saes/NAME/site.onnx and checked against PyTorch. The service runs it on
 the readouts' rows of the site the norm reads, then the SAE's graph on what it returns.
@@ -17,9 +17,10 @@ from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.read_back import ReadBackError, read_encoder
 from attnserve.export.sae_sources import SAEError
-from attnserve.model.artifacts import SAE_INPUTS, SAE_SITE_ONNX, normed_site
+from attnserve.model.artifacts import SAE_INPUTS, SAE_SITE_ONNX
 from attnserve.model.config import ModelConfig
 from attnserve.model.norms import NormSite
+from attnserve.model.readout_sites import normed_site
 
 # ONNX Runtime's site against PyTorch's, over each position's largest value
 SITE_TOLERANCE = 1e-5

@@ -124,7 +124,7 @@ def head_ablation(mask: torch.Tensor, means: torch.Tensor | None = None) -> dict
 def stacked(
     values: Mapping[str, torch.Tensor], sites: Mapping[str, list[str]]
 ) -> dict[str, torch.Tensor]:
-    """Each output of `sites` (model/artifacts.py readout_sites): its sites' captured values,
+    """Each output of `sites` (model/readout_sites.py): its sites' captured values,
     (B, T, ...) each, flattened to (B, T, width) and stacked to (B, sites, T, width)."""
     return {
         name: torch.stack([values[site].flatten(2) for site in names], dim=1)

@@ -117,7 +117,7 @@ def frozen_linear(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torc
 class NormSite(nn.Module):
     """One of `norm`'s sites from what it reads: its output (an MLP's hook_in) where
     `weighted`, else x standardized (its hook_normalized). An SAE reading that site is
-    served from the stream the norm reads (model/artifacts.py normed_site)."""
+    served from the stream the norm reads (model/readout_sites.py normed_site)."""
 
     def __init__(self, norm: nn.Module, weighted: bool) -> None:
         super().__init__()

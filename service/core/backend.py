@@ -96,7 +96,7 @@ class FeaturesSelection:
     feature_ids: tuple[int, ...] = ()
     dense: bool = False
     error_norm: bool = True  # the reconstruction's error (the decoders read)
-    # the readouts graph's outputs the SAEs read (model/artifacts.py readout_sites)
+    # the readouts graph's outputs the SAEs read (model/readout_sites.py)
     sites: tuple[str, ...] = ()
 
 

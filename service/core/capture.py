@@ -4,9 +4,9 @@ core/patching.py)."""
 
 from __future__ import annotations
 
-from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import RESID_POST, RESID_PRE, hook_names, kind_heads, parse_site
+from attnserve.model.readout_sites import stream_site
 from attnserve.service.core.backend import CaptureSelection
 from attnserve.service.core.errors import InvalidInputError
 from attnserve.service.core.fields import positions as checked_positions

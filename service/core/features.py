@@ -9,8 +9,9 @@ its outputs: model/artifacts.py `stream_site`) by each SAE's own graph
 
 from __future__ import annotations
 
-from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, normed_site, stream_site
+from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME
 from attnserve.model.config import ModelConfig
+from attnserve.model.readout_sites import normed_site, stream_site
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import FeaturesSelection
 from attnserve.service.core.errors import InvalidInputError, UnsupportedError
@@ -78,7 +79,7 @@ def plan_features(request: FeaturesOptions, at: InputContext) -> FeaturesSelecti
 
 def site_of(sae: SAEConfig, config: ModelConfig, output: bool = False) -> tuple[str, int]:
     """The readouts graph's output that holds the site `sae` reads (or the site its norm
-    reads, where a norm computes it: model/artifacts.py normed_site; `output`: the one its
+    reads, where a norm computes it: model/readout_sites.py normed_site; `output`: the one its
     decoder writes, a transcoder's other site), and its index there (`attnserve sae add`
     writes only SAEs whose sites it returns)."""
     hook = sae.output_hook if output else sae.hook_name

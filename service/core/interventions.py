@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import (
     changeable,
@@ -23,6 +22,7 @@ from attnserve.model.hooks import (
     kind_heads,
     parse_site,
 )
+from attnserve.model.readout_sites import stream_site
 from attnserve.service.core.backend import (
     Clamp,
     SiteChange,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.model.artifacts import stream_site
 from attnserve.model.hooks import CHANGEABLE, kind_heads
+from attnserve.model.readout_sites import stream_site
 from attnserve.service.core.backend import ReadoutSelection, SiteChange
 from attnserve.service.ort.features import SAEGraphs
 from attnserve.service.ort.readouts import Readouts

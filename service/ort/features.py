@@ -31,9 +31,9 @@ from attnserve.model.artifacts import (
     SAES_DIRNAME,
     TRANSCODER_TARGET,
     ModelDirectory,
-    normed_site,
 )
 from attnserve.model.config import ModelConfig
+from attnserve.model.readout_sites import normed_site
 from attnserve.model.sae_config import SAEConfig
 from attnserve.service.core.backend import Features, FeaturesSelection
 from attnserve.service.core.errors import InferenceError, ModelLoadError, UnsupportedError

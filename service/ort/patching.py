@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.model.artifacts import stream_site
 from attnserve.model.config import ModelConfig
 from attnserve.model.hooks import CHANGEABLE, kind_heads
+from attnserve.model.readout_sites import stream_site
 from attnserve.service.core.backend import Patching, PatchingSelection
 from attnserve.service.core.patching import patching_chunk_rows
 from attnserve.service.ort.gradient import GradientGraphs

@@ -12,14 +12,15 @@ from attnserve.client import ClientOptions, EncoderClient
 from attnserve.model.artifacts import ModelDirectory
 from tests.conftest import ServerThread, run_cli
 
-KINDS = ("resid_pre", "attn_out", "mlp_out", "resid_post", "z")
+KINDS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post", "z")
 
 
 def _sites(reference, kind: str) -> list[tuple[torch.nn.Module, bool]]:
     """Each layer's module whose input (True) or output (False) is the site of `kind` in
     transformers' Gemma 2 and OLMo 2 (the same names): the layer's input is resid_pre, its
     output resid_post, what attention writes its post-attention norm's output, the MLP's
-    its post-feedforward norm's, and hook_z what o_proj reads (the heads side by side)."""
+    its post-feedforward norm's and hook_z what o_proj reads (the heads side by side).
+    hook_resid_mid is no module's: resid_pre + attn_out, changed where attn_out is."""
     layers = reference.model.layers
     return {
         "resid_pre": [(layer, True) for layer in layers],
@@ -60,10 +61,14 @@ def _run(reference, ids, sites, deltas=None):
 def _estimate(reference, clean, corrupted, target, contrast, kind, heads):
     """Attribution patching by autograd: at each place, (clean - corrupted) times the
     difference's gradient at the corrupted run; and the saliency at the embeddings."""
-    sites = _sites(reference, kind)
+    sites = _sites(reference, "attn_out" if kind == "resid_mid" else kind)
     with torch.no_grad():
         _, sources = _run(reference, clean, sites)
         _, inputs = _run(reference, corrupted, sites)
+        if kind == "resid_mid":  # attn_out + the stream it is added to
+            for values, ids in ((sources, clean), (inputs, corrupted)):
+                _, before = _run(reference, ids, _sites(reference, "resid_pre"))
+                values[:] = [x + y for x, y in zip(values, before, strict=True)]
     deltas = [torch.zeros_like(x, requires_grad=True) for x in inputs]
     logits, _ = _run(reference, corrupted, sites, deltas)
     metric = logits[-1, target] - logits[-1, contrast]
@@ -73,7 +78,7 @@ def _estimate(reference, clean, corrupted, target, contrast, kind, heads):
         grid = change.reshape(*change.shape[:2], heads, -1).sum(dim=(1, 3))
     else:
         grid = change.sum(-1)  # (L, T)
-    return float(metric) + grid.detach().numpy()
+    return float(metric.detach()) + grid.detach().numpy()
 
 
 def _saliency(reference, ids, target, contrast):

@@ -22,11 +22,11 @@ from attnserve.model.artifacts import (
     WEIGHTS_FILENAMES,
     ModelDirectory,
     graph_file,
-    readout_sites,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
+from attnserve.model.readout_sites import readout_sites
 from attnserve.service.core.backend import AttentionSelection
 from attnserve.service.core.errors import ProviderUnavailableError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions

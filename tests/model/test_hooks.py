@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from attnserve.model import hooks
-from attnserve.model.artifacts import RESID_MID_NAME, normed_site, stream_site
+from attnserve.model.artifacts import RESID_MID_NAME
 from attnserve.model.config import ModelConfig
 from attnserve.model.encoder import build_encoder
 from attnserve.model.hook_points import captured, head_ablation, hook_points, hooked
 from attnserve.model.hooks import hook_names
 from attnserve.model.norms import NormSite
+from attnserve.model.readout_sites import normed_site, stream_site
 from tests.model.test_switches import CONFIGS
 
 GPT2 = ModelConfig(n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
@@ -190,7 +191,7 @@ def test_a_norm_split_at_its_sites_is_the_norm(model):
 
 
 def test_the_norms_sites_an_sae_reads_are_computed_from_the_stream(model):
-    """What an SAE on a norm's site is fed (model/artifacts.py normed_site, export/
+    """What an SAE on a norm's site is fed (model/readout_sites.py normed_site, export/
     sae_site.py): NormSite of that norm on the site it reads is the site; an MLP reading
     the stream unnormed reads hook_resid_mid. Every MLP's input is one or the other."""
     config = model.config

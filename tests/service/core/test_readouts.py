@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from attnserve.client import ClientOptions, EncoderClient, build_request
-from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME, readout_sites
+from attnserve.model.artifacts import PARTS_NAMES, RESIDUAL_STREAM_NAME
 from attnserve.model.config import ModelConfig
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
+from attnserve.model.readout_sites import readout_sites
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.backend import ReadoutOutput, ReadoutSelection
 from attnserve.service.core.errors import UnsupportedError

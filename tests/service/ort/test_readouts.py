@@ -15,9 +15,9 @@ from attnserve.model.artifacts import (
     PARTS_NAMES,
     RESIDUAL_STREAM_NAME,
     graph_file,
-    readout_sites,
 )
 from attnserve.model.hook_points import captured, head_ablation, hooked, stacked
+from attnserve.model.readout_sites import readout_sites
 from attnserve.service.core.errors import UnsupportedError
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import SMALL_CONFIG, head_changes
