@@ -153,7 +153,7 @@ def _as_gemm(graph: ir.Model, product: ir.Node, weight: ir.Value) -> None:
     assert x is not None and x.shape is not None and out.shape is not None
     nodes, rows = [], x
     if len(x.shape) != 2:
-        flat = _constant(graph, f"{out.name}_rows", [-1, x.shape[-1]])
+        flat = _constant(graph, f"{out.name}_rows", [-1, x.shape.numpy()[-1]])
         nodes.append(ir.node("Reshape", [x, flat]))
         rows = nodes[-1].outputs[0]
     nodes.append(ir.node("Gemm", [rows, weight], attributes={"transB": 1}))
