@@ -23,7 +23,12 @@ import torch
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.read_back import read_encoder
-from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
+from attnserve.export.weights import (
+    WeightsFile,
+    externalize,
+    named_as_encoder,
+    store_linear_weights_transposed,
+)
 from attnserve.model.artifacts import (
     BACKWARD_INPUTS,
     BACKWARD_OUTPUTS,
@@ -75,11 +80,7 @@ def export_backward(
         )
     assert program is not None
     traced = program.model
-    for name, value in list(traced.graph.initializers.items()):
-        if name.startswith(_PREFIX):  # the encoder's names, as its other graphs hold them
-            traced.graph.initializers.pop(name)
-            value.name = name.removeprefix(_PREFIX)
-            traced.graph.initializers.add(value)
+    named_as_encoder(traced, _PREFIX)
     transposed = store_linear_weights_transposed(traced)
     own = {name for name, _ in (*graph.named_parameters(), *graph.named_buffers())}
     own = {name.removeprefix(_PREFIX) for name in own}

@@ -28,7 +28,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from attnserve.export.onnx_export import ONNX_OPSET, quiet_exporter
 from attnserve.export.onnx_files import save_checked
 from attnserve.export.read_back import read_encoder
-from attnserve.export.weights import WeightsFile, externalize, store_linear_weights_transposed
+from attnserve.export.weights import (
+    WeightsFile,
+    externalize,
+    named_as_encoder,
+    store_linear_weights_transposed,
+)
 from attnserve.model.artifacts import (
     GRADIENT_INPUTS,
     REPORT_FILENAME,
@@ -101,11 +106,7 @@ def export_gradient(model: Encoder, length: int, path: Path, weights: WeightsFil
         )
     assert program is not None
     graph = program.model
-    for name, value in list(graph.graph.initializers.items()):
-        if name.startswith(_PREFIX):  # the encoder's names, as its other graphs hold them
-            graph.graph.initializers.pop(name)
-            value.name = name.removeprefix(_PREFIX)
-            graph.graph.initializers.add(value)
+    named_as_encoder(graph, _PREFIX)
     _products_read_as_stored(graph, weights)
     transposed = store_linear_weights_transposed(graph)
     _products_read_as_stored(graph)  # the backward's, of the weights stored transposed

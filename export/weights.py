@@ -161,6 +161,17 @@ def externalize(model: ir.Model, weights: WeightsFile, names: Container[str] | N
             value.const_value = weights.reference(tensor)
 
 
+def named_as_encoder(model: ir.Model, prefix: str) -> None:
+    """Rename the initializers traced under `prefix` (the attribute of a wrapper module that
+    holds the encoder, "model.") to the encoder's own names, as its other graphs hold them
+    (and weights.json indexes them)."""
+    for name, value in list(model.graph.initializers.items()):
+        if name.startswith(prefix):
+            model.graph.initializers.pop(name)
+            value.name = name.removeprefix(prefix)
+            model.graph.initializers.add(value)
+
+
 def store_linear_weights_transposed(model: ir.Model) -> set[str]:
     """Replace each `Transpose(W, perm=[1, 0])` of an initializer W by an initializer
     `W.T` that holds the transposed values; returns the new names.
