@@ -27,6 +27,7 @@ from attnserve.export.weights import (
     WeightsFile,
     externalize,
     named_as_encoder,
+    products_read_as_stored,
     store_linear_weights_transposed,
 )
 from attnserve.model.artifacts import (
@@ -82,6 +83,7 @@ def export_backward(
     traced = program.model
     named_as_encoder(traced, _PREFIX)
     transposed = store_linear_weights_transposed(traced)
+    products_read_as_stored(traced)  # the backward's, of the weights stored transposed
     own = {name for name, _ in (*graph.named_parameters(), *graph.named_buffers())}
     own = {name.removeprefix(_PREFIX) for name in own}
     externalize(traced, weights, names=transposed | own)

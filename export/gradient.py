@@ -32,7 +32,9 @@ from attnserve.export.weights import (
     WeightsFile,
     externalize,
     named_as_encoder,
+    products_read_as_stored,
     store_linear_weights_transposed,
+    take_place,
 )
 from attnserve.model.artifacts import (
     GRADIENT_INPUTS,
@@ -107,82 +109,15 @@ def export_gradient(model: Encoder, length: int, path: Path, weights: WeightsFil
     assert program is not None
     graph = program.model
     named_as_encoder(graph, _PREFIX)
-    _products_read_as_stored(graph, weights)
+    products_read_as_stored(graph, weights)
     transposed = store_linear_weights_transposed(graph)
-    _products_read_as_stored(graph)  # the backward's, of the weights stored transposed
+    products_read_as_stored(graph)  # the backward's, of the weights stored transposed
     own = {name.removeprefix("model.") for name in _params(metric)}
     externalize(graph, weights, names=transposed | own)
     weights.flush()
     onnxscript.optimizer.optimize(graph)
     _uniform_constants_made_at_load(graph)
     return save_checked(ir.to_proto(graph), path)
-
-
-def _products_read_as_stored(graph: ir.Model, weights: WeightsFile | None = None) -> None:
-    """Each MatMul(x, Transpose(W)) of an initializer W as Gemm(x, W, transB=1), x flattened
-    to rows where it has more axes (the trace's shapes are static): ONNX Runtime would fold
-    every Transpose of a weight into a transposed copy in memory at load, and the backward
-    reads each linear weight both ways (the forward x @ W.T as stored, the backward g @ W).
-    With `weights`: only where the file lacks W.T (the tied table, as the lens reads it;
-    store_linear_weights_transposed would write it again, transposed); the double Transpose
-    of the gradient through it goes too."""
-    for node in list(graph.graph):
-        table = node.inputs[0] if _transposes(node) else None
-        if table is None or not table.is_initializer():
-            continue
-        if weights is not None and f"{table.name}.T" in weights:
-            continue
-        for user, index in list(node.outputs[0].uses()):
-            if user.op_type == "MatMul" and index == 1 and _static(user):
-                _as_gemm(graph, user, table)
-            elif _transposes(user):
-                user.outputs[0].replace_all_uses_with(table)
-                graph.graph.remove(user, safe=True)
-        if not node.outputs[0].uses():
-            graph.graph.remove(node, safe=True)
-
-
-def _static(product: ir.Node) -> bool:
-    rows, out = product.inputs[0], product.outputs[0]
-    shapes = (rows.shape if rows is not None else None, out.shape)
-    return all(shape is not None and shape.is_static() for shape in shapes)
-
-
-def _as_gemm(graph: ir.Model, product: ir.Node, weight: ir.Value) -> None:
-    """MatMul(x, Transpose(weight)) -> Gemm(x as (rows, K), weight, transB=1), reshaped back."""
-    x, out = product.inputs[0], product.outputs[0]
-    assert x is not None and x.shape is not None and out.shape is not None
-    nodes, rows = [], x
-    if len(x.shape) != 2:
-        flat = _constant(graph, f"{out.name}_rows", [-1, x.shape.numpy()[-1]])
-        nodes.append(ir.node("Reshape", [x, flat]))
-        rows = nodes[-1].outputs[0]
-    nodes.append(ir.node("Gemm", [rows, weight], attributes={"transB": 1}))
-    if len(x.shape) != 2:
-        back = _constant(graph, f"{out.name}_shape", list(out.shape.numpy()))
-        nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], back]))
-    graph.graph.insert_after(product, nodes)
-    _take_place(out, nodes[-1].outputs[0])
-    graph.graph.remove(product, safe=True)
-
-
-def _constant(graph: ir.Model, name: str, values: list[int]) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(np.array(values, dtype=np.int64)))
-    graph.graph.register_initializer(value)
-    return value
-
-
-def _transposes(node: ir.Node) -> bool:
-    """Whether `node` is a matrix's Transpose."""
-    return node.op_type == "Transpose" and list(node.attributes.get_ints("perm", [])) == [1, 0]
-
-
-def _take_place(old: ir.Value, new: ir.Value) -> None:
-    """`new` read wherever `old` was, under its name, shape and type."""
-    old.replace_all_uses_with(new)
-    new.shape, new.type = old.shape, old.type
-    if not old.is_graph_output():
-        new.name = old.name
 
 
 def _uniform_constants_made_at_load(graph: ir.Model) -> None:
@@ -204,7 +139,7 @@ def _uniform_constants_made_at_load(graph: ir.Model) -> None:
         made = ir.node("ConstantOfShape", [shape], attributes={"value": ir.tensor(first)})
         graph.graph.insert_before(graph.graph[0], made)
         graph.graph.initializers.pop(name)
-        _take_place(value, made.outputs[0])
+        take_place(value, made.outputs[0])
 
 
 def check_gradient(model: Encoder, length: int, path: Path) -> dict[str, float]:

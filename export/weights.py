@@ -209,6 +209,71 @@ def store_linear_weights_transposed(model: ir.Model) -> set[str]:
     return created
 
 
+def products_read_as_stored(model: ir.Model, weights: WeightsFile | None = None) -> None:
+    """Each MatMul(x, Transpose(W)) of an initializer W as Gemm(x, W, transB=1), x flattened
+    to rows where it has more axes: ONNX Runtime folds every Transpose of a weight into a
+    transposed copy in memory at load, and a backward reads each linear weight both ways
+    (the forward x @ W.T as stored, the backward g @ W). With `weights`: only where the
+    file lacks W.T (a tied table, as the lens reads it, which
+    store_linear_weights_transposed would write again, transposed); the double Transpose of
+    a gradient through it goes too."""
+    for node in list(model.graph):
+        table = node.inputs[0] if _transposes(node) else None
+        if table is None or not table.is_initializer():
+            continue
+        if weights is not None and f"{table.name}.T" in weights:
+            continue
+        for user, index in list(node.outputs[0].uses()):
+            x = user.inputs[0]
+            if user.op_type == "MatMul" and index == 1 and x is not None and x.shape is not None:
+                _as_gemm(model, user, table)
+            elif _transposes(user):
+                user.outputs[0].replace_all_uses_with(table)
+                model.graph.remove(user, safe=True)
+        if not node.outputs[0].uses():
+            model.graph.remove(node, safe=True)
+
+
+def _as_gemm(model: ir.Model, product: ir.Node, weight: ir.Value) -> None:
+    """MatMul(x, Transpose(weight)) -> Gemm(x as (rows, K), weight, transB=1), reshaped back
+    to x's leading axes (read off x at run time: they may be free) and the weight's rows."""
+    x, out = product.inputs[0], product.outputs[0]
+    assert x is not None and x.shape is not None and weight.shape is not None
+    if len(x.shape) == 2:
+        nodes = [ir.node("Gemm", [x, weight], attributes={"transB": 1})]
+    else:
+        n, k = (int(d) for d in weight.shape.numpy())
+        rows = ir.node("Reshape", [x, _constant(model, f"{out.name}_rows", [-1, k])])
+        gemm = ir.node("Gemm", [rows.outputs[0], weight], attributes={"transB": 1})
+        lead = ir.node("Shape", [x], attributes={"end": -1})
+        width = _constant(model, f"{out.name}_width", [n])
+        shape = ir.node("Concat", [lead.outputs[0], width], attributes={"axis": 0})
+        back = ir.node("Reshape", [gemm.outputs[0], shape.outputs[0]])
+        nodes = [rows, gemm, lead, shape, back]
+    model.graph.insert_after(product, nodes)
+    take_place(out, nodes[-1].outputs[0])
+    model.graph.remove(product, safe=True)
+
+
+def _constant(model: ir.Model, name: str, values: list[int]) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(np.array(values, dtype=np.int64)))
+    model.graph.register_initializer(value)
+    return value
+
+
+def _transposes(node: ir.Node) -> bool:
+    """Whether `node` is a matrix's Transpose."""
+    return node.op_type == "Transpose" and list(node.attributes.get_ints("perm", [])) == [1, 0]
+
+
+def take_place(old: ir.Value, new: ir.Value) -> None:
+    """`new` read wherever `old` was, under its name, shape and type."""
+    old.replace_all_uses_with(new)
+    new.shape, new.type = old.shape, old.type
+    if not old.is_graph_output():
+        new.name = old.name
+
+
 def _raw_bytes(tensor: ir.TensorProtocol) -> memoryview:
     """The tensor's bytes as they go on disk, without a copy where numpy holds them so
     (a copy of every weight was a sixth of a 1B model's writing)."""
