@@ -46,8 +46,8 @@ class GradientGraphs:
             path = self.model_dir.path / gradient_files(length)[0]
             so = self._options()
             # Unpacked, it reads the weights where weights.data is mapped: GPT-2 small's
-            # graph of 20 tokens peaks at 0.6 GiB and runs in 169 ms; prepacked, a copy of
-            # every matrix makes it 2.2 GiB, and no faster (192 ms), for one run a request
+            # graph of 20 tokens peaks at 604 MiB; prepacked, a copy of every matrix makes
+            # it 1,224, for a graph run once a request (research/gradient-memory)
             so.add_session_config_entry("session.disable_prepacking", "1")
             self._sessions[length] = self._open(path, so)
         T = len(ids)
