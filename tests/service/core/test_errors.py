@@ -247,6 +247,7 @@ class FailsOn13:
         self.config, self.version = runtime.config, runtime.version
         self.provider, self.precision = runtime.provider, runtime.precision
         self.graphs, self.saes = runtime.graphs, runtime.saes
+        self.gradient_lengths = runtime.gradient_lengths
         self.run, self.warmup = runtime.run, runtime.warmup
 
     def embed(self, input_ids):
