@@ -104,6 +104,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="do nothing if OUT already holds a model (one-shot export containers)",
     )
     parser.set_defaults(run=run_export)
+    _add_gradient_command(commands)
+
+
+def _add_gradient_command(commands: argparse._SubParsersAction) -> None:
     gradient = commands.add_parser(
         "gradient",
         help="write the graphs attribution patching takes its gradients from",
