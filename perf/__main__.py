@@ -130,6 +130,12 @@ def parser() -> argparse.ArgumentParser:
         "circuit-tracer 0.5.0 in its own environment",
     )
     graphs.add_argument("--rounds", type=int, default=2, help="alternating rounds (medians)")
+    graphs.add_argument(
+        "--case",
+        choices=("llama-8", "gemma-2-2b"),
+        default="llama-8",
+        help="llama-8: against circuit-tracer; gemma-2-2b: its shape, attnserve alone",
+    )
     repository = commands.add_parser(
         "repository",
         help="a second model loaded: its cost to the first; a reload under a closed loop",
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "graphs":
         from perf.graphs import run_graphs
 
-        run_graphs(args.out, args.rounds, progress)
+        run_graphs(args.out, args.rounds, args.case, progress)
         return 0
     if args.command == "sizes":
         from perf.sizes import run_sizes

@@ -71,9 +71,11 @@ def build(
     width: int = D_TRANSCODER,
     active: float = 0.3,
     input_hook: str = INPUT_HOOKS[0],
+    skip: bool = True,
 ) -> None:
     """The checkpoint (FAMILIES' shape, `shape`'s fields over it) and its transcoder set
-    (`width` features each, about `active` of them on at a position) reading `input_hook`."""
+    (`width` features each, about `active` of them on at a position, with a skip connection
+    or not) reading `input_hook`."""
     from perf.hf_checkpoints import build_checkpoint
 
     model = build_checkpoint(family, out / "model", seed=seed, **{**FAMILIES[family], **shape})
@@ -104,6 +106,8 @@ def build(
 
     for layer, (x, y) in enumerate(zip(inputs, outputs, strict=True)):
         tensors = _transcoder(x, y, generator, width, active)
+        if not skip:
+            del tensors["W_skip"]
         save_file(tensors, folder / f"layer_{layer}.safetensors")
 
 
@@ -217,6 +221,7 @@ def main() -> None:
     b.add_argument("--width", type=int, default=D_TRANSCODER, help="features per transcoder")
     b.add_argument("--active", type=float, default=0.3, help="about this share on")
     b.add_argument("--input-hook", choices=INPUT_HOOKS, default=INPUT_HOOKS[0])
+    b.add_argument("--no-skip", action="store_true", help="transcoders without W_skip")
     a = commands.add_parser("attribute")
     a.add_argument("folder", type=Path)
     a.add_argument("--ids", required=True, help="comma-separated token ids")
@@ -226,7 +231,8 @@ def main() -> None:
     torch.set_grad_enabled(True)
     if args.command == "build":
         shape = json.loads(args.shape)
-        build(args.family, args.out, args.seed, shape, args.width, args.active, args.input_hook)
+        build(args.family, args.out, args.seed, shape, args.width, args.active,
+              args.input_hook, not args.no_skip)  # fmt: skip
     else:
         ids = [int(i) for i in args.ids.split(",")]
         attribute(args.folder, ids, args.out, json.loads(args.knobs))

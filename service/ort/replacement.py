@@ -79,13 +79,23 @@ class OrtReplacement:
     def rows(
         self, input_ids: np.ndarray, grads: np.ndarray, layers: np.ndarray, positions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        mlp, embed = self._run(
-            input_ids,
-            np.ascontiguousarray(grads, np.float32),
-            np.asarray(layers, np.int64),
-            np.asarray(positions, np.int64),
-            BACKWARD_OUTPUTS[:2],
-        )
+        """Each group of rows (`position_groups`) runs on the prompt's prefix up to its last
+        position: with causal attention nothing after a row's position reaches it, so the
+        rest of the prompt would only add zeros (exact, and a row at position p costs about
+        (p + 1) / T of a whole pass)."""
+        L, (T,), D = self._config.n_layers, input_ids.shape, self._config.d_model
+        positions = np.asarray(positions, np.int64)
+        mlp = np.zeros((len(positions), L, T, D), np.float32)
+        embed = np.zeros((len(positions), T, D), np.float32)
+        for group in position_groups(positions):
+            length = max(int(positions[group].max()) + 1, 2)  # the graph's shortest prompt
+            mlp[group, :, :length], embed[group, :length] = self._run(
+                input_ids[:length],
+                np.ascontiguousarray(grads[group], np.float32),
+                np.asarray(layers, np.int64)[group],
+                positions[group],
+                BACKWARD_OUTPUTS[:2],
+            )
         return mlp, embed
 
     def activations(self, layer: int, x: np.ndarray) -> np.ndarray:
@@ -102,6 +112,33 @@ class OrtReplacement:
 
     def unembedding(self) -> np.ndarray:
         return self._unembedding
+
+
+# What one pass costs beyond its rows, in rows: the prompt's forward it recomputes, and
+# ONNX Runtime's own work per run (a guess of the right size: 8 of the default model's rows)
+_PASS_ROWS = 8
+
+
+def position_groups(positions: np.ndarray, overhead: float = _PASS_ROWS) -> list[np.ndarray]:
+    """The rows (indices into positions) in groups of neighbouring positions that cost
+    least as passes over the prompt's prefix to each group's last position: a pass of n
+    rows up to position p costs about (n + overhead) (p + 1). Exact by dynamic programming
+    over the distinct positions (at most one per row)."""
+    order = np.argsort(positions, kind="stable")
+    distinct, counts = np.unique(positions[order], return_counts=True)
+    before = np.concatenate([[0], np.cumsum(counts)])  # rows at the first i positions
+    cost = np.zeros(len(distinct) + 1)
+    cut = np.zeros(len(distinct) + 1, np.int64)  # where the best grouping's last group starts
+    for j in range(1, len(distinct) + 1):
+        # the last group holds distinct positions i..j-1, for each i < j
+        options = cost[:j] + (before[j] - before[:j] + overhead) * (distinct[j - 1] + 1)
+        cut[j] = int(np.argmin(options))
+        cost[j] = options[cut[j]]
+    groups, j = [], len(distinct)
+    while j:
+        groups.append(order[before[cut[j]] : before[j]])
+        j = int(cut[j])
+    return groups[::-1]
 
 
 def _unembedding(model_dir: Path, config: ModelConfig) -> np.ndarray:

@@ -7,11 +7,13 @@ weights, whose arithmetic is circuit-tracer's (a JumpReLU's thresholds positive)
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import yaml
@@ -22,7 +24,7 @@ from attnserve.client import EncoderClient
 from attnserve.export.sae import add_sae
 from attnserve.export.sae_sources import SAEError
 from attnserve.export.transcoder_set import add_transcoder_set
-from attnserve.model.artifacts import backward_files
+from attnserve.model.artifacts import BACKWARD_INPUTS, BACKWARD_OUTPUTS, backward_files
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.backend import ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError
@@ -30,6 +32,7 @@ from attnserve.service.core.features import plan_features
 from attnserve.service.core.interventions import plan_changes, plan_clamps
 from attnserve.service.core.request import FeaturesOptions, Intervention
 from attnserve.service.core.view import InputContext, ModelView
+from attnserve.service.ort.replacement import position_groups
 from attnserve.service.ort.runtime import OrtRuntime, RuntimeOptions
 from tests.conftest import ServerThread, linked_copy
 from tests.export.test_hf_families import padded_batch
@@ -169,6 +172,7 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
     assert stored <= {"skip_0", "skip_1", "rotary.cos", "rotary.sin"}
     assert "blocks.1.attn.qkv.weight.T" in where["weights.data"]
     runtime = OrtRuntime(model_dir, RuntimeOptions(provider="cpu"))
+    assert_rows_on_prefixes(runtime.replacement("plt"), graph, d, layers)
     ids, lengths = padded_batch(reference.config.vocab_size, seed=6)
     sites = residual_sites(reference, "llama", ids)
     outputs = served(runtime, names, ids, lengths)
@@ -205,6 +209,52 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
         InvalidInputError, match=r"interventions\[0\]\.feature: '1-plt' is a transcoder"
     ):
         plan_clamps((Intervention("", "clamp", None, 1.0, feature=("1-plt", 3)),), view, 4, 0)
+
+
+def assert_rows_on_prefixes(replacement, graph: Path, d: int, layers: int) -> None:
+    """The served rows, each group of positions run on the prompt's prefix up to its last
+    (service/ort/replacement.py position_groups), equal to one pass of the whole graph over
+    the whole prompt: rows at every position, the logits' layer among them."""
+    rng = np.random.default_rng(4)
+    T, N = 12, 40
+    input_ids = rng.integers(3, 200, T).astype(np.int64)
+    grads = rng.standard_normal((N, d)).astype(np.float32)
+    row_layers = rng.integers(0, layers + 1, N).astype(np.int64)
+    positions = np.concatenate([rng.integers(0, 4, N // 2), rng.integers(0, T, N // 2)])
+    assert len(position_groups(positions)) > 1  # the case under test
+    mlp, embed = replacement.rows(input_ids, grads, row_layers, positions)
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    feeds = (input_ids[None], grads, row_layers, positions)
+    want_mlp, want_embed = session.run(
+        list(BACKWARD_OUTPUTS[:2]), dict(zip(BACKWARD_INPUTS, feeds, strict=True))
+    )
+    for got, want in ((mlp, want_mlp), (embed, want_embed)):
+        scale = np.abs(want).max(axis=tuple(range(1, want.ndim)), keepdims=True)
+        scale = np.maximum(scale, 1e-30)  # a row that reaches no MLP reads zeros there
+        np.testing.assert_allclose(got / scale, want / scale, rtol=0, atol=1e-6)
+
+
+def test_position_groups_are_the_cheapest_cover_of_the_rows():
+    """Against every way of cutting the sorted distinct positions into runs."""
+    rng = np.random.default_rng(0)
+    for overhead in (0.0, 3.0, 50.0):
+        for _ in range(20):
+            positions = rng.integers(0, 9, rng.integers(1, 12))
+            groups = position_groups(positions, overhead)
+            assert sorted(np.concatenate(groups).tolist()) == list(range(len(positions)))
+            spans = [positions[g] for g in groups]
+            assert all(a.max() < b.min() for a, b in itertools.pairwise(spans))
+
+            def cost(parts, overhead=overhead) -> float:
+                return sum((len(p) + overhead) * (p.max() + 1) for p in parts)
+
+            distinct = np.unique(positions)
+            best = min(
+                cost(np.split(np.sort(positions), np.searchsorted(np.sort(positions), cuts)))
+                for k in range(len(distinct))
+                for cuts in itertools.combinations(distinct[1:].tolist(), k)
+            )
+            assert cost(spans) == pytest.approx(best)
 
 
 def sae_row(sae: SAE, feature: int) -> np.ndarray:
