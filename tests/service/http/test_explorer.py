@@ -581,10 +581,11 @@ def test_a_patching_grid_and_a_steering_box_show_the_servers_numbers(page, serve
     assert page.elsewhere == []
 
 
-def test_the_defaults_steer_and_patch_the_default_model(browser, default_export, client):
+def test_the_defaults_steer_and_patch_the_default_model(browser, default_export):
     """As a newcomer finds the page on the default model: Steer and Patch with nothing
     changed. The steering moves the next-token distribution and the continued text; the
-    patching pair's answer moves (clean and corrupted 1.0 apart or more, no warning)."""
+    patching pair's answer moves (clean and corrupted 1.0 apart or more, no warning), and
+    its attribution estimate and saliency are the API's."""
     served = ServerThread(default_export[0])
     context = browser.new_context()
     page = context.new_page()
@@ -610,6 +611,29 @@ def test_the_defaults_steer_and_patch_the_default_model(browser, default_export,
         grid.wait_for()
         clean, corrupted = (float(grid.get_attribute(f"data-{k}")) for k in ("clean", "corrupted"))
         assert clean - corrupted >= 1.0 and grid.get_attribute("data-warning") == ""
+        assert page.locator("#saliency").is_hidden()  # the runs give no gradient
+        # the attribution method: the server's estimate in each cell, each token's saliency
+        # below, the bracket (the one token that differs) the most salient
+        page.select_option("#patch-method", "PATCHING_METHOD_ATTRIBUTION")
+        page.click("#patch-form button")
+        page.locator(
+            '#patching[data-ready="true"][data-method="PATCHING_METHOD_ATTRIBUTION"]'
+        ).wait_for()
+        asked = {"source": page.input_value("#patch-clean"), "hook": "resid_pre",
+                 "target": "]", "contrast": ")", "method": "attribution"}  # fmt: skip
+        with EncoderClient(served.address) as client:
+            want = client.encode(page.input_value("#patch-corrupted"), patching=asked)[0].patching
+        shown = page.locator("#patching td[data-layer]").evaluate_all(
+            "cells => cells.map(c => [+c.dataset.layer, +c.dataset.column, +c.dataset.value])"
+        )
+        assert len(shown) == want.values.size
+        for layer, column, value in shown:
+            assert value == pytest.approx(want.values[layer, column], abs=1e-5)
+        saliency = page.locator("#saliency td[data-position]").evaluate_all(
+            "cells => cells.map(c => +c.dataset.value)"
+        )
+        np.testing.assert_allclose(saliency, want.saliency, rtol=0, atol=1e-5)
+        assert int(np.abs(saliency).argmax()) == 5  # BOS, "x", " ", "=", " ", "("
     finally:
         context.close()
         served.stop()

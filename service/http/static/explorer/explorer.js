@@ -722,6 +722,26 @@ async function showLens(model, text) {
 
 // ---- interventions: activation patching, and steering ----
 
+// Each token's input-times-gradient saliency of the patching metric (the attribution
+// method's): red where the token pushes the answer over the other, blue where against it.
+function drawSaliency(values, tokens) {
+  const table = $("saliency");
+  table.innerHTML = "";
+  const head = table.insertRow(), row = table.insertRow();
+  head.insertCell().textContent = "";
+  row.appendChild(document.createElement("th")).textContent = "saliency";
+  const largest = Math.max(...values.map(Math.abs), 1e-12);
+  tokens.forEach((token, t) => {
+    head.appendChild(document.createElement("th")).textContent = token;
+    const td = row.insertCell(), share = values[t] / largest;
+    td.textContent = values[t].toFixed(2);
+    td.style.background = share >= 0 ? `rgba(200, 40, 40, ${share})` : `rgba(40, 80, 200, ${-share})`;
+    td.title = `${token}: input x gradient ${values[t].toFixed(4)}`;
+    Object.assign(td.dataset, { position: t, value: values[t] });
+  });
+  table.hidden = false;
+}
+
 
 // The patching grid of the text against the clean text: one request; each cell coloured by
 // the share of the clean difference it brings back, (value - corrupted) / (clean - corrupted).
@@ -731,6 +751,8 @@ async function showPatching(event) {
   table.dataset.ready = "false";
   $("patch-note").textContent = "";
   const model = $("model-a").value, text = $("patch-corrupted").value, hook = $("patch-hook").value;
+  const method = $("patch-method").value;
+  $("saliency").hidden = true;
   try {
     const options = {
       skipTokenEmbeddings: true,
@@ -740,6 +762,7 @@ async function showPatching(event) {
         hook,
         targetId: (await oneToken(model, $("patch-answer").value)).id,
         contrastId: (await oneToken(model, $("patch-contrast").value)).id,
+        method,
       },
     };
     const result = (await post("/v1/encode", { model, inputs: [{ text }], options })).results[0];
@@ -765,7 +788,8 @@ async function showPatching(event) {
         Object.assign(td.dataset, { layer, column: c, value, recovered });
       }
     }
-    Object.assign(table.dataset, { hook, clean, corrupted, warning: grid.warning || "", ready: "true" });
+    if (grid.saliency) drawSaliency(decodeNumbers(grid.saliency), result.tokens);
+    Object.assign(table.dataset, { hook, method, clean, corrupted, warning: grid.warning || "", ready: "true" });
     $("patch-note").textContent = `logit difference clean ${clean.toFixed(3)}, corrupted ${corrupted.toFixed(3)}`
       + (grid.warning ? `. Warning: ${grid.warning}` : "");
   } catch (error) {
