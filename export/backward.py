@@ -3,7 +3,8 @@
 Traced by torch's dynamo exporter from the model code under autograd: the graph holds the
 prompt's forward (to freeze its patterns and norm scales and read the transcoders'
 inputs, the MLPs' outputs and the logits) and the transposed linear map of the frozen
-model, MatMul, Transpose, Mul and sums; rows and positions are free axes. Its weights are
+model, MatMul, Transpose, Mul and sums; the prompt's length and each layer's rows are free
+axes. Its weights are
 the model's own by name (a WeightsFile shared with the model's graphs writes each once).
 """
 
@@ -31,10 +32,10 @@ from attnserve.export.weights import (
     store_linear_weights_transposed,
 )
 from attnserve.model.artifacts import (
-    BACKWARD_INPUTS,
     BACKWARD_OUTPUTS,
     WEIGHTS_INDEX_FILENAME,
     backward_files,
+    backward_inputs,
 )
 from attnserve.model.encoder import Encoder
 from attnserve.model.hooks import MLP_OUT
@@ -50,13 +51,15 @@ def export_backward(
     """Trace the backward of `model`'s replacement by `transcoders` to `path`, its tensors
     in `weights` under the encoder's own parameter names, and check the file."""
     graph = BackwardGraph(model, transcoders).eval()
-    rows, seq = torch.export.Dim("rows", min=1), torch.export.Dim("seq", min=2)
-    D = model.config.d_model
+    seq = torch.export.Dim("seq", min=2)
+    D, L = model.config.d_model, model.config.n_layers
+    # every layer's row count free (the example's 2 and 3 rows: not 0 or 1, which the
+    # exporter would take for constants)
+    rows = [torch.export.Dim(f"rows_{layer}", min=1) for layer in range(L + 1)]
     examples = (
         torch.zeros(1, 3, dtype=torch.long),
-        torch.zeros(2, D),
-        torch.tensor([0, model.config.n_layers]),
-        torch.tensor([0, 2]),
+        [torch.zeros(2 + layer % 2, D) for layer in range(L + 1)],
+        [torch.tensor([0, 2, 1][: 2 + layer % 2]) for layer in range(L + 1)],
     )
     quiet_exporter()
     with warnings.catch_warnings():
@@ -70,13 +73,12 @@ def export_backward(
             # optimised once the weights are in the file: folding first would make a
             # transposed copy of every weight (as export/onnx_export.py trace)
             optimize=False,
-            input_names=list(BACKWARD_INPUTS),
+            input_names=list(backward_inputs(L)),
             output_names=list(BACKWARD_OUTPUTS),
             dynamic_shapes={
                 "input_ids": {1: seq},
-                "grads": {0: rows},
-                "layers": {0: rows},
-                "positions": {0: rows},
+                "grads": [{0: n} for n in rows],
+                "positions": [{0: n} for n in rows],
             },
         )
     assert program is not None
@@ -152,17 +154,16 @@ def check_backward(model: Encoder, transcoders: Transcoders, path: Path) -> dict
     config = model.config
     generator = torch.Generator().manual_seed(0)
     length = min(11, config.max_seq_len)
-    rows = 5
-    feeds = (
-        torch.randint(0, config.vocab_size, (1, length), generator=generator),
-        torch.randn(rows, config.d_model, generator=generator),
-        torch.randint(0, config.n_layers + 1, (rows,), generator=generator),
-        torch.randint(0, length, (rows,), generator=generator),
-    )
+    # rows at every layer but one (a layer without rows, as a graph's passes have them)
+    counts = [0 if layer == 1 else 1 + layer % 3 for layer in range(config.n_layers + 1)]
+    grads = [torch.randn(n, config.d_model, generator=generator) for n in counts]
+    positions = [torch.randint(0, length, (n,), generator=generator) for n in counts]
+    ids = torch.randint(0, config.vocab_size, (1, length), generator=generator)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, dict(zip(BACKWARD_INPUTS, (t.numpy() for t in feeds), strict=True)))
+    feeds = [t.numpy() for t in (ids, *grads, *positions)]
+    got = session.run(None, dict(zip(backward_inputs(config.n_layers), feeds, strict=True)))
     with torch.no_grad():
-        want = BackwardGraph(model, transcoders)(*feeds)
+        want = BackwardGraph(model, transcoders)(ids, grads, positions)
     fidelity = {}
     for name, g, w in zip(BACKWARD_OUTPUTS, got, want, strict=True):
         w = w.numpy()

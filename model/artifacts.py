@@ -119,10 +119,8 @@ SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # set's own (the skips); backward_{set}.json: {"members": the SAE names by layer, "scan",
 # "input_site": the site each reads, "{layer}" unfilled, "skip", "fidelity"}.
 BACKWARD_PREFIX = "backward_"
-# input_ids int64 (1, T), grads float32 (N, D), layers and positions int64 (N,): each row's
-# direction and place (layer L: the model's output after the final norm)
-BACKWARD_INPUTS = ("input_ids", "grads", "layers", "positions")
-# the rows' gradients at every hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D); the
+# the rows' gradients, in layer order, at every hook_mlp_out (N, L, T, D) and at hook_embed
+# (N, T, D); the
 # prompt's transcoder inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token
 # embeddings (T, D) and what the skips write (L, T, D)
 BACKWARD_OUTPUTS = (
@@ -134,6 +132,15 @@ BACKWARD_OUTPUTS = (
     "embeddings",
     "skip_outputs",
 )
+
+
+def backward_inputs(n_layers: int) -> tuple[str, ...]:
+    """A backward graph's inputs: input_ids int64 (1, T); then the rows layer by layer,
+    grads_{l} float32 (N_l, D) and positions_{l} int64 (N_l,) for l in 0..L, each row's
+    direction and place (layer L: the model's output after the final norm)."""
+    layers = range(n_layers + 1)
+    grads = tuple(f"grads_{layer}" for layer in layers)
+    return ("input_ids", *grads, *(f"positions_{layer}" for layer in layers))
 
 
 def backward_files(set_name: str) -> tuple[str, str, str]:

@@ -59,8 +59,21 @@ class Encoder(nn.Module):
         T = input_ids.size(1)
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
-        config = self.config
         x = self.embed(input_ids, torch.arange(T, device=input_ids.device))  # (B, T, D)
+        x, attentions = self.run_blocks(x, need_weights)
+        embeddings = self.finish(x)
+        if not need_weights:
+            return embeddings, None
+        return embeddings, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+
+    def run_blocks(
+        self, x: torch.Tensor, need_weights: bool = True
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """What the first block reads (B, T, D) -> what the last writes (B, T, D), and each
+        block's attention weights (B, H, T, T) (None without need_weights). A hook at a
+        block's input may change the batch (the replacement model's backward drops rows
+        there: model/replacement.py), so nothing here holds B."""
+        config, T = self.config, x.size(1)
         rotary = sliding_rotary = None
         if config.positions == "rotary":
             rotary = self.rotary(T)  # (cos, sin), 2 x (T, rotary_dims)
@@ -71,10 +84,7 @@ class Encoder(nn.Module):
             positions = self._layer_rotary(layer, rotary, sliding_rotary)
             x, weights = block(x, need_weights, positions)  # (B, T, D), (B, H, T, T)
             attentions.append(weights)
-        embeddings = self.finish(x)
-        if not need_weights:
-            return embeddings, None
-        return embeddings, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+        return x, attentions
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) at positions (T) or (B, T) -> what the first block reads (B, T, D):

@@ -89,27 +89,50 @@ def backward(
     layers: torch.Tensor,
     positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The replacement model's backward for N rows at once: row n puts grads[n] (D) at
-    position positions[n] of layer layers[n]'s transcoder input site (layer L: the model's
-    output after the final norm, where a logit's direction is put) and reads where it
-    arrives: (N, L, T, D) at each layer's hook_mlp_out (what its transcoder's features and
-    error write) and (N, T, D) at hook_embed (the tokens' embeddings, as they enter)."""
+    """`layered`'s backward for N rows in any order: row n puts grads[n] (D) at position
+    positions[n] of layer layers[n]'s transcoder input site; (N, L, T, D), (N, T, D)."""
+    L = model.config.n_layers
+    chosen = [torch.nonzero(layers == layer)[:, 0] for layer in range(L + 1)]
+    mlp, embed = layered(
+        model, frozen, transcoders, [grads[c] for c in chosen], [positions[c] for c in chosen]
+    )
+    order = torch.cat(chosen)  # the rows' places in layer order
+    return mlp[torch.argsort(order)], embed[torch.argsort(order)]
+
+
+def layered(
+    model: Encoder,
+    frozen: Frozen,
+    transcoders: Transcoders,
+    grads: Sequence[torch.Tensor],
+    positions: Sequence[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replacement model's backward for rows given layer by layer: grads[l] (N_l, D)
+    put at positions[l] (N_l,) of layer l's transcoder input site (l = L: the model's output
+    after the final norm, where a logit's direction is put), and read where they arrive:
+    (N, L, T, D) at each layer's hook_mlp_out (what its transcoder's features and error
+    write) and (N, T, D) at hook_embed (the tokens' embeddings, as they enter), the rows in
+    layer order. A row at layer l needs nothing above its place, so each block runs on the
+    rows of its layer and above only: block j's batch leaves out the rows of layers below
+    j, and their gradients there are zeros without being computed."""
     config = model.config
     if config.d_embed is not None:
         raise ValueError(
             f"{config.name}: its output is projected to {config.d_embed} (OPT-350m): "
             "no replacement model"
         )
-    N, T, L = grads.shape[0], frozen.outputs.shape[1], config.n_layers
-    zeros = grads.new_zeros(N, T, config.d_model)
+    T, L, D = frozen.outputs.shape[1], config.n_layers, config.d_model
+    counts = [g.shape[0] for g in grads]
+    from_layer = [sum(counts[j:]) for j in range(L + 1)]  # the batch at block j
+    new, x_at = grads[0].new_zeros, grads[0].device
     # where each row reads: the value at these sites is zero (the model runs at x = 0, so
     # nothing but the transposed map is left to compute), its gradient is the answer
-    embed_read = zeros.clone().requires_grad_()
-    mlp_reads = [zeros.clone().requires_grad_() for _ in range(L)]
+    embed_read = new(from_layer[0], T, D).requires_grad_()
+    mlp_reads = [new(from_layer[j], T, D).requires_grad_() for j in range(L)]
     reached: dict[int, torch.Tensor] = {}  # each layer's transcoder input, as the run reaches it
 
-    def given(value: torch.Tensor) -> Hook:
-        return lambda _: value.expand(N, *value.shape[1:])
+    def given(value: torch.Tensor) -> Hook:  # a frozen value, for the batch where it is read
+        return lambda current: value.expand(current.shape[0], *value.shape[1:])
 
     def keep(layer: int) -> Hook:
         return lambda x: reached.__setitem__(layer, x)
@@ -123,25 +146,51 @@ def backward(
 
         return hook
 
+    def leave(layer: int) -> Hook:  # the rows of layer - 1 (the batch's first) stop here
+        return lambda x: x[counts[layer - 1] :]
+
     frozen_at: dict[str, Hook] = {hooks.EMBED: lambda _: embed_read}
+    frozen_at |= {hooks.RESID_PRE.format(layer=j): leave(j) for j in range(1, L)}
     frozen_at |= {hooks.PATTERN.format(layer=i): given(p) for i, p in enumerate(frozen.patterns)}
     frozen_at |= {name: given(scale) for name, scale in frozen.scales.items()}
-    frozen_at |= {transcoders.input_site.format(layer=i): keep(i) for i in range(L)}
+    for i in range(L):  # a parallel block's transcoder reads its input: after the rows leave
+        site = transcoders.input_site.format(layer=i)
+        frozen_at[site] = _then(frozen_at[site], keep(i)) if site in frozen_at else keep(i)
     frozen_at |= {hooks.MLP_OUT.format(layer=i): mlp_out(i) for i in range(L)}
-    # (N, T): 1 at each row's position (a comparison, not one_hot: its width would be
-    # traced as a constant)
-    at = (positions[:, None] == torch.arange(T, device=grads.device)).to(grads.dtype)
     with torch.enable_grad(), hooked(model, frozen_at):
-        output, _ = model(grads.new_zeros(N, T, dtype=torch.long))
-        sites = [*(reached[layer] for layer in range(L)), output]
-        # sum over rows of <site of the row's layer at its position, its gradient>
+        x = model.embed(new(from_layer[0], T, dtype=torch.long), torch.arange(T, device=x_at))
+        output = model.finish(model.run_blocks(x)[0])  # (rows of layers L - 1 and L, T, D)
+        # each layer's rows are the first of the batch that reaches its site
+        sites = [reached[layer][: counts[layer]] for layer in range(L)]
+        sites.append(output[counts[L - 1] :])
         objective = sum(
-            ((site * grads[:, None, :]).sum(-1) * at * (layers == i)[:, None]).sum()
-            for i, site in enumerate(sites)
+            # <site at the row's position, the row's gradient>; the position picked by a
+            # comparison, not one_hot: its width would be traced as a constant
+            ((site * g[:, None, :]).sum(-1) * (p[:, None] == torch.arange(T, device=x_at))).sum()
+            for site, g, p in zip(sites, grads, positions, strict=True)
         )
         read = torch.autograd.grad(objective, [*mlp_reads, embed_read], allow_unused=True)
-    filled = [zeros if g is None else g for g in read]  # a layer no row reaches reads zeros
-    return torch.stack(filled[:L], dim=1), filled[L]
+    # a layer's gradients for the rows below it (not in its batch) and where none arrives
+    filled = [
+        new(from_layer[0], T, D)
+        if g is None
+        else torch.cat([new(from_layer[0] - from_layer[j], T, D), g])
+        for j, g in enumerate(read[:L])
+    ]
+    embed = read[L] if read[L] is not None else new(from_layer[0], T, D)
+    return torch.stack(filled, dim=1), embed
+
+
+def _then(first: Hook, second: Hook) -> Hook:
+    """Both hooks at one site, the second reading what the first made of it."""
+
+    def hook(x: torch.Tensor) -> torch.Tensor | None:
+        made = first(x)
+        x = x if made is None else made
+        again = second(x)
+        return x if again is None else again
+
+    return hook
 
 
 class Primitives(TorchFunctionMode):
@@ -172,8 +221,9 @@ class Primitives(TorchFunctionMode):
 
 
 class BackwardGraph(nn.Module):
-    """What export/backward.py traces: the prompt in (input_ids (1, T)) with the rows
-    (grads (N, D), layers (N,), positions (N,), int64), and out the rows' gradients at every
+    """What export/backward.py traces: the prompt in (input_ids (1, T)) with the rows layer
+    by layer (grads, L + 1 of (N_l, D); positions, L + 1 of (N_l,) int64), and out the
+    rows' gradients, in layer order, at every
     hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D), with the prompt's transcoder
     inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token embeddings (T, D)
     and skips' outputs (L, T, D): one graph, so that the frozen values never leave ONNX
@@ -195,15 +245,12 @@ class BackwardGraph(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        grads: torch.Tensor,
-        layers: torch.Tensor,
-        positions: torch.Tensor,
+        grads: list[torch.Tensor],
+        positions: list[torch.Tensor],
     ) -> tuple[torch.Tensor, ...]:
         frozen = freeze(self.model, input_ids, self.input_site)
         with Primitives():
-            mlp_grads, embed_grads = backward(
-                self.model, frozen, self.transcoders, grads, layers, positions
-            )
+            mlp_grads, embed_grads = layered(self.model, frozen, self.transcoders, grads, positions)
         # (L, T, D): what each skip writes at the prompt (the error node is the MLP's output
         # less the features', b_dec and this)
         none = frozen.outputs[0].new_zeros(frozen.outputs.shape[1:])

@@ -15,11 +15,11 @@ import numpy as np
 import onnxruntime as ort
 
 from attnserve.model.artifacts import (
-    BACKWARD_INPUTS,
     BACKWARD_OUTPUTS,
     WEIGHTS_INDEX_FILENAME,
     ModelDirectory,
     backward_files,
+    backward_inputs,
 )
 from attnserve.model.config import ModelConfig
 from attnserve.service.core.errors import InferenceError, UnsupportedError
@@ -59,20 +59,24 @@ class OrtReplacement:
         self._session: ort.InferenceSession | None = None
         self._unembedding = _unembedding(model_dir.path, config)
 
-    def _run(self, input_ids: np.ndarray, grads: np.ndarray, layers, positions, outputs):
+    def _run(self, input_ids: np.ndarray, grads, positions, outputs):
+        """The graph on the prompt and rows given layer by layer (L + 1 of each)."""
         if self._session is None:
             self._session = self._open()
-        feeds = dict(zip(BACKWARD_INPUTS, (input_ids[None], grads, layers, positions), strict=True))
+        names = backward_inputs(self._config.n_layers)
+        feeds = dict(zip(names, (input_ids[None], *grads, *positions), strict=True))
         try:
             return self._session.run(list(outputs), feeds)
         except Exception as exc:  # ORT raises its own untyped errors
             raise InferenceError(f"ONNX Runtime failed on {self._path.name}: {exc}") from exc
 
     def freeze(self, input_ids: np.ndarray) -> FrozenPrompt:
-        one = np.zeros((1, self._config.d_model), np.float32)  # a row of nothing
-        zero = np.zeros(1, np.int64)
+        L, D = self._config.n_layers, self._config.d_model
+        # a row of nothing at the logits, none elsewhere
+        grads = [np.zeros((int(layer == L), D), np.float32) for layer in range(L + 1)]
+        positions = [np.zeros(len(g), np.int64) for g in grads]
         inputs, outputs, logits, embeddings, skips = self._run(
-            input_ids, one, zero, zero, BACKWARD_OUTPUTS[2:]
+            input_ids, grads, positions, BACKWARD_OUTPUTS[2:]
         )
         return FrozenPrompt(inputs, outputs, skips, logits, embeddings)
 
@@ -82,18 +86,20 @@ class OrtReplacement:
         """Each group of rows (`position_groups`) runs on the prompt's prefix up to its last
         position: with causal attention nothing after a row's position reaches it, so the
         rest of the prompt would only add zeros (exact, and a row at position p costs about
-        (p + 1) / T of a whole pass)."""
+        (p + 1) / T of a whole pass). Within a pass, the graph runs each block on the rows
+        of its layer and above (model/replacement.py layered)."""
         L, (T,), D = self._config.n_layers, input_ids.shape, self._config.d_model
-        positions = np.asarray(positions, np.int64)
+        positions, layers = np.asarray(positions, np.int64), np.asarray(layers, np.int64)
         mlp = np.zeros((len(positions), L, T, D), np.float32)
         embed = np.zeros((len(positions), T, D), np.float32)
         for group in position_groups(positions):
             length = max(int(positions[group].max()) + 1, 2)  # the graph's shortest prompt
+            group = group[np.argsort(layers[group], kind="stable")]  # in layer order
+            by_layer = [group[layers[group] == layer] for layer in range(L + 1)]
             mlp[group, :, :length], embed[group, :length] = self._run(
                 input_ids[:length],
-                np.ascontiguousarray(grads[group], np.float32),
-                np.asarray(layers, np.int64)[group],
-                positions[group],
+                [np.ascontiguousarray(grads[rows], np.float32) for rows in by_layer],
+                [positions[rows] for rows in by_layer],
                 BACKWARD_OUTPUTS[:2],
             )
         return mlp, embed

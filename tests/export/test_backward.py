@@ -9,8 +9,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from attnserve.export.backward import BACKWARD_INPUTS, BACKWARD_OUTPUTS, export_backward
+from attnserve.export.backward import BACKWARD_OUTPUTS, export_backward
 from attnserve.export.weights import WeightsFile
+from attnserve.model.artifacts import backward_inputs
 from attnserve.model.encoder import build_encoder
 from attnserve.model.replacement import BackwardGraph
 from tests.model.test_replacement import FAMILIES, trained_scale, transcoder_set
@@ -28,19 +29,23 @@ def test_the_graph_is_the_model_codes_backward(family, tmp_path):
     with WeightsFile(tmp_path / "weights.data") as weights:
         path = export_backward(model, transcoders, tmp_path / "backward.onnx", weights)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == list(BACKWARD_INPUTS)
+    names = backward_inputs(config.n_layers)
+    assert [i.name for i in session.get_inputs()] == list(names)
     assert [o.name for o in session.get_outputs()] == list(BACKWARD_OUTPUTS)
     generator = torch.Generator().manual_seed(11)
-    for rows, length in ((1, 2), (7, 13)):
-        feeds = (
-            torch.randint(3, 200, (1, length), generator=generator),
-            torch.randn(rows, config.d_model, generator=generator),
-            torch.randint(0, config.n_layers + 1, (rows,), generator=generator),
-            torch.randint(0, length, (rows,), generator=generator),
-        )
-        got = session.run(None, dict(zip(BACKWARD_INPUTS, (t.numpy() for t in feeds), strict=True)))
+    # rows at every layer (one each: the sizes the trace took for constants were 2 and 3),
+    # then a layer without rows and several at others
+    for counts, length in (
+        ([1] * (config.n_layers + 1), 2),
+        ([3, 0, *[2] * config.n_layers][: config.n_layers + 1], 13),
+    ):
+        grads = [torch.randn(n, config.d_model, generator=generator) for n in counts]
+        positions = [torch.randint(0, length, (n,), generator=generator) for n in counts]
+        ids = torch.randint(3, 200, (1, length), generator=generator)
+        feeds = [t.numpy() for t in (ids, *grads, *positions)]
+        got = session.run(None, dict(zip(names, feeds, strict=True)))
         with torch.no_grad():
-            want = BackwardGraph(model, transcoders)(*feeds)
+            want = BackwardGraph(model, transcoders)(ids, grads, positions)
         for name, g, w in zip(BACKWARD_OUTPUTS, got, want, strict=True):
             w = w.numpy()
             assert g.shape == w.shape, name

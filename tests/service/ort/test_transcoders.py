@@ -24,7 +24,7 @@ from attnserve.client import EncoderClient
 from attnserve.export.sae import add_sae
 from attnserve.export.sae_sources import SAEError
 from attnserve.export.transcoder_set import add_transcoder_set
-from attnserve.model.artifacts import BACKWARD_INPUTS, BACKWARD_OUTPUTS, backward_files
+from attnserve.model.artifacts import BACKWARD_OUTPUTS, backward_files, backward_inputs
 from attnserve.model.tokenizer import ByteTokenizer
 from attnserve.service.core.backend import ReadoutSelection
 from attnserve.service.core.errors import InvalidInputError
@@ -214,7 +214,7 @@ def test_a_circuit_tracer_transcoder_set_is_served_one_per_layer(families, tmp_p
 def assert_rows_on_prefixes(replacement, graph: Path, d: int, layers: int) -> None:
     """The served rows, each group of positions run on the prompt's prefix up to its last
     (service/ort/replacement.py position_groups), equal to one pass of the whole graph over
-    the whole prompt: rows at every position, the logits' layer among them."""
+    the whole prompt: rows at every position and layer, the logits' layer among them."""
     rng = np.random.default_rng(4)
     T, N = 12, 40
     input_ids = rng.integers(3, 200, T).astype(np.int64)
@@ -224,10 +224,13 @@ def assert_rows_on_prefixes(replacement, graph: Path, d: int, layers: int) -> No
     assert len(position_groups(positions)) > 1  # the case under test
     mlp, embed = replacement.rows(input_ids, grads, row_layers, positions)
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    feeds = (input_ids[None], grads, row_layers, positions)
+    order = np.argsort(row_layers, kind="stable")  # the graph's rows come in layer order
+    by_layer = [order[row_layers[order] == layer] for layer in range(layers + 1)]
+    feeds = (input_ids[None], *(grads[r] for r in by_layer), *(positions[r] for r in by_layer))
     want_mlp, want_embed = session.run(
-        list(BACKWARD_OUTPUTS[:2]), dict(zip(BACKWARD_INPUTS, feeds, strict=True))
+        list(BACKWARD_OUTPUTS[:2]), dict(zip(backward_inputs(layers), feeds, strict=True))
     )
+    want_mlp, want_embed = want_mlp[np.argsort(order)], want_embed[np.argsort(order)]
     for got, want in ((mlp, want_mlp), (embed, want_embed)):
         scale = np.abs(want).max(axis=tuple(range(1, want.ndim)), keepdims=True)
         scale = np.maximum(scale, 1e-30)  # a row that reaches no MLP reads zeros there
