@@ -64,7 +64,8 @@ class Encoder(nn.Module):
         embeddings = self.finish(x)
         if not need_weights:
             return embeddings, None
-        return embeddings, torch.stack(attentions, dim=1)  # (B, L, H, T, T)
+        # every block's weights, need_weights: (B, L, H, T, T)
+        return embeddings, torch.stack(cast(list[torch.Tensor], attentions), dim=1)
 
     def run_blocks(
         self, x: torch.Tensor, need_weights: bool = True

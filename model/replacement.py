@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -169,7 +169,9 @@ def layered(
             ((site * g[:, None, :]).sum(-1) * (p[:, None] == torch.arange(T, device=x_at))).sum()
             for site, g, p in zip(sites, grads, positions, strict=True)
         )
-        read = torch.autograd.grad(objective, [*mlp_reads, embed_read], allow_unused=True)
+        read = torch.autograd.grad(
+            cast(torch.Tensor, objective), [*mlp_reads, embed_read], allow_unused=True
+        )
     # a layer's gradients for the rows below it (not in its batch) and where none arrives
     filled = [
         new(from_layer[0], T, D)
