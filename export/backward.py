@@ -4,8 +4,8 @@ Traced by torch's dynamo exporter from the model code under autograd: the graph 
 prompt's forward (to freeze its patterns and norm scales and read the transcoders'
 inputs, the MLPs' outputs and the logits) and the transposed linear map of the frozen
 model, MatMul, Transpose, Mul and sums; the prompt's length and each layer's rows are free
-axes. Its weights are
-the model's own by name (a WeightsFile shared with the model's graphs writes each once).
+axes. Its weights are the model's own by name (a WeightsFile shared with the model's
+graphs writes each once).
 """
 
 from __future__ import annotations

@@ -120,9 +120,8 @@ SAE_OUTPUTS = ("top_ids", "top_activations", "l0", "error_norm", "activations")
 # "input_site": the site each reads, "{layer}" unfilled, "skip", "fidelity"}.
 BACKWARD_PREFIX = "backward_"
 # the rows' gradients, in layer order, at every hook_mlp_out (N, L, T, D) and at hook_embed
-# (N, T, D); the
-# prompt's transcoder inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token
-# embeddings (T, D) and what the skips write (L, T, D)
+# (N, T, D); the prompt's transcoder inputs (L, T, d_in), MLP outputs (L, T, D), last
+# logits (V,), token embeddings (T, D) and what the skips write (L, T, D)
 BACKWARD_OUTPUTS = (
     "mlp_grads",
     "embed_grads",
@@ -139,8 +138,7 @@ def backward_inputs(n_layers: int) -> tuple[str, ...]:
     grads_{l} float32 (N_l, D) and positions_{l} int64 (N_l,) for l in 0..L, each row's
     direction and place (layer L: the model's output after the final norm)."""
     layers = range(n_layers + 1)
-    grads = tuple(f"grads_{layer}" for layer in layers)
-    return ("input_ids", *grads, *(f"positions_{layer}" for layer in layers))
+    return ("input_ids", *(f"{kind}_{i}" for kind in ("grads", "positions") for i in layers))
 
 
 def backward_files(set_name: str) -> tuple[str, str, str]:

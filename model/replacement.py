@@ -130,33 +130,7 @@ def layered(
     embed_read = new(from_layer[0], T, D).requires_grad_()
     mlp_reads = [new(from_layer[j], T, D).requires_grad_() for j in range(L)]
     reached: dict[int, torch.Tensor] = {}  # each layer's transcoder input, as the run reaches it
-
-    def given(value: torch.Tensor) -> Hook:  # a frozen value, for the batch where it is read
-        return lambda current: value.expand(current.shape[0], *value.shape[1:])
-
-    def keep(layer: int) -> Hook:
-        return lambda x: reached.__setitem__(layer, x)
-
-    def mlp_out(layer: int) -> Hook:
-        skip = transcoders.skips[layer]
-
-        def hook(_: torch.Tensor) -> torch.Tensor:
-            read = mlp_reads[layer]
-            return read if skip is None else read + reached[layer] @ skip.T
-
-        return hook
-
-    def leave(layer: int) -> Hook:  # the rows of layer - 1 (the batch's first) stop here
-        return lambda x: x[counts[layer - 1] :]
-
-    frozen_at: dict[str, Hook] = {hooks.EMBED: lambda _: embed_read}
-    frozen_at |= {hooks.RESID_PRE.format(layer=j): leave(j) for j in range(1, L)}
-    frozen_at |= {hooks.PATTERN.format(layer=i): given(p) for i, p in enumerate(frozen.patterns)}
-    frozen_at |= {name: given(scale) for name, scale in frozen.scales.items()}
-    for i in range(L):  # a parallel block's transcoder reads its input: after the rows leave
-        site = transcoders.input_site.format(layer=i)
-        frozen_at[site] = _then(frozen_at[site], keep(i)) if site in frozen_at else keep(i)
-    frozen_at |= {hooks.MLP_OUT.format(layer=i): mlp_out(i) for i in range(L)}
+    frozen_at = _frozen_hooks(frozen, transcoders, counts, embed_read, mlp_reads, reached)
     with torch.enable_grad(), hooked(model, frozen_at):
         x = model.embed(new(from_layer[0], T, dtype=torch.long), torch.arange(T, device=x_at))
         output = model.finish(model.run_blocks(x)[0])  # (rows of layers L - 1 and L, T, D)
@@ -181,6 +155,50 @@ def layered(
     ]
     embed = read[L] if read[L] is not None else new(from_layer[0], T, D)
     return torch.stack(filled, dim=1), embed
+
+
+def _frozen_hooks(
+    frozen: Frozen,
+    transcoders: Transcoders,
+    counts: list[int],
+    embed_read: torch.Tensor,
+    mlp_reads: list[torch.Tensor],
+    reached: dict[int, torch.Tensor],
+) -> dict[str, Hook]:
+    """What makes the encoder `layered`'s replacement model: the embeddings and each MLP's
+    output read from `embed_read` and `mlp_reads` (plus a skip of the layer's transcoder
+    input), the patterns and scales frozen, each transcoder's input kept in `reached`, and
+    at each block's input the rows of the layer below (counts[layer - 1], the batch's
+    first) leaving the batch."""
+    L = len(mlp_reads)
+
+    def given(value: torch.Tensor) -> Hook:  # a frozen value, for the batch where it is read
+        return lambda current: value.expand(current.shape[0], *value.shape[1:])
+
+    def keep(layer: int) -> Hook:
+        return lambda x: reached.__setitem__(layer, x)
+
+    def mlp_out(layer: int) -> Hook:
+        skip = transcoders.skips[layer]
+
+        def hook(_: torch.Tensor) -> torch.Tensor:
+            read = mlp_reads[layer]
+            return read if skip is None else read + reached[layer] @ skip.T
+
+        return hook
+
+    def leave(layer: int) -> Hook:
+        return lambda x: x[counts[layer - 1] :]
+
+    frozen_at: dict[str, Hook] = {hooks.EMBED: lambda _: embed_read}
+    frozen_at |= {hooks.RESID_PRE.format(layer=j): leave(j) for j in range(1, L)}
+    frozen_at |= {hooks.PATTERN.format(layer=i): given(p) for i, p in enumerate(frozen.patterns)}
+    frozen_at |= {name: given(scale) for name, scale in frozen.scales.items()}
+    for i in range(L):  # a parallel block's transcoder reads its input: after the rows leave
+        site = transcoders.input_site.format(layer=i)
+        frozen_at[site] = _then(frozen_at[site], keep(i)) if site in frozen_at else keep(i)
+    frozen_at |= {hooks.MLP_OUT.format(layer=i): mlp_out(i) for i in range(L)}
+    return frozen_at
 
 
 def _then(first: Hook, second: Hook) -> Hook:
@@ -225,11 +243,10 @@ class Primitives(TorchFunctionMode):
 class BackwardGraph(nn.Module):
     """What export/backward.py traces: the prompt in (input_ids (1, T)) with the rows layer
     by layer (grads, L + 1 of (N_l, D); positions, L + 1 of (N_l,) int64), and out the
-    rows' gradients, in layer order, at every
-    hook_mlp_out (N, L, T, D) and at hook_embed (N, T, D), with the prompt's transcoder
-    inputs (L, T, d_in), MLP outputs (L, T, D), last logits (V,), token embeddings (T, D)
-    and skips' outputs (L, T, D): one graph, so that the frozen values never leave ONNX
-    Runtime between the prompt and its rows."""
+    rows' gradients, in layer order, at every hook_mlp_out (N, L, T, D) and at hook_embed
+    (N, T, D), with the prompt's transcoder inputs (L, T, d_in), MLP outputs (L, T, D),
+    last logits (V,), token embeddings (T, D) and skips' outputs (L, T, D): one graph, so
+    that the frozen values never leave ONNX Runtime between the prompt and its rows."""
 
     def __init__(self, model: Encoder, transcoders: Transcoders) -> None:
         super().__init__()

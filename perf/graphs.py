@@ -32,6 +32,7 @@ from attnserve.client import ClientOptions, EncoderClient
 from attnserve.export.transcoder_set import add_transcoder_set
 from attnserve.service.process import spawn_server
 from perf.features import peak_rss
+from perf.hf_checkpoints import GEMMA2_2B
 from perf.peer_env import CIRCUIT_TRACER, peer_venv
 
 
@@ -73,18 +74,7 @@ CASES = {
     # command line's knobs: ~18 GB of float32 weights, attnserve alone
     "gemma-2-2b": Case(
         "gemma2",
-        dict(
-            hidden_size=2304,
-            intermediate_size=9216,
-            num_hidden_layers=26,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=256,
-            vocab_size=256000,
-            max_position_embeddings=8192,
-            sliding_window=4096,
-            query_pre_attn_scalar=256,
-        ),
+        GEMMA2_2B,
         16384,
         0.004,
         "ln2.hook_normalized",
