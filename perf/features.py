@@ -123,8 +123,15 @@ def served(
 
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory (VmHWM)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+    return memory_status(pid)["VmHWM"]
+
+
+def memory_status(pid: int) -> dict[str, int]:
+    """The process's memory counters in bytes, by /proc/PID/status name: VmHWM (its peak
+    resident memory), VmRSS (now), RssAnon (its own pages), RssFile (mapped files' pages:
+    a page mapped twice counts twice)."""
+    fields = (line.split(":") for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {name: int(value.split()[0]) * 1024 for name, value in fields if value.endswith("kB")}
 
 
 def run_features(out: Path, ref: str = BEFORE_FEATURES, repeats: int = 10, log=print) -> dict:

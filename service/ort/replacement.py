@@ -40,7 +40,10 @@ class OrtReplacement:
         saes: SAEGraphs,
         open_session: Callable[[str, ort.SessionOptions], ort.InferenceSession],
         options: Callable[[], ort.SessionOptions],
+        prepack: bool = True,
     ) -> None:
+        """`prepack`: let the session copy the weights into ONNX Runtime's packed layout (as
+        the readouts graphs do); else it reads them where the weights file is mapped."""
         graph, _, info = (model_dir.path / f for f in backward_files(name))
         if not graph.is_file() or not info.is_file():
             raise UnsupportedError(
@@ -55,7 +58,7 @@ class OrtReplacement:
         if missing:
             raise UnsupportedError(f"transcoders {name!r}: {missing} are not served")
         self._config, self._saes, self._path = config, saes, graph
-        self._open = lambda: open_session(str(graph), options())
+        self._open = lambda: open_session(str(graph), _options(options(), prepack))
         self._session: ort.InferenceSession | None = None
         self._unembedding = _unembedding(model_dir.path, config)
 
@@ -118,6 +121,12 @@ class OrtReplacement:
 
     def unembedding(self) -> np.ndarray:
         return self._unembedding
+
+
+def _options(so: ort.SessionOptions, prepack: bool) -> ort.SessionOptions:
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
 
 
 # What one pass costs beyond its rows, in rows: the prompt's forward it recomputes, and
